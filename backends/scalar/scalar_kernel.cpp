@@ -1,0 +1,172 @@
+// The portable backend: tiled online-softmax attention in plain C++.
+//
+// For a block of query rows it walks the keys tile by tile, keeping each row's
+// running maximum and sum, rescales the accumulator only when the maximum
+// grows, and divides once at the end.  Memory does not grow with Lq·Lk, and
+// keys past every row's causal / valid-length limit are never visited.  It is
+// the fallback on every CPU and the yardstick for the SIMD backends.
+#include <mha/plugin_abi.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "common/attention_rules.h"
+
+namespace {
+
+using mha_kernel::last_visible_key;
+
+constexpr int64_t kRows = 16;  // query rows per block
+constexpr int64_t kKeys = 64;  // keys per tile
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+struct Workspace {
+  float* q;        // [kRows][D], pre-scaled
+  float* scores;   // [kRows][kKeys]
+  float* acc;      // [kRows][Dv]
+  float* row_max;  // [kRows]
+  float* row_sum;  // [kRows]
+  int64_t* last;   // [kRows]
+};
+
+Workspace carve(void* scratch, int64_t d, int64_t dv) {
+  auto* f = static_cast<float*>(scratch);
+  Workspace w{};
+  w.q = f;
+  w.scores = w.q + kRows * d;
+  w.acc = w.scores + kRows * kKeys;
+  w.row_max = w.acc + kRows * dv;
+  w.row_sum = w.row_max + kRows;
+  w.last = reinterpret_cast<int64_t*>(w.row_sum + kRows + (kRows % 2));
+  return w;
+}
+
+size_t scratch_bytes(const mha_kernel_problem* p, int64_t /*max_queries*/) {
+  const int64_t floats = kRows * (p->d + kKeys + p->dv + 3);
+  return static_cast<size_t>(floats) * sizeof(float) + kRows * sizeof(int64_t) + 64;
+}
+
+// NaN-propagating maximum: a NaN score must poison its row, as in the reference.
+inline float max_propagating_nan(float a, float b) {
+  return (b > a || b != b) ? b : a;
+}
+
+// Scores of one key tile for one block of rows, with every mask applied.
+void score_tile(const mha_kernel_problem& p, const Workspace& w, int64_t b, int64_t h, int64_t kvh,
+                int64_t i0, int64_t rows, int64_t j0, int64_t keys) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* s = w.scores + r * kKeys;
+    const float* q = w.q + r * p.d;
+    for (int64_t jj = 0; jj < keys; ++jj) {
+      const int64_t j = j0 + jj;
+      if (j > w.last[r]) {
+        s[jj] = kNegInf;
+        continue;
+      }
+      const float* k = mha_kernel::k_row(p, b, kvh, j);
+      float dot = 0.0f;
+      for (int64_t d = 0; d < p.d; ++d) dot += q[d] * k[d * p.k_strides[3]];
+      s[jj] = dot;
+    }
+    if (p.mask_kind == MHA_MASK_NONE) continue;
+    const int64_t row = mha_kernel::mask_row_offset(p, b, h, i0 + r);
+    for (int64_t jj = 0; jj < keys; ++jj) {
+      const int64_t at = row + (j0 + jj) * p.mask_strides[3];
+      if (p.mask_kind == MHA_MASK_BOOL) {
+        if (static_cast<const uint8_t*>(p.mask)[at] == 0) s[jj] = kNegInf;
+      } else if (s[jj] != kNegInf) {
+        s[jj] += static_cast<const float*>(p.mask)[at];
+      }
+    }
+  }
+}
+
+// Online softmax: fold one tile of scores into the running max, sum and output.
+void accumulate_tile(const mha_kernel_problem& p, const Workspace& w, int64_t b, int64_t kvh,
+                     int64_t rows, int64_t j0, int64_t keys) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* s = w.scores + r * kKeys;
+    float tile_max = kNegInf;
+    for (int64_t jj = 0; jj < keys; ++jj) tile_max = max_propagating_nan(tile_max, s[jj]);
+    if (tile_max == kNegInf) continue;  // nothing of this tile takes part
+    float* acc = w.acc + r * p.dv;
+    const float new_max = max_propagating_nan(w.row_max[r], tile_max);
+    if (new_max > w.row_max[r]) {
+      const float alpha = std::exp(w.row_max[r] - new_max);  // 0 on the first tile
+      w.row_sum[r] *= alpha;
+      for (int64_t d = 0; d < p.dv; ++d) acc[d] *= alpha;
+      w.row_max[r] = new_max;
+    } else if (new_max != new_max) {
+      w.row_max[r] = new_max;
+    }
+    for (int64_t jj = 0; jj < keys; ++jj) {
+      if (s[jj] == kNegInf) continue;
+      const float weight = std::exp(s[jj] - w.row_max[r]);
+      w.row_sum[r] += weight;
+      const float* v = mha_kernel::v_row(p, b, kvh, j0 + jj);
+      for (int64_t d = 0; d < p.dv; ++d) acc[d] += weight * v[d * p.v_strides[3]];
+    }
+  }
+}
+
+int attend(const mha_kernel_problem* problem, const mha_work_item* item, void* scratch) {
+  const mha_kernel_problem& p = *problem;
+  const Workspace w = carve(scratch, p.d, p.dv);
+  const int64_t b = item->b;
+  for (int64_t h = item->h_begin; h < item->h_end; ++h) {
+    const int64_t kvh = mha_kernel::kv_head_of(p, h);
+    for (int64_t i0 = item->q_begin; i0 < item->q_end; i0 += kRows) {
+      const int64_t rows = std::min(kRows, item->q_end - i0);
+      int64_t key_end = item->k_begin;
+      for (int64_t r = 0; r < rows; ++r) {
+        w.last[r] = std::min(last_visible_key(p, b, i0 + r), item->k_end - 1);
+        key_end = std::max(key_end, w.last[r] + 1);
+        const float* q = mha_kernel::q_row(p, b, h, i0 + r);
+        for (int64_t d = 0; d < p.d; ++d) w.q[r * p.d + d] = q[d * p.q_strides[3]] * p.scale;
+        w.row_max[r] = kNegInf;
+        w.row_sum[r] = 0.0f;
+        for (int64_t d = 0; d < p.dv; ++d) w.acc[r * p.dv + d] = 0.0f;
+      }
+      for (int64_t j0 = item->k_begin; j0 < key_end; j0 += kKeys) {
+        const int64_t keys = std::min(kKeys, key_end - j0);
+        score_tile(p, w, b, h, kvh, i0, rows, j0, keys);
+        accumulate_tile(p, w, b, kvh, rows, j0, keys);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t row_h = h - item->h_begin, row_i = i0 + r - item->q_begin;
+        float* out = item->out + row_h * item->out_strides[0] + row_i * item->out_strides[1];
+        const float sum = w.row_sum[r];
+        const float inv = sum > 0.0f || sum != sum ? 1.0f / sum : 0.0f;
+        for (int64_t d = 0; d < p.dv; ++d) {
+          out[d * item->out_strides[2]] = w.acc[r * p.dv + d] * inv;
+        }
+        if (item->lse != nullptr) {
+          item->lse[row_h * item->lse_strides[0] + row_i * item->lse_strides[1]] =
+              sum > 0.0f || sum != sum ? w.row_max[r] + std::log(sum) : kNegInf;
+        }
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) const mha_plugin* mha_plugin_entry(void) {
+  static const mha_plugin table = {
+      MHA_PLUGIN_ABI_VERSION,
+      sizeof(mha_plugin),
+      "scalar",
+      "portable C++, no SIMD intrinsics",
+      0,  // runs on any CPU
+      0,  // the lowest priority: the fallback
+      1,
+      kRows,
+      kKeys,
+      nullptr,
+      scratch_bytes,
+      attend,
+  };
+  return &table;
+}

@@ -1,0 +1,19 @@
+# Installation: the library, its plugins (beside it), the headers, a CMake
+# package (find_package(mha) -> mha::mha) and a pkg-config file.
+include(CMakePackageConfigHelpers)
+
+install(TARGETS mha EXPORT mhaTargets
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/mha DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(EXPORT mhaTargets NAMESPACE mha:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/mha)
+
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/mhaConfig.cmake.in
+  ${CMAKE_BINARY_DIR}/mhaConfig.cmake INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/mha)
+write_basic_package_version_file(${CMAKE_BINARY_DIR}/mhaConfigVersion.cmake
+  COMPATIBILITY SameMajorVersion)
+install(FILES ${CMAKE_BINARY_DIR}/mhaConfig.cmake ${CMAKE_BINARY_DIR}/mhaConfigVersion.cmake
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/mha)
+
+configure_file(${PROJECT_SOURCE_DIR}/cmake/mha.pc.in ${CMAKE_BINARY_DIR}/mha.pc @ONLY)
+install(FILES ${CMAKE_BINARY_DIR}/mha.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

@@ -1,0 +1,28 @@
+# Compiler settings shared by every target of mha's own code.
+
+# mha_warnings: warnings (as errors) for mha's own sources, never for third-party headers.
+add_library(mha_warnings INTERFACE)
+target_compile_options(mha_warnings INTERFACE
+  -Wall -Wextra -Wshadow -Wnon-virtual-dtor -Wcast-align -Wunused -Woverloaded-virtual
+  -Wconversion -Wno-sign-conversion -Wdouble-promotion -Wformat=2 -Wimplicit-fallthrough)
+if(MHA_WERROR)
+  target_compile_options(mha_warnings INTERFACE -Werror)
+endif()
+
+# Sanitizers apply to everything built here, tests included.
+if(MHA_SANITIZE)
+  add_compile_options(-fsanitize=${MHA_SANITIZE} -fno-omit-frame-pointer -g)
+  add_link_options(-fsanitize=${MHA_SANITIZE})
+  if(MHA_SANITIZE MATCHES "undefined")
+    add_compile_options(-fno-sanitize-recover=undefined)
+  endif()
+endif()
+
+# mha_plugin_flags: what every backend plugin is built with.  Never -ffast-math or
+# -Ofast: loading such an object sets FTZ/DAZ in the caller's MXCSR.
+add_library(mha_plugin_flags INTERFACE)
+target_compile_options(mha_plugin_flags INTERFACE -fvisibility=hidden -fvisibility-inlines-hidden
+  -fno-math-errno)
+if(NOT MHA_SANITIZE)
+  target_link_options(mha_plugin_flags INTERFACE -Wl,-z,defs)
+endif()

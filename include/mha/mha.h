@@ -1,0 +1,179 @@
+/*
+ * mha — multi-head attention on the CPU.  The stable C API.
+ *
+ * Every function returns a status code (or a value whose meaning is stated);
+ * when a call fails, mha_last_error() returns a message for the calling thread
+ * that names the argument at fault.  A failed call leaves its outputs untouched.
+ *
+ * Tensors are described, not owned: a data pointer, a dtype, a shape and
+ * strides counted in elements, so [B,H,L,D] and [B,L,H,D] layouts (and packed
+ * QKV buffers) are used in place, without copies.
+ */
+#ifndef MHA_MHA_H
+#define MHA_MHA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define MHA_API __attribute__((visibility("default")))
+#else
+#define MHA_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MHA_VERSION_MAJOR 0
+#define MHA_VERSION_MINOR 1
+#define MHA_VERSION_PATCH 0
+
+/* ---------------------------------------------------------------- status */
+
+typedef enum mha_status {
+  MHA_OK = 0,
+  MHA_ERR_NULL_POINTER = 1,         /* a required pointer (tensor, data, params) is NULL     */
+  MHA_ERR_INVALID_SIZE = 2,         /* a size or rank is zero, negative or out of range      */
+  MHA_ERR_SHAPE_MISMATCH = 3,       /* tensors disagree (batch, heads, lengths, head size)   */
+  MHA_ERR_INVALID_DTYPE = 4,        /* unknown dtype, or one this argument does not accept   */
+  MHA_ERR_INVALID_STRIDES = 5,      /* negative strides                                       */
+  MHA_ERR_OVERLAP = 6,              /* an output overlaps itself or another tensor           */
+  MHA_ERR_SIZE_OVERFLOW = 7,        /* an element or byte count does not fit in 64 bits      */
+  MHA_ERR_INVALID_PARAMS = 8,       /* a parameters struct of unknown size                   */
+  MHA_ERR_INVALID_VALUE = 9,        /* a value out of range: scale, causal mode, valid length */
+  MHA_ERR_BACKEND_UNAVAILABLE = 10, /* the requested backend is unknown or unusable here     */
+  MHA_ERR_OUT_OF_MEMORY = 11,
+  MHA_ERR_INTERNAL = 12 /* a backend failed; the message says which and why     */
+} mha_status;
+
+/* A short, static description of a status code ("MHA_ERR_SHAPE_MISMATCH"). */
+MHA_API const char* mha_status_name(mha_status status);
+
+/* The message of the last failed call on this thread ("" if none).  Valid until
+ * the next mha call on the same thread. */
+MHA_API const char* mha_last_error(void);
+
+/* "0.1.0" */
+MHA_API const char* mha_version(void);
+
+/* ---------------------------------------------------------------- tensors */
+
+typedef enum mha_dtype {
+  MHA_DTYPE_INVALID = 0, /* zero-initialised descriptors are refused, not guessed */
+  MHA_DTYPE_F32 = 1,
+  MHA_DTYPE_F16 = 2,  /* reserved: not accepted yet */
+  MHA_DTYPE_BF16 = 3, /* reserved: not accepted yet */
+  MHA_DTYPE_BOOL = 4, /* one byte per element, 0 = false, anything else = true */
+  MHA_DTYPE_I32 = 5,
+  MHA_DTYPE_I64 = 6
+} mha_dtype;
+
+#define MHA_MAX_DIMS 4
+
+typedef struct mha_tensor {
+  void* data;
+  int32_t dtype; /* mha_dtype */
+  int32_t ndim;  /* 1..MHA_MAX_DIMS */
+  int64_t shape[MHA_MAX_DIMS];
+  int64_t strides[MHA_MAX_DIMS]; /* in elements, >= 0; 0 broadcasts a dimension of an input */
+} mha_tensor;
+
+/* Fills a descriptor.  strides == NULL means C order (row-major, contiguous). */
+MHA_API mha_status mha_tensor_init(mha_tensor* tensor, void* data, mha_dtype dtype, int32_t ndim,
+                                   const int64_t* shape, const int64_t* strides);
+
+/* ------------------------------------------------- scaled dot-product attention */
+
+typedef enum mha_causal {
+  MHA_CAUSAL_NONE = 0,
+  MHA_CAUSAL_TOP_LEFT = 1,    /* query i sees keys j <= i (PyTorch's is_causal)          */
+  MHA_CAUSAL_BOTTOM_RIGHT = 2 /* query i sees keys j <= i + Lk - Lq (queries end a KV cache) */
+} mha_causal;
+
+/*
+ * Parameters of mha_attention.  Initialise with mha_attention_params_init(),
+ * which sets struct_size and the defaults, then set what you need: the struct
+ * can grow in later versions without breaking programs built against this one.
+ */
+typedef struct mha_attention_params {
+  uint32_t struct_size; /* sizeof(mha_attention_params) as the caller was compiled */
+  int32_t has_scale;    /* 0: scale = 1/sqrt(D), as PyTorch's scale=None          */
+  float scale;          /* used when has_scale != 0; must be finite and non-zero  */
+  int32_t causal;       /* mha_causal                                              */
+
+  /* d2l.ai's valid_lens: key j takes part in query i's row iff j < valid length.
+   * I32 or I64, shape [B] (per batch) or [B, Lq] (per batch and query); each
+   * value in [0, Lk].  NULL: every key takes part. */
+  const mha_tensor* valid_lens;
+
+  /* An explicit mask, broadcast over batch, heads (and queries or keys) like
+   * NumPy: rank 2 to 4, shapes such as [Lq,Lk], [B,1,Lq,Lk], [1,H,Lq,Lk],
+   * [B,H,Lq,Lk] or [B,1,1,Lk].  BOOL: true = the key takes part (the opposite
+   * of PyTorch's key_padding_mask).  F32: added to the scaled scores (-inf
+   * removes the key).  NULL: no mask. */
+  const mha_tensor* mask;
+
+  /* Optional output: the natural log of each row's softmax denominator of the
+   * scaled (and masked) scores, F32 [B, H, Lq].  NULL: not wanted. */
+  mha_tensor* lse;
+
+  /* Dropout on the attention weights (training).  0 = none.  The keep decision
+   * of (batch, head, query, key) is a counter-based hash of dropout_seed, so the
+   * result is reproducible and independent of the thread count. */
+  float dropout_p;
+  uint64_t dropout_seed;
+} mha_attention_params;
+
+MHA_API void mha_attention_params_init(mha_attention_params* params);
+
+/*
+ * out = softmax(Q·Kᵀ·scale + mask) · V, per batch and query head.
+ *   q   F32 [B, H,   Lq, D]
+ *   k   F32 [B, Hkv, Lk, D]     H must be a multiple of Hkv: query head h uses
+ *   v   F32 [B, Hkv, Lk, Dv]    KV head h / (H / Hkv) (grouped/multi-query attention)
+ *   out F32 [B, H,   Lq, Dv]    must not overlap itself or any input
+ * params may be NULL (defaults).  All masks combine (causal, valid lengths,
+ * mask).  A row in which no key takes part is all zeros, and its LSE is -inf:
+ * never NaN.
+ */
+MHA_API mha_status mha_attention(const mha_tensor* q, const mha_tensor* k, const mha_tensor* v,
+                                 mha_tensor* out, const mha_attention_params* params);
+
+/* ------------------------------------------------------------ backends */
+
+typedef struct mha_backend_info {
+  const char* name;   /* "scalar", "avx2", "avx512", "neon" */
+  int32_t usable;     /* non-zero when this CPU can run it and its plugin loaded */
+  int32_t priority;   /* auto picks the usable backend with the highest priority */
+  const char* reason; /* why it is not usable ("" when usable) */
+} mha_backend_info;
+
+/* Number of backends known to the runtime (installed or not). */
+MHA_API int32_t mha_backend_count(void);
+/* Strings stay valid until the process ends. */
+MHA_API mha_status mha_backend_get_info(int32_t index, mha_backend_info* info);
+
+/* The backend calls will use: the name, or NULL when the requested one is not
+ * usable (mha_last_error() then says why). */
+MHA_API const char* mha_selected_backend(void);
+
+/* Choose a backend by name ("auto" = best usable), overriding MHA_BACKEND.
+ * An unknown or unusable name fails and leaves the choice unchanged. */
+MHA_API mha_status mha_select_backend(const char* name);
+
+/* Space-separated CPU features the runtime detected ("avx2 fma avx512f ..."). */
+MHA_API const char* mha_cpu_features(void);
+
+/* ------------------------------------------------------------ threads */
+
+/* Threads used inside one call.  Precedence: this setter, then MHA_NUM_THREADS,
+ * then OMP_NUM_THREADS, then all cores.  n = 0 returns to the environment. */
+MHA_API mha_status mha_set_num_threads(int32_t n);
+MHA_API int32_t mha_get_num_threads(void);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* MHA_MHA_H */

@@ -1,0 +1,140 @@
+/*
+ * The contract between libmha and its backend plugins.
+ *
+ * A plugin is a shared object libmha-backend-<name>.so exporting one C symbol,
+ * mha_plugin_entry, that returns a static table.  Calling it must be safe on
+ * any CPU: the plugin runs no ISA-specific code (and no global constructors)
+ * until the runtime has checked required_cpu_features and called init.
+ *
+ * Plugins compute, the runtime decides: it validates input, resolves defaults,
+ * splits the call into work items (batch, query heads, query range, key range)
+ * and runs them over its threads.  A kernel computes one work item on the
+ * calling thread, in the scratch memory the runtime hands it, and never
+ * allocates or starts threads.
+ */
+#ifndef MHA_PLUGIN_ABI_H
+#define MHA_PLUGIN_ABI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped whenever any struct below changes layout or meaning. */
+#define MHA_PLUGIN_ABI_VERSION 1
+#define MHA_PLUGIN_ENTRY_SYMBOL "mha_plugin_entry"
+
+/* CPU features, as the runtime detects them (OS support included). */
+enum mha_cpu_feature {
+  MHA_CPU_SSE2 = 1u << 0,
+  MHA_CPU_AVX = 1u << 1, /* CPU and OS (XCR0 YMM state) */
+  MHA_CPU_FMA = 1u << 2,
+  MHA_CPU_AVX2 = 1u << 3,
+  MHA_CPU_AVX512F = 1u << 4, /* CPU and OS (XCR0 opmask and ZMM state) */
+  MHA_CPU_AVX512CD = 1u << 5,
+  MHA_CPU_AVX512DQ = 1u << 6,
+  MHA_CPU_AVX512BW = 1u << 7,
+  MHA_CPU_AVX512VL = 1u << 8,
+  MHA_CPU_AVX512BF16 = 1u << 9,
+  MHA_CPU_NEON = 1u << 16, /* aarch64 Advanced SIMD */
+  MHA_CPU_ARCH_X86_64 = 1u << 30,
+  MHA_CPU_ARCH_AARCH64 = 1u << 31
+};
+
+/* How the kernel lays its vector lanes, chosen by the runtime from the shape. */
+enum mha_kernel_layout {
+  MHA_LAYOUT_QUERY_LANES = 0, /* prefill: lanes along queries, tiles of queries x keys   */
+  MHA_LAYOUT_DECODE = 1       /* few queries: lanes along the head dimension, the query
+                                 heads sharing one KV head (and their queries) as rows   */
+};
+
+enum mha_mask_kind { MHA_MASK_NONE = 0, MHA_MASK_BOOL = 1, MHA_MASK_ADDITIVE = 2 };
+
+/*
+ * One validated call.  Pointers address element [0,0,0,0]; strides are in
+ * elements, in the order [batch, head, sequence, feature] (0 where broadcast).
+ */
+typedef struct mha_kernel_problem {
+  const float* q;
+  const float* k;
+  const float* v;
+  int64_t q_strides[4];
+  int64_t k_strides[4];
+  int64_t v_strides[4];
+
+  int64_t batch, heads, kv_heads; /* heads % kv_heads == 0 */
+  int64_t lq, lk, d, dv;
+
+  float scale;         /* resolved: finite, non-zero */
+  int32_t layout;      /* mha_kernel_layout */
+  int64_t causal_diag; /* key j is allowed for query i iff j <= i + causal_diag
+                          (INT64_MAX / 4 when not causal) */
+
+  /* valid lengths (already range-checked): element at [b * s0 + i * s1] */
+  const void* valid_lens; /* NULL: none */
+  int32_t valid_lens_is_i64;
+  int64_t valid_lens_strides[2]; /* [batch, query]; query stride 0 for per-batch lengths */
+
+  const void* mask;  /* NULL: none; element [b,h,i,j] at mask_strides · (b,h,i,j) */
+  int32_t mask_kind; /* mha_mask_kind */
+  int64_t mask_strides[4];
+
+  float dropout_p; /* 0: none */
+  uint64_t dropout_seed;
+} mha_kernel_problem;
+
+/*
+ * One unit of work: batch b, query heads [h_begin, h_end) that all share one
+ * KV head, queries [q_begin, q_end), keys [k_begin, k_end).
+ *
+ * The kernel writes each row normalised over its key range only: row (h, i)
+ * to out + (h - h_begin) * out_strides[0] + (i - q_begin) * out_strides[1]
+ * (+ feature * out_strides[2]), and, when lse is not NULL, the natural log of
+ * its softmax denominator to lse + (h - h_begin) * lse_strides[0] + (i - q_begin)
+ * * lse_strides[1].  A row with no key taking part gets zeros and -inf.  The
+ * runtime merges items that split one row's keys by their LSE.
+ */
+typedef struct mha_work_item {
+  int64_t b;
+  int64_t h_begin, h_end;
+  int64_t q_begin, q_end;
+  int64_t k_begin, k_end;
+  float* out;
+  int64_t out_strides[3];
+  float* lse;
+  int64_t lse_strides[2];
+} mha_work_item;
+
+typedef struct mha_plugin {
+  uint32_t abi_version; /* MHA_PLUGIN_ABI_VERSION: read first, before anything else */
+  uint32_t struct_size; /* sizeof(mha_plugin) */
+  const char* name;
+  const char* description;
+  uint32_t required_cpu_features; /* mha_cpu_feature bits; all must be present */
+  int32_t priority;               /* auto mode picks the highest usable */
+  int32_t vector_floats;          /* floats per vector register (1 for scalar) */
+  int32_t query_tile;             /* queries per work item the kernel works best with */
+  int32_t key_tile;               /* keys per inner tile; split-KV chunks are multiples */
+
+  /* Called once, after the feature check, before any kernel.  Returns 0 when
+   * ready; otherwise writes why into message and the backend is unusable.  NULL
+   * when there is nothing to prepare. */
+  int (*init)(char* message, size_t message_size);
+
+  /* Bytes of scratch one thread needs for any work item of this problem whose
+   * query range is at most max_queries long (64-byte aligned memory is given). */
+  size_t (*scratch_bytes)(const mha_kernel_problem* problem, int64_t max_queries);
+
+  /* Computes one work item.  Returns 0 on success. */
+  int (*attend)(const mha_kernel_problem* problem, const mha_work_item* item, void* scratch);
+} mha_plugin;
+
+typedef const mha_plugin* (*mha_plugin_entry_fn)(void);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* MHA_PLUGIN_ABI_H */

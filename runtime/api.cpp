@@ -1,0 +1,201 @@
+// The C entry points: each validates, then hands over to the registry and the
+// scheduler.  No entry point lets an exception escape.
+#include <mha/mha.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <new>
+#include <string>
+
+#include "cpu_features.h"
+#include "env.h"
+#include "error.h"
+#include "registry.h"
+#include "scheduler.h"
+#include "threads.h"
+#include "validate.h"
+
+using namespace mha::rt;
+
+namespace {
+
+template <typename Body>
+mha_status guarded(Body&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return fail(MHA_ERR_OUT_OF_MEMORY, "out of memory");
+  } catch (const std::exception& e) {
+    return fail(MHA_ERR_INTERNAL, "internal error: %s", e.what());
+  } catch (...) {
+    return fail(MHA_ERR_INTERNAL, "internal error");
+  }
+}
+
+void log_call(const Backend& backend, const AttentionCall& call, const WorkPlan& plan,
+              int32_t threads, double ms) {
+  const mha_kernel_problem& p = call.problem;
+  std::fprintf(
+      stderr,
+      "mha_verbose,exec,attention,backend=%s,B=%lld,H=%lld,Hkv=%lld,Lq=%lld,Lk=%lld,"
+      "D=%lld,Dv=%lld,scale=%g,causal_diag=%s,valid_lens=%s,mask=%s,lse=%s,layout=%s,"
+      "items=%lld,chunks=%lld,threads=%d,ms=%.4f\n",
+      backend.name.c_str(), static_cast<long long>(p.batch), static_cast<long long>(p.heads),
+      static_cast<long long>(p.kv_heads), static_cast<long long>(p.lq),
+      static_cast<long long>(p.lk), static_cast<long long>(p.d), static_cast<long long>(p.dv),
+      static_cast<double>(p.scale),
+      p.causal_diag >= INT64_MAX / 4 ? "none" : std::to_string(p.causal_diag).c_str(),
+      p.valid_lens == nullptr ? "no" : (p.valid_lens_strides[1] != 0 ? "per-query" : "per-batch"),
+      p.mask_kind == MHA_MASK_BOOL ? "bool"
+                                   : (p.mask_kind == MHA_MASK_ADDITIVE ? "additive" : "no"),
+      call.lse != nullptr ? "yes" : "no",
+      plan.layout == MHA_LAYOUT_DECODE ? "decode" : "query-lanes",
+      static_cast<long long>(plan.items()), static_cast<long long>(plan.chunks), threads, ms);
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* mha_status_name(mha_status status) {
+  return status_name(status);
+}
+
+const char* mha_last_error(void) {
+  return last_error();
+}
+
+const char* mha_version(void) {
+#define MHA_STR2(x) #x
+#define MHA_STR(x) MHA_STR2(x)
+  return MHA_STR(MHA_VERSION_MAJOR) "." MHA_STR(MHA_VERSION_MINOR) "." MHA_STR(MHA_VERSION_PATCH);
+#undef MHA_STR
+#undef MHA_STR2
+}
+
+mha_status mha_tensor_init(mha_tensor* tensor, void* data, mha_dtype dtype, int32_t ndim,
+                           const int64_t* shape, const int64_t* strides) {
+  clear_error();
+  if (tensor == nullptr) return fail(MHA_ERR_NULL_POINTER, "tensor is NULL");
+  if (shape == nullptr) return fail(MHA_ERR_NULL_POINTER, "shape is NULL");
+  if (ndim < 1 || ndim > MHA_MAX_DIMS) {
+    return fail(MHA_ERR_INVALID_SIZE, "ndim = %d; it must be 1 to %d", ndim, MHA_MAX_DIMS);
+  }
+  if (dtype_size(dtype) == 0) return fail(MHA_ERR_INVALID_DTYPE, "unknown dtype %d", dtype);
+  for (int32_t d = 0; d < ndim; ++d) {
+    if (shape[d] <= 0) {
+      return fail(MHA_ERR_INVALID_SIZE, "shape[%d] = %lld; sizes must be positive", d,
+                  static_cast<long long>(shape[d]));
+    }
+  }
+  mha_tensor t{};
+  t.data = data;
+  t.dtype = dtype;
+  t.ndim = ndim;
+  int64_t running = 1;
+  for (int32_t d = ndim - 1; d >= 0; --d) {
+    t.shape[d] = shape[d];
+    if (strides != nullptr) {
+      if (strides[d] < 0) {
+        return fail(MHA_ERR_INVALID_STRIDES, "strides[%d] = %lld; strides must be >= 0", d,
+                    static_cast<long long>(strides[d]));
+      }
+      t.strides[d] = strides[d];
+    } else {
+      t.strides[d] = running;
+      if (__builtin_mul_overflow(running, shape[d], &running)) {
+        return fail(MHA_ERR_SIZE_OVERFLOW, "the element count overflows 64 bits");
+      }
+    }
+  }
+  *tensor = t;
+  return MHA_OK;
+}
+
+void mha_attention_params_init(mha_attention_params* params) {
+  if (params == nullptr) return;
+  std::memset(params, 0, sizeof *params);
+  params->struct_size = sizeof *params;
+  params->causal = MHA_CAUSAL_NONE;
+}
+
+mha_status mha_attention(const mha_tensor* q, const mha_tensor* k, const mha_tensor* v,
+                         mha_tensor* out, const mha_attention_params* params) {
+  clear_error();
+  return guarded([&] {
+    AttentionCall call;
+    if (mha_status s = validate_attention(q, k, v, out, params, &call); s != MHA_OK) return s;
+    const char* why = nullptr;
+    const Backend* backend = Registry::instance().selected(&why);
+    if (backend == nullptr) return fail(MHA_ERR_BACKEND_UNAVAILABLE, "%s", why);
+    const int32_t threads = num_threads();
+    if (verbose_level() < 2) return run_attention(*backend, call, threads);
+
+    const auto start = std::chrono::steady_clock::now();
+    const mha_status status = run_attention(*backend, call, threads);
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    log_call(*backend, call, plan_work(call.problem, *backend->plugin), threads, ms);
+    return status;
+  });
+}
+
+int32_t mha_backend_count(void) {
+  clear_error();
+  return static_cast<int32_t>(Registry::instance().backends().size());
+}
+
+mha_status mha_backend_get_info(int32_t index, mha_backend_info* info) {
+  clear_error();
+  if (info == nullptr) return fail(MHA_ERR_NULL_POINTER, "info is NULL");
+  const auto& backends = Registry::instance().backends();
+  if (index < 0 || static_cast<size_t>(index) >= backends.size()) {
+    return fail(MHA_ERR_INVALID_VALUE, "backend index %d is outside [0, %zu)", index,
+                backends.size());
+  }
+  const Backend& b = backends[static_cast<size_t>(index)];
+  info->name = b.name.c_str();
+  info->usable = b.usable ? 1 : 0;
+  info->priority = b.priority;
+  info->reason = b.reason.c_str();
+  return MHA_OK;
+}
+
+const char* mha_selected_backend(void) {
+  clear_error();
+  const char* why = nullptr;
+  const Backend* backend = Registry::instance().selected(&why);
+  if (backend == nullptr) {
+    fail(MHA_ERR_BACKEND_UNAVAILABLE, "%s", why);
+    return nullptr;
+  }
+  return backend->name.c_str();
+}
+
+mha_status mha_select_backend(const char* name) {
+  clear_error();
+  if (name == nullptr) return fail(MHA_ERR_NULL_POINTER, "name is NULL");
+  return guarded([&] { return Registry::instance().select(name); });
+}
+
+const char* mha_cpu_features(void) {
+  static const std::string names = feature_names(cpu_features());
+  return names.c_str();
+}
+
+mha_status mha_set_num_threads(int32_t n) {
+  clear_error();
+  if (n < 0 || n > 4096) {
+    return fail(MHA_ERR_INVALID_VALUE, "n = %d; it must be 0 (use the environment) to 4096", n);
+  }
+  set_num_threads(n);
+  return MHA_OK;
+}
+
+int32_t mha_get_num_threads(void) {
+  return num_threads();
+}
+
+}  // extern "C"

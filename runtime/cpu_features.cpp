@@ -1,0 +1,100 @@
+#include "cpu_features.h"
+
+#include <mha/plugin_abi.h>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#elif defined(__aarch64__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
+
+namespace mha::rt {
+namespace {
+
+#if defined(__x86_64__)
+// XGETBV by opcode, so this file needs no -mxsave.
+uint64_t read_xcr0() {
+  uint32_t eax = 0, edx = 0;
+  __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+  return (uint64_t{edx} << 32) | eax;
+}
+
+uint32_t detect() {
+  uint32_t features = MHA_CPU_ARCH_X86_64 | MHA_CPU_SSE2;  // SSE2 is part of x86-64
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return features;
+  const bool osxsave = (ecx >> 27) & 1u;
+  const uint64_t xcr0 = osxsave ? read_xcr0() : 0;
+  const bool ymm_state = (xcr0 & 0x6) == 0x6;    // SSE and AVX state
+  const bool zmm_state = (xcr0 & 0xe6) == 0xe6;  // + opmask, ZMM_Hi256, Hi16_ZMM
+  const bool avx = ((ecx >> 28) & 1u) && ymm_state;
+  if (avx) features |= MHA_CPU_AVX;
+  if (avx && ((ecx >> 12) & 1u)) features |= MHA_CPU_FMA;
+
+  unsigned max_leaf = __get_cpuid_max(0, nullptr);
+  if (max_leaf < 7) return features;
+  __cpuid_count(7, 0, eax, ebx, ecx, edx);
+  if (avx && ((ebx >> 5) & 1u)) features |= MHA_CPU_AVX2;
+  if (zmm_state && ((ebx >> 16) & 1u)) {
+    features |= MHA_CPU_AVX512F;
+    if ((ebx >> 28) & 1u) features |= MHA_CPU_AVX512CD;
+    if ((ebx >> 17) & 1u) features |= MHA_CPU_AVX512DQ;
+    if ((ebx >> 30) & 1u) features |= MHA_CPU_AVX512BW;
+    if ((ebx >> 31) & 1u) features |= MHA_CPU_AVX512VL;
+    const unsigned max_subleaf = eax;
+    if (max_subleaf >= 1) {
+      __cpuid_count(7, 1, eax, ebx, ecx, edx);
+      if ((eax >> 5) & 1u) features |= MHA_CPU_AVX512BF16;
+    }
+  }
+  return features;
+}
+#elif defined(__aarch64__)
+uint32_t detect() {
+  uint32_t features = MHA_CPU_ARCH_AARCH64;
+  if (getauxval(AT_HWCAP) & HWCAP_ASIMD) features |= MHA_CPU_NEON;
+  return features;
+}
+#else
+uint32_t detect() {
+  return 0;
+}
+#endif
+
+}  // namespace
+
+uint32_t cpu_features() {
+  static const uint32_t features = detect();
+  return features;
+}
+
+std::string feature_names(uint32_t features) {
+  static const struct {
+    uint32_t bit;
+    const char* name;
+  } kNames[] = {
+      {MHA_CPU_ARCH_X86_64, "x86_64"},
+      {MHA_CPU_ARCH_AARCH64, "aarch64"},
+      {MHA_CPU_SSE2, "sse2"},
+      {MHA_CPU_AVX, "avx"},
+      {MHA_CPU_FMA, "fma"},
+      {MHA_CPU_AVX2, "avx2"},
+      {MHA_CPU_AVX512F, "avx512f"},
+      {MHA_CPU_AVX512CD, "avx512cd"},
+      {MHA_CPU_AVX512DQ, "avx512dq"},
+      {MHA_CPU_AVX512BW, "avx512bw"},
+      {MHA_CPU_AVX512VL, "avx512vl"},
+      {MHA_CPU_AVX512BF16, "avx512bf16"},
+      {MHA_CPU_NEON, "neon"},
+  };
+  std::string names;
+  for (const auto& entry : kNames) {
+    if (!(features & entry.bit)) continue;
+    if (!names.empty()) names += ' ';
+    names += entry.name;
+  }
+  return names;
+}
+
+}  // namespace mha::rt

@@ -1,0 +1,17 @@
+// What the CPU and the operating system let us run.  Compiled without any ISA
+// flags: it must run on every CPU the library can be loaded on.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace mha::rt {
+
+// mha_cpu_feature bits (plugin_abi.h), detected once.  On x86-64 the AVX and
+// AVX-512 bits also require the OS to save the registers (XCR0).
+uint32_t cpu_features();
+
+// "avx2 fma avx512f ..." for a set of mha_cpu_feature bits.
+std::string feature_names(uint32_t features);
+
+}  // namespace mha::rt

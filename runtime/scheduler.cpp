@@ -1,0 +1,226 @@
+#include "scheduler.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+
+#include "error.h"
+#include "scratch.h"
+
+namespace mha::rt {
+namespace {
+
+// Below this many multiply-adds a call runs on the calling thread: waking the
+// pool costs more than it saves.
+constexpr double kSerialFlops = 4.0e5;
+// Split-KV aims for at least this many items (fixed, so the split does not
+// depend on the thread count) with chunks of at least kMinChunk keys.
+constexpr int64_t kTargetItems = 64;
+constexpr int64_t kMinChunk = 512;
+static_assert(kTargetItems <= kMaxMergeParts, "a row never has more chunks than kTargetItems");
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+}  // namespace
+
+int64_t WorkPlan::items() const {
+  return batch * head_groups * q_tiles * chunks;
+}
+
+WorkPlan plan_work(const mha_kernel_problem& p, const mha_plugin& plugin) {
+  WorkPlan plan{};
+  // Query lanes waste most of every vector when there are few queries; then the
+  // decode layout (lanes along the head dimension) serves the heads sharing a
+  // KV head together.
+  const bool decode = plugin.vector_floats > 1 && p.lq * 2 < plugin.vector_floats;
+  plan.layout = decode ? MHA_LAYOUT_DECODE : MHA_LAYOUT_QUERY_LANES;
+  plan.batch = p.batch;
+  plan.heads_per_item = decode ? p.heads / p.kv_heads : 1;
+  plan.head_groups = p.heads / plan.heads_per_item;
+  plan.q_tile = decode ? p.lq : std::min<int64_t>(p.lq, plugin.query_tile);
+  plan.q_tiles = ceil_div(p.lq, plan.q_tile);
+  plan.chunk_len = p.lk;
+  plan.chunks = 1;
+
+  const int64_t base = p.batch * plan.head_groups * plan.q_tiles;
+  const int64_t min_chunk = ceil_div(kMinChunk, plugin.key_tile) * plugin.key_tile;
+  if (base < kTargetItems && p.lk >= 2 * min_chunk) {
+    const int64_t want = std::min(ceil_div(kTargetItems, base), p.lk / min_chunk);
+    plan.chunk_len = ceil_div(ceil_div(p.lk, want), plugin.key_tile) * plugin.key_tile;
+    plan.chunks = ceil_div(p.lk, plan.chunk_len);
+  }
+  return plan;
+}
+
+void merge_row(int64_t n, const float* const* outs, int64_t out_stride, const float* lses,
+               int64_t dv, float* dst, int64_t dst_stride, float* lse) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  float max_lse = kNegInf;
+  for (int64_t c = 0; c < n; ++c) max_lse = std::max(max_lse, lses[c]);
+  if (max_lse == kNegInf) {
+    for (int64_t d = 0; d < dv; ++d) dst[d * dst_stride] = 0.0f;
+    if (lse != nullptr) *lse = kNegInf;
+    return;
+  }
+  // Weights in a fixed order, so the result does not depend on who merges.
+  float weights[kMaxMergeParts];
+  float weights_sum = 0.0f;
+  for (int64_t c = 0; c < n; ++c) {
+    weights[c] = std::exp(lses[c] - max_lse);
+    weights_sum += weights[c];
+  }
+  const float inv = 1.0f / weights_sum;
+  for (int64_t d = 0; d < dv; ++d) {
+    float acc = 0.0f;
+    for (int64_t c = 0; c < n; ++c) acc += weights[c] * outs[c][d * out_stride];
+    dst[d * dst_stride] = acc * inv;
+  }
+  if (lse != nullptr) *lse = max_lse + std::log(weights_sum);
+}
+
+mha_status run_attention(const Backend& backend, AttentionCall& call, int32_t threads) {
+  const mha_plugin& plugin = *backend.plugin;
+  mha_kernel_problem& p = call.problem;
+  const WorkPlan plan = plan_work(p, plugin);
+  p.layout = plan.layout;
+
+  const int64_t n_items = plan.items();
+  const int64_t rows_per_item = plan.heads_per_item * plan.q_tile;
+  const size_t scratch_bytes = plugin.scratch_bytes(&p, plan.q_tile);
+
+  // Split-KV: every item writes a normalised partial and its LSE, merged below.
+  float* partial_out = nullptr;
+  float* partial_lse = nullptr;
+  if (plan.chunks > 1) {
+    const size_t floats = static_cast<size_t>(n_items * rows_per_item * (p.dv + 1));
+    auto* buffer = static_cast<float*>(thread_scratch(ScratchSlot::kPartials, floats * 4));
+    if (buffer == nullptr) {
+      return fail(MHA_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for split-KV partials",
+                  floats * 4);
+    }
+    partial_out = buffer;
+    partial_lse = buffer + n_items * rows_per_item * p.dv;
+  }
+
+  const double flops = 4.0 * static_cast<double>(p.batch * p.heads * p.lq) *
+                       static_cast<double>(p.lk) * static_cast<double>(p.d + p.dv) / 2.0;
+  int32_t team = static_cast<int32_t>(std::min<int64_t>(threads, n_items));
+  if (flops < kSerialFlops || omp_in_parallel()) team = 1;
+
+  std::atomic<int> failed_item_code{0};
+  std::atomic<bool> out_of_memory{false};
+  auto run_item = [&](int64_t index) {
+    // Items are ordered (batch, head group), then query tiles from the last
+    // (the costliest under a causal mask) to the first, then key chunks: a
+    // thread taking consecutive items reuses the same K and V, and the cheap
+    // items come last, which evens out the finish.
+    const int64_t chunk = index % plan.chunks;
+    const int64_t tile_rank = (index / plan.chunks) % plan.q_tiles;
+    const int64_t group_index = index / (plan.chunks * plan.q_tiles);
+    const int64_t b = group_index / plan.head_groups;
+    const int64_t group = group_index % plan.head_groups;
+    const int64_t q_tile = plan.q_tiles - 1 - tile_rank;
+
+    mha_work_item item{};
+    item.b = b;
+    item.h_begin = group * plan.heads_per_item;
+    item.h_end = item.h_begin + plan.heads_per_item;
+    item.q_begin = q_tile * plan.q_tile;
+    item.q_end = std::min(item.q_begin + plan.q_tile, p.lq);
+    item.k_begin = chunk * plan.chunk_len;
+    item.k_end = std::min(item.k_begin + plan.chunk_len, p.lk);
+    if (plan.chunks > 1) {
+      item.out = partial_out + index * rows_per_item * p.dv;
+      item.out_strides[0] = plan.q_tile * p.dv;
+      item.out_strides[1] = p.dv;
+      item.out_strides[2] = 1;
+      item.lse = partial_lse + index * rows_per_item;
+      item.lse_strides[0] = plan.q_tile;
+      item.lse_strides[1] = 1;
+    } else {
+      item.out = call.out + b * call.out_strides[0] + item.h_begin * call.out_strides[1] +
+                 item.q_begin * call.out_strides[2];
+      item.out_strides[0] = call.out_strides[1];
+      item.out_strides[1] = call.out_strides[2];
+      item.out_strides[2] = call.out_strides[3];
+      if (call.lse != nullptr) {
+        item.lse = call.lse + b * call.lse_strides[0] + item.h_begin * call.lse_strides[1] +
+                   item.q_begin * call.lse_strides[2];
+        item.lse_strides[0] = call.lse_strides[1];
+        item.lse_strides[1] = call.lse_strides[2];
+      }
+    }
+    void* scratch = thread_scratch(ScratchSlot::kKernel, scratch_bytes);
+    if (scratch == nullptr) {
+      out_of_memory.store(true, std::memory_order_relaxed);
+      return;
+    }
+    if (int code = plugin.attend(&p, &item, scratch); code != 0) {
+      int expected = 0;
+      failed_item_code.compare_exchange_strong(expected, code);
+    }
+  };
+
+  if (team <= 1) {
+    for (int64_t i = 0; i < n_items; ++i) run_item(i);
+  } else {
+#pragma omp parallel for num_threads(team) schedule(dynamic, 1)
+    for (int64_t i = 0; i < n_items; ++i) run_item(i);
+  }
+
+  if (out_of_memory.load()) {
+    return fail(MHA_ERR_OUT_OF_MEMORY,
+                "cannot allocate %zu bytes of kernel scratch; out is incomplete", scratch_bytes);
+  }
+  if (int code = failed_item_code.load(); code != 0) {
+    return fail(MHA_ERR_INTERNAL, "backend %s failed with code %d; out is incomplete",
+                backend.name.c_str(), code);
+  }
+
+  if (plan.chunks > 1) {
+    // One merge task per (batch, head group, query tile): its chunks are
+    // consecutive items.
+    auto merge_group = [&](int64_t group_items) {
+      const int64_t first = group_items * plan.chunks;
+      const int64_t tile_rank = group_items % plan.q_tiles;
+      const int64_t group_index = group_items / plan.q_tiles;
+      const int64_t b = group_index / plan.head_groups;
+      const int64_t h0 = (group_index % plan.head_groups) * plan.heads_per_item;
+      const int64_t q0 = (plan.q_tiles - 1 - tile_rank) * plan.q_tile;
+      const int64_t nq = std::min(plan.q_tile, p.lq - q0);
+      const float* outs[kMaxMergeParts];
+      float lses[kMaxMergeParts];
+      for (int64_t h = 0; h < plan.heads_per_item; ++h) {
+        for (int64_t i = 0; i < nq; ++i) {
+          const int64_t row = h * plan.q_tile + i;
+          for (int64_t c = 0; c < plan.chunks; ++c) {
+            outs[c] = partial_out + ((first + c) * rows_per_item + row) * p.dv;
+            lses[c] = partial_lse[(first + c) * rows_per_item + row];
+          }
+          float* dst = call.out + b * call.out_strides[0] + (h0 + h) * call.out_strides[1] +
+                       (q0 + i) * call.out_strides[2];
+          float* lse = call.lse == nullptr
+                           ? nullptr
+                           : call.lse + b * call.lse_strides[0] + (h0 + h) * call.lse_strides[1] +
+                                 (q0 + i) * call.lse_strides[2];
+          merge_row(plan.chunks, outs, 1, lses, p.dv, dst, call.out_strides[3], lse);
+        }
+      }
+    };
+    const int64_t groups = n_items / plan.chunks;
+    if (team <= 1) {
+      for (int64_t g = 0; g < groups; ++g) merge_group(g);
+    } else {
+#pragma omp parallel for num_threads(team) schedule(static)
+      for (int64_t g = 0; g < groups; ++g) merge_group(g);
+    }
+  }
+  return MHA_OK;
+}
+
+}  // namespace mha::rt

@@ -1,0 +1,42 @@
+// Splitting a validated call into work items and running them over threads.
+#pragma once
+
+#include <mha/mha.h>
+#include <mha/plugin_abi.h>
+
+#include <cstdint>
+
+#include "registry.h"
+#include "validate.h"
+
+namespace mha::rt {
+
+// How a call is cut into work items.  A function of the shape and the backend
+// only — never of the thread count — so results are the same bits on any
+// number of threads.
+struct WorkPlan {
+  int32_t layout;  // mha_kernel_layout
+  int64_t batch;
+  int64_t heads_per_item;  // 1, or the query heads sharing a KV head (decode)
+  int64_t head_groups;     // heads / heads_per_item
+  int64_t q_tile, q_tiles;
+  int64_t chunk_len, chunks;  // key chunks; chunks > 1 means split-KV with a merge
+  int64_t items() const;
+};
+
+WorkPlan plan_work(const mha_kernel_problem& problem, const mha_plugin& plugin);
+
+// Runs the call on the backend with up to `threads` threads.
+mha_status run_attention(const Backend& backend, AttentionCall& call, int32_t threads);
+
+// The most partial results one merge combines.
+constexpr int64_t kMaxMergeParts = 64;
+
+// Combines n <= kMaxMergeParts partial results of one row over disjoint key
+// ranges — each normalised over its own keys (outs[c][d * out_stride]) with its
+// log-sum-exp lses[c] — into the row over all of them.  A row whose partials
+// are all -inf gets zeros and -inf.  lse may be nullptr.
+void merge_row(int64_t n, const float* const* outs, int64_t out_stride, const float* lses,
+               int64_t dv, float* dst, int64_t dst_stride, float* lse);
+
+}  // namespace mha::rt

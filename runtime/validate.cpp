@@ -1,0 +1,368 @@
+#include "validate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "error.h"
+
+namespace mha::rt {
+namespace {
+
+constexpr int64_t kNotCausal = INT64_MAX / 4;
+
+// [first byte, one past the last byte] of the elements a descriptor can reach.
+struct ByteRange {
+  uintptr_t begin, end;
+};
+
+ByteRange byte_range(const mha_tensor& t) {
+  int64_t last = 0;
+  for (int32_t d = 0; d < t.ndim; ++d) last += (t.shape[d] - 1) * t.strides[d];
+  const auto begin = reinterpret_cast<uintptr_t>(t.data);
+  return {begin, begin + static_cast<uintptr_t>((last + 1) * dtype_size(t.dtype))};
+}
+
+bool ranges_overlap(const mha_tensor& a, const mha_tensor& b) {
+  const ByteRange ra = byte_range(a), rb = byte_range(b);
+  return ra.begin < rb.end && rb.begin < ra.end;
+}
+
+// True when no two index tuples address the same element: with the dimensions
+// sorted by stride, each stride must step over everything the smaller ones span.
+bool elements_distinct(const mha_tensor& t) {
+  std::pair<int64_t, int64_t> dims[MHA_MAX_DIMS];  // (stride, size)
+  int n = 0;
+  for (int32_t d = 0; d < t.ndim; ++d) {
+    if (t.shape[d] > 1) dims[n++] = {t.strides[d], t.shape[d]};
+  }
+  for (int i = 1; i < n; ++i) {  // insertion sort: at most four entries
+    for (int j = i; j > 0 && dims[j] < dims[j - 1]; --j) std::swap(dims[j], dims[j - 1]);
+  }
+  int64_t span = 1;  // elements covered by the dimensions so far
+  for (int i = 0; i < n; ++i) {
+    if (dims[i].first < span) return false;
+    span = dims[i].first * dims[i].second;
+  }
+  return true;
+}
+
+mha_status check_shape_equal(const char* what, const char* a, int64_t va, const char* b,
+                             int64_t vb) {
+  if (va == vb) return MHA_OK;
+  return fail(MHA_ERR_SHAPE_MISMATCH, "%s: %s has %lld but %s has %lld", what, a,
+              static_cast<long long>(va), b, static_cast<long long>(vb));
+}
+
+mha_status check_f32(const mha_tensor* t, const char* name) {
+  if (t->dtype == MHA_DTYPE_F32) return MHA_OK;
+  return fail(MHA_ERR_INVALID_DTYPE, "%s has dtype %s; it must be f32", name, dtype_name(t->dtype));
+}
+
+mha_status check_no_overlap(const mha_tensor& output, const char* output_name,
+                            const mha_tensor* const* others, const char* const* other_names,
+                            int count) {
+  if (!elements_distinct(output)) {
+    return fail(MHA_ERR_OVERLAP, "%s overlaps itself: its strides map two elements to one address",
+                output_name);
+  }
+  for (int i = 0; i < count; ++i) {
+    if (others[i] != nullptr && ranges_overlap(output, *others[i])) {
+      return fail(MHA_ERR_OVERLAP, "%s overlaps %s in memory", output_name, other_names[i]);
+    }
+  }
+  return MHA_OK;
+}
+
+mha_status check_valid_lens(const mha_tensor* vl, int64_t batch, int64_t lq, int64_t lk,
+                            mha_kernel_problem* p) {
+  if (mha_status s = check_tensor(vl, "valid_lens", 1, 2); s != MHA_OK) return s;
+  if (vl->dtype != MHA_DTYPE_I32 && vl->dtype != MHA_DTYPE_I64) {
+    return fail(MHA_ERR_INVALID_DTYPE, "valid_lens has dtype %s; it must be i32 or i64",
+                dtype_name(vl->dtype));
+  }
+  if (vl->shape[0] != batch || (vl->ndim == 2 && vl->shape[1] != lq)) {
+    return fail(MHA_ERR_SHAPE_MISMATCH,
+                "valid_lens must have shape [B=%lld] or [B=%lld, Lq=%lld], has %s[%lld%s%lld]",
+                static_cast<long long>(batch), static_cast<long long>(batch),
+                static_cast<long long>(lq), vl->ndim == 1 ? "" : "2-D ",
+                static_cast<long long>(vl->shape[0]), vl->ndim == 2 ? ", " : "",
+                static_cast<long long>(vl->ndim == 2 ? vl->shape[1] : 0));
+  }
+  const int64_t s0 = vl->strides[0], s1 = vl->ndim == 2 ? vl->strides[1] : 0;
+  const int64_t rows = vl->ndim == 2 ? lq : 1;
+  const bool is_i64 = vl->dtype == MHA_DTYPE_I64;
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t at = b * s0 + i * s1;
+      const int64_t len = is_i64 ? static_cast<const int64_t*>(vl->data)[at]
+                                 : static_cast<const int32_t*>(vl->data)[at];
+      if (len < 0 || len > lk) {
+        return fail(MHA_ERR_INVALID_VALUE,
+                    "valid_lens[%lld%s%lld] = %lld is outside [0, Lk = %lld]",
+                    static_cast<long long>(b), vl->ndim == 2 ? "][" : "",
+                    static_cast<long long>(vl->ndim == 2 ? i : 0), static_cast<long long>(len),
+                    static_cast<long long>(lk));
+      }
+    }
+  }
+  p->valid_lens = vl->data;
+  p->valid_lens_is_i64 = is_i64 ? 1 : 0;
+  p->valid_lens_strides[0] = s0;
+  p->valid_lens_strides[1] = s1;
+  return MHA_OK;
+}
+
+mha_status check_mask(const mha_tensor* mask, const int64_t full[4], mha_kernel_problem* p) {
+  if (mha_status s = check_tensor(mask, "mask", 2, 4); s != MHA_OK) return s;
+  if (mask->dtype != MHA_DTYPE_BOOL && mask->dtype != MHA_DTYPE_F32) {
+    return fail(MHA_ERR_INVALID_DTYPE, "mask has dtype %s; it must be bool or f32",
+                dtype_name(mask->dtype));
+  }
+  static const char* const kAxis[4] = {"batch", "heads", "Lq", "Lk"};
+  const int32_t offset = 4 - mask->ndim;  // right-aligned, as NumPy broadcasts
+  for (int32_t axis = 0; axis < 4; ++axis) {
+    if (axis < offset) {
+      p->mask_strides[axis] = 0;
+      continue;
+    }
+    const int64_t size = mask->shape[axis - offset];
+    if (size != 1 && size != full[axis]) {
+      return fail(MHA_ERR_SHAPE_MISMATCH,
+                  "mask dimension %d (%s) is %lld; it must be 1 or %lld to broadcast to "
+                  "[B, H, Lq, Lk] = [%lld, %lld, %lld, %lld]",
+                  axis - offset, kAxis[axis], static_cast<long long>(size),
+                  static_cast<long long>(full[axis]), static_cast<long long>(full[0]),
+                  static_cast<long long>(full[1]), static_cast<long long>(full[2]),
+                  static_cast<long long>(full[3]));
+    }
+    p->mask_strides[axis] = size == 1 ? 0 : mask->strides[axis - offset];
+  }
+  p->mask = mask->data;
+  p->mask_kind = mask->dtype == MHA_DTYPE_BOOL ? MHA_MASK_BOOL : MHA_MASK_ADDITIVE;
+  return MHA_OK;
+}
+
+}  // namespace
+
+const char* dtype_name(int32_t dtype) {
+  switch (dtype) {
+    case MHA_DTYPE_F32:
+      return "f32";
+    case MHA_DTYPE_F16:
+      return "f16";
+    case MHA_DTYPE_BF16:
+      return "bf16";
+    case MHA_DTYPE_BOOL:
+      return "bool";
+    case MHA_DTYPE_I32:
+      return "i32";
+    case MHA_DTYPE_I64:
+      return "i64";
+    default:
+      return "unknown";
+  }
+}
+
+int64_t dtype_size(int32_t dtype) {
+  switch (dtype) {
+    case MHA_DTYPE_F32:
+      return 4;
+    case MHA_DTYPE_F16:
+      return 2;
+    case MHA_DTYPE_BF16:
+      return 2;
+    case MHA_DTYPE_BOOL:
+      return 1;
+    case MHA_DTYPE_I32:
+      return 4;
+    case MHA_DTYPE_I64:
+      return 8;
+    default:
+      return 0;
+  }
+}
+
+mha_status check_tensor(const mha_tensor* t, const char* name, int32_t min_ndim, int32_t max_ndim) {
+  if (t == nullptr) return fail(MHA_ERR_NULL_POINTER, "%s is NULL", name);
+  if (t->data == nullptr) return fail(MHA_ERR_NULL_POINTER, "%s->data is NULL", name);
+  if (dtype_size(t->dtype) == 0) {
+    return fail(MHA_ERR_INVALID_DTYPE, "%s has unknown dtype %d", name, t->dtype);
+  }
+  if (t->ndim < min_ndim || t->ndim > max_ndim) {
+    if (min_ndim == max_ndim) {
+      return fail(MHA_ERR_INVALID_SIZE, "%s must have %d dimensions, has %d", name, min_ndim,
+                  t->ndim);
+    }
+    return fail(MHA_ERR_INVALID_SIZE, "%s must have %d to %d dimensions, has %d", name, min_ndim,
+                max_ndim, t->ndim);
+  }
+  // The furthest element must be addressable: sum((size - 1) * stride) * itemsize
+  // and every product on the way must fit in int64.
+  int64_t last = 0;
+  for (int32_t d = 0; d < t->ndim; ++d) {
+    if (t->shape[d] <= 0) {
+      return fail(MHA_ERR_INVALID_SIZE, "%s->shape[%d] = %lld; sizes must be positive", name, d,
+                  static_cast<long long>(t->shape[d]));
+    }
+    if (t->strides[d] < 0) {
+      return fail(MHA_ERR_INVALID_STRIDES, "%s->strides[%d] = %lld; strides must be >= 0", name, d,
+                  static_cast<long long>(t->strides[d]));
+    }
+    int64_t reach = 0;
+    if (__builtin_mul_overflow(t->shape[d] - 1, t->strides[d], &reach) ||
+        __builtin_add_overflow(last, reach, &last)) {
+      return fail(MHA_ERR_SIZE_OVERFLOW, "%s: shape times strides overflows 64 bits", name);
+    }
+  }
+  int64_t elements = 1, bytes = 0;
+  for (int32_t d = 0; d < t->ndim; ++d) {
+    if (__builtin_mul_overflow(elements, t->shape[d], &elements)) {
+      return fail(MHA_ERR_SIZE_OVERFLOW, "%s: the element count overflows 64 bits", name);
+    }
+  }
+  if (__builtin_add_overflow(last, int64_t{1}, &last) ||
+      __builtin_mul_overflow(last, dtype_size(t->dtype), &bytes) ||
+      bytes > INT64_MAX - static_cast<int64_t>(reinterpret_cast<uintptr_t>(t->data) >> 1)) {
+    return fail(MHA_ERR_SIZE_OVERFLOW, "%s: its byte extent overflows 64 bits", name);
+  }
+  return MHA_OK;
+}
+
+mha_status validate_attention(const mha_tensor* q, const mha_tensor* k, const mha_tensor* v,
+                              const mha_tensor* out, const mha_attention_params* params,
+                              AttentionCall* call) {
+  mha_attention_params defaults;
+  if (params == nullptr) {
+    mha_attention_params_init(&defaults);
+    params = &defaults;
+  } else if (params->struct_size != sizeof(mha_attention_params)) {
+    return fail(MHA_ERR_INVALID_PARAMS,
+                "params->struct_size is %u; this library knows %zu (call "
+                "mha_attention_params_init)",
+                params->struct_size, sizeof(mha_attention_params));
+  }
+
+  const mha_tensor* tensors[4] = {q, k, v, out};
+  const char* names[4] = {"q", "k", "v", "out"};
+  for (int i = 0; i < 4; ++i) {
+    if (mha_status s = check_tensor(tensors[i], names[i], 4, 4); s != MHA_OK) return s;
+  }
+  for (int i = 0; i < 4; ++i) {
+    if (mha_status s = check_f32(tensors[i], names[i]); s != MHA_OK) return s;
+  }
+
+  const int64_t batch = q->shape[0], heads = q->shape[1], lq = q->shape[2], d = q->shape[3];
+  const int64_t kv_heads = k->shape[1], lk = k->shape[2], dv = v->shape[3];
+  struct Agreement {
+    const char* what;
+    const char* a;
+    int64_t va;
+    const char* b;
+    int64_t vb;
+  };
+  const Agreement agreements[] = {
+      {"batch", "q", batch, "k", k->shape[0]},
+      {"batch", "q", batch, "v", v->shape[0]},
+      {"batch", "q", batch, "out", out->shape[0]},
+      {"KV heads", "k", kv_heads, "v", v->shape[1]},
+      {"heads", "q", heads, "out", out->shape[1]},
+      {"key length", "k", lk, "v", v->shape[2]},
+      {"query length", "q", lq, "out", out->shape[2]},
+      {"head size", "q", d, "k", k->shape[3]},
+      {"value head size", "v", dv, "out", out->shape[3]},
+  };
+  for (const auto& a : agreements) {
+    if (mha_status s = check_shape_equal(a.what, a.a, a.va, a.b, a.vb); s != MHA_OK) return s;
+  }
+  if (heads % kv_heads != 0) {
+    return fail(MHA_ERR_SHAPE_MISMATCH,
+                "q has %lld heads, not a multiple of the %lld KV heads of k and v",
+                static_cast<long long>(heads), static_cast<long long>(kv_heads));
+  }
+
+  mha_kernel_problem& p = call->problem;
+  std::memset(&p, 0, sizeof p);
+  p.q = static_cast<const float*>(q->data);
+  p.k = static_cast<const float*>(k->data);
+  p.v = static_cast<const float*>(v->data);
+  std::memcpy(p.q_strides, q->strides, sizeof p.q_strides);
+  std::memcpy(p.k_strides, k->strides, sizeof p.k_strides);
+  std::memcpy(p.v_strides, v->strides, sizeof p.v_strides);
+  p.batch = batch;
+  p.heads = heads;
+  p.kv_heads = kv_heads;
+  p.lq = lq;
+  p.lk = lk;
+  p.d = d;
+  p.dv = dv;
+
+  if (params->has_scale) {
+    if (!std::isfinite(params->scale) || params->scale == 0.0f) {
+      return fail(MHA_ERR_INVALID_VALUE, "params->scale = %g; it must be finite and non-zero",
+                  static_cast<double>(params->scale));
+    }
+    p.scale = params->scale;
+  } else {
+    p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  }
+  switch (params->causal) {
+    case MHA_CAUSAL_NONE:
+      p.causal_diag = kNotCausal;
+      break;
+    case MHA_CAUSAL_TOP_LEFT:
+      p.causal_diag = 0;
+      break;
+    case MHA_CAUSAL_BOTTOM_RIGHT:
+      p.causal_diag = lk - lq;
+      break;
+    default:
+      return fail(MHA_ERR_INVALID_VALUE,
+                  "params->causal = %d; it must be MHA_CAUSAL_NONE, _TOP_LEFT or _BOTTOM_RIGHT",
+                  params->causal);
+  }
+  if (!(params->dropout_p >= 0.0f && params->dropout_p < 1.0f)) {
+    return fail(MHA_ERR_INVALID_VALUE, "params->dropout_p = %g; it must be in [0, 1)",
+                static_cast<double>(params->dropout_p));
+  }
+  p.dropout_p = params->dropout_p;
+  p.dropout_seed = params->dropout_seed;
+
+  if (params->valid_lens != nullptr) {
+    if (mha_status s = check_valid_lens(params->valid_lens, batch, lq, lk, &p); s != MHA_OK) {
+      return s;
+    }
+  }
+  if (params->mask != nullptr) {
+    const int64_t full[4] = {batch, heads, lq, lk};
+    if (mha_status s = check_mask(params->mask, full, &p); s != MHA_OK) return s;
+  }
+  const mha_tensor* lse = params->lse;
+  if (lse != nullptr) {
+    if (mha_status s = check_tensor(lse, "lse", 3, 3); s != MHA_OK) return s;
+    if (mha_status s = check_f32(lse, "lse"); s != MHA_OK) return s;
+    if (lse->shape[0] != batch || lse->shape[1] != heads || lse->shape[2] != lq) {
+      return fail(MHA_ERR_SHAPE_MISMATCH, "lse must have shape [B=%lld, H=%lld, Lq=%lld]",
+                  static_cast<long long>(batch), static_cast<long long>(heads),
+                  static_cast<long long>(lq));
+    }
+  }
+
+  const mha_tensor* inputs[] = {q, k, v, params->mask, params->valid_lens, lse};
+  const char* input_names[] = {"q", "k", "v", "mask", "valid_lens", "lse"};
+  if (mha_status s = check_no_overlap(*out, "out", inputs, input_names, 6); s != MHA_OK) return s;
+  if (lse != nullptr) {
+    if (mha_status s = check_no_overlap(*lse, "lse", inputs, input_names, 5); s != MHA_OK) {
+      return s;
+    }
+  }
+
+  call->out = static_cast<float*>(out->data);
+  std::memcpy(call->out_strides, out->strides, sizeof call->out_strides);
+  call->lse = lse != nullptr ? static_cast<float*>(lse->data) : nullptr;
+  if (lse != nullptr) std::memcpy(call->lse_strides, lse->strides, sizeof call->lse_strides);
+  return MHA_OK;
+}
+
+}  // namespace mha::rt

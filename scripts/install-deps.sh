@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs the Debian packages mha needs, if any are missing.
+#   scripts/install-deps.sh [native] [sanitizers] [cross]
+# native: compiler, CMake, xsimd, BLIS, GoogleTest, Google Benchmark, CLI11, JSON
+# sanitizers: clang, its sanitizer runtimes and LLVM's OpenMP (TSan, fuzzer)
+# cross: the aarch64 cross compiler, qemu-user and arm64 libraries (adds the
+#        arm64 architecture to dpkg)
+set -euo pipefail
+
+want=()
+for group in "${@:-native}"; do
+  case "$group" in
+    native)
+      want+=(g++ cmake make pkgconf python3 libxsimd-dev libblis-openmp-dev libgtest-dev googletest
+             libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev) ;;
+    sanitizers)
+      want+=(clang libclang-rt-dev libomp-dev) ;;
+    cross)
+      want+=(g++-aarch64-linux-gnu qemu-user libblis-openmp-dev:arm64 libbenchmark-dev:arm64
+             libgomp1:arm64) ;;
+    *) echo "install-deps: unknown group '$group'" >&2; exit 2 ;;
+  esac
+done
+
+missing=()
+for pkg in "${want[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "install-deps: need root to install: ${missing[*]}" >&2; exit 1; }
+  sudo=sudo
+fi
+if printf '%s\n' "${missing[@]}" | grep -q ':arm64$'; then
+  dpkg --print-foreign-architectures | grep -qx arm64 || $sudo dpkg --add-architecture arm64
+fi
+echo "install-deps: installing ${missing[*]}" >&2
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,36 @@
+// An independent float64 reference for scaled dot-product attention.
+//
+// Naive loops over the caller's tensor descriptors (any strides), one row of
+// scores at a time, so long sequences can be checked without an Lq x Lk matrix.
+// It shares no code with the runtime or the backends.
+#pragma once
+
+#include <mha/mha.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace mha_test {
+
+struct Reference {
+  int64_t batch = 0, heads = 0, lq = 0, dv = 0;
+  std::vector<double> out;   // [B, H, Lq, Dv], C order
+  std::vector<double> lse;   // [B, H, Lq]; -inf for rows where no key takes part
+  double max_abs_out = 0;    // max |out| over all rows
+  double max_abs_logit = 0;  // max |scaled score + additive mask| over keys that take part
+};
+
+// Same arguments and semantics as mha_attention (params may be nullptr).
+// Dropout is not modelled here.
+Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mha_tensor& v,
+                              const mha_attention_params* params);
+
+// The tolerance of decisions.md:
+//   1e-5 * max(1, max|ref|) + 4 * 2^-24 * max|logit|
+double tolerance(const Reference& ref);
+
+// Largest |out - ref| over all elements; out is an F32 [B, H, Lq, Dv] descriptor.
+// NaN in either side where the other is not NaN counts as +inf.
+double max_abs_error(const mha_tensor& out, const Reference& ref);
+
+}  // namespace mha_test
