@@ -1,0 +1,36 @@
+// Register blocking and tile sizes per instruction set.  The micro-kernels'
+// accumulators fill the register file without spilling; the tiles keep the
+// working set of one query tile in L1/L2 (flash-kernel-on-zen4.md: 64 queries
+// x 96 keys measured best on Zen 4, 5-12 % ahead of larger tiles).
+#pragma once
+
+#include <xsimd/xsimd.hpp>
+
+namespace mha_simd {
+
+template <class Arch>
+struct Blocking {
+  // 32 vector registers (AVX-512 zmm, Arm NEON q):
+  //   scores: 4 query vectors x 6 keys = 24 accumulators + 4 Q loads + 1 broadcast
+  //   P·V:    6 query rows x 4 vectors of Dv = 24 accumulators + 4 V loads + 1 broadcast
+  static constexpr int kScoreQueryVectors = 4;
+  static constexpr int kScoreKeys = 6;
+  static constexpr int kPvRows = 6;
+  static constexpr int kPvVectors = 4;
+  static constexpr int kQueryTile = 64;
+  static constexpr int kKeyTile = 96;
+};
+
+// 16 ymm registers: 2 x 6 = 12 accumulators + 2 + 1 for the scores and
+// 6 x 2 = 12 + 2 + 1 for P·V.
+template <>
+struct Blocking<xsimd::fma3<xsimd::avx2>> {
+  static constexpr int kScoreQueryVectors = 2;
+  static constexpr int kScoreKeys = 6;
+  static constexpr int kPvRows = 6;
+  static constexpr int kPvVectors = 2;
+  static constexpr int kQueryTile = 64;
+  static constexpr int kKeyTile = 96;
+};
+
+}  // namespace mha_simd

@@ -1,0 +1,212 @@
+// The decode layout: vector lanes along the head dimension.
+//
+// With one (or a few) queries per head, lanes along the queries would idle
+// 15 of 16 lanes.  Here the rows are the queries of all the query heads that
+// share one KV head (grouped-query attention reads each K and V row once for
+// all of them), and each row is a vector along D.  Scores of W keys are
+// reduced together; the softmax runs along the keys.  Decoding is
+// bound by reading K and V, so the kernel streams them once per item.
+#pragma once
+
+#include <mha/plugin_abi.h>
+#include <xsimd/xsimd.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "common/attention_rules.h"
+#include "simd/blocking.hpp"
+#include "simd/exp2.hpp"
+#include "simd/row_sums.hpp"
+#include "simd/tile_tools.hpp"
+
+namespace mha_simd {
+
+template <class Arch>
+class DecodeKernel {
+  using B = xsimd::batch<float, Arch>;
+  static constexpr int W = static_cast<int>(B::size);
+  static constexpr int KT = Blocking<Arch>::kKeyTile;
+  static constexpr int KTP = (KT + W - 1) / W * W;
+  static constexpr int kMaxVectorsInRegisters = 8;
+
+  struct Rows {
+    int64_t count;
+    float* q;         // [rows][Dp], times scale·log2(e), zero-padded
+    float* acc;       // [rows][Dvp]
+    float* scores;    // [rows][KTP]
+    float* row_max;   // [rows]
+    float* row_sum;   // [rows]
+    float* last_key;  // [rows], absolute key index
+    float* k_pack;    // [KT][Dp]
+    float* v_pack;    // [KT][Dvp]
+  };
+
+ public:
+  static size_t scratch_bytes(const mha_kernel_problem& p, int64_t max_queries) {
+    const int64_t rows = (p.heads / p.kv_heads) * max_queries;
+    const int64_t dp = round_up(p.d, W), dvp = round_up(p.dv, W);
+    return ScratchCarver::bytes(
+        {rows * dp, rows * dvp, rows * KTP, rows, rows, rows, KT * dp, KT * dvp});
+  }
+
+  static void run(const mha_kernel_problem& p, const mha_work_item& item, void* scratch) {
+    const int64_t nq = item.q_end - item.q_begin;
+    const int64_t dp = round_up(p.d, W), dvp = round_up(p.dv, W);
+    Rows rows{};
+    rows.count = (item.h_end - item.h_begin) * nq;
+    ScratchCarver carve(scratch);
+    rows.q = carve.floats(rows.count * dp);
+    rows.acc = carve.floats(rows.count * dvp);
+    rows.scores = carve.floats(rows.count * KTP);
+    rows.row_max = carve.floats(rows.count);
+    rows.row_sum = carve.floats(rows.count);
+    rows.last_key = carve.floats(rows.count);
+    rows.k_pack = carve.floats(KT * dp);
+    rows.v_pack = carve.floats(KT * dvp);
+
+    const int64_t b = item.b;
+    const int64_t kvh = mha_kernel::kv_head_of(p, item.h_begin);
+    const float c = p.scale * kLog2e;
+    int64_t max_last = item.k_begin - 1;
+    for (int64_t r = 0; r < rows.count; ++r) {
+      const int64_t h = item.h_begin + r / nq, i = item.q_begin + r % nq;
+      const int64_t last = std::min(mha_kernel::last_visible_key(p, b, i), item.k_end - 1);
+      max_last = std::max(max_last, last);
+      rows.last_key[r] = static_cast<float>(last);
+      const float* q = mha_kernel::q_row(p, b, h, i);
+      float* dst = rows.q + r * dp;
+      for (int64_t x = 0; x < p.d; ++x) dst[x] = q[x * p.q_strides[3]] * c;
+      for (int64_t x = p.d; x < dp; ++x) dst[x] = 0.0f;
+      rows.row_max[r] = kNegInf;
+      rows.row_sum[r] = 0.0f;
+    }
+    std::fill(rows.acc, rows.acc + rows.count * dvp, 0.0f);
+
+    const bool k_direct = p.k_strides[3] == 1 && p.d % W == 0;
+    const bool v_direct = p.v_strides[3] == 1 && p.dv % W == 0;
+    for (int64_t j0 = item.k_begin; j0 <= max_last; j0 += KT) {
+      const int keys = static_cast<int>(std::min<int64_t>(KT, max_last + 1 - j0));
+      const float* k_rows = mha_kernel::k_row(p, b, kvh, j0);
+      int64_t k_stride = p.k_strides[2];
+      if (!k_direct) {
+        pack_rows(k_rows, p.k_strides[2], p.k_strides[3], keys, p.d, rows.k_pack, dp);
+        k_rows = rows.k_pack;
+        k_stride = dp;
+      }
+      const float* v_rows = mha_kernel::v_row(p, b, kvh, j0);
+      int64_t v_stride = p.v_strides[2];
+      if (!v_direct) {
+        pack_rows(v_rows, p.v_strides[2], p.v_strides[3], keys, p.dv, rows.v_pack, dvp);
+        v_rows = rows.v_pack;
+        v_stride = dvp;
+      }
+      for (int64_t r = 0; r < rows.count; ++r) {
+        const int64_t h = item.h_begin + r / nq, i = item.q_begin + r % nq;
+        float* s = rows.scores + r * KTP;
+        row_scores(rows.q + r * dp, dp, k_rows, k_stride, keys, s);
+        if (p.mask_kind != MHA_MASK_NONE) apply_mask(p, b, h, i, j0, keys, s);
+        const int64_t hidden_from = static_cast<int64_t>(rows.last_key[r]) + 1 - j0;
+        for (int64_t j = std::max<int64_t>(hidden_from, 0); j < keys; ++j) s[j] = kNegInf;
+        const float alpha = update_softmax(s, keys, rows.row_max[r], rows.row_sum[r]);
+        accumulate_pv(s, keys, alpha, v_rows, v_stride, dvp, rows.acc + r * dvp);
+      }
+    }
+    write_rows(p, item, rows, nq);
+  }
+
+ private:
+  static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+  // s[j] = q · K[j] for the tile's keys, W keys per horizontal reduction.
+  static void row_scores(const float* q, int64_t dp, const float* k_rows, int64_t k_stride,
+                         int keys, float* s) {
+    for (int j0 = 0; j0 < keys; j0 += W) {
+      const int n = std::min(W, keys - j0);
+      B acc[W];
+      for (int k = 0; k < W; ++k) acc[k] = B(0.0f);
+      for (int64_t x = 0; x < dp; x += W) {
+        const B qv = B::load_aligned(q + x);
+        for (int k = 0; k < n; ++k) {
+          acc[k] = xsimd::fma(qv, B::load_unaligned(k_rows + (j0 + k) * k_stride + x), acc[k]);
+        }
+      }
+      sums_of<Arch>(acc).store_aligned(s + j0);
+    }
+  }
+
+  static void apply_mask(const mha_kernel_problem& p, int64_t b, int64_t h, int64_t i, int64_t j0,
+                         int keys, float* s) {
+    const int64_t ms = p.mask_strides[3];
+    const int64_t row = mha_kernel::mask_row_offset(p, b, h, i) + j0 * ms;
+    if (p.mask_kind == MHA_MASK_BOOL) {
+      const auto* m = static_cast<const uint8_t*>(p.mask) + row;
+      for (int j = 0; j < keys; ++j) {
+        if (m[j * ms] == 0) s[j] = kNegInf;
+      }
+    } else {
+      const auto* m = static_cast<const float*>(p.mask) + row;
+      for (int j = 0; j < keys; ++j) s[j] += m[j * ms] * kLog2e;
+    }
+  }
+
+  // Online softmax of one row over one key tile; returns the factor that
+  // rescales what the row accumulated so far.
+  static float update_softmax(float* s, int keys, float& row_max, float& row_sum) {
+    float tile_max = kNegInf;
+    for (int j = 0; j < keys; ++j) tile_max = (s[j] > tile_max || s[j] != s[j]) ? s[j] : tile_max;
+    const float new_max = tile_max != tile_max ? tile_max : std::max(row_max, tile_max);
+    const float shift = new_max == kNegInf ? 0.0f : new_max;
+    const float alpha = row_max == kNegInf ? 0.0f : std::exp2(row_max - shift);
+    // The padding keys of the last vector get weight exactly 0.
+    for (int j = keys; j < KTP && j % W != 0; ++j) s[j] = kNegInf;
+    B sum(0.0f);
+    const B shift_v(shift);
+    for (int j = 0; j < keys; j += W) {
+      const B e = exp2_nonpositive<Arch>(B::load_aligned(s + j) - shift_v);
+      e.store_aligned(s + j);
+      sum += e;
+    }
+    row_max = new_max;
+    row_sum = row_sum * alpha + xsimd::hadd(sum);
+    return alpha;
+  }
+
+  static void accumulate_pv(const float* probs, int keys, float alpha, const float* v_rows,
+                            int64_t v_stride, int64_t dvp, float* acc) {
+    for (int64_t c0 = 0; c0 < dvp; c0 += kMaxVectorsInRegisters * W) {
+      const int nc = static_cast<int>(std::min<int64_t>(kMaxVectorsInRegisters, (dvp - c0) / W));
+      B o[kMaxVectorsInRegisters];
+      const B a(alpha);
+      for (int c = 0; c < nc; ++c) o[c] = B::load_aligned(acc + c0 + c * W) * a;
+      for (int j = 0; j < keys; ++j) {
+        const B pj(probs[j]);
+        const float* v = v_rows + j * v_stride + c0;
+        for (int c = 0; c < nc; ++c) o[c] = xsimd::fma(pj, B::load_unaligned(v + c * W), o[c]);
+      }
+      for (int c = 0; c < nc; ++c) o[c].store_aligned(acc + c0 + c * W);
+    }
+  }
+
+  static void write_rows(const mha_kernel_problem& p, const mha_work_item& item, const Rows& rows,
+                         int64_t nq) {
+    const int64_t dvp = round_up(p.dv, W);
+    for (int64_t r = 0; r < rows.count; ++r) {
+      const float sum = rows.row_sum[r];
+      const bool empty = sum == 0.0f;
+      const float inv = empty ? 0.0f : 1.0f / sum;
+      const int64_t row_h = r / nq, row_i = r % nq;
+      float* out = item.out + row_h * item.out_strides[0] + row_i * item.out_strides[1];
+      const float* acc = rows.acc + r * dvp;
+      for (int64_t x = 0; x < p.dv; ++x) out[x * item.out_strides[2]] = acc[x] * inv;
+      if (item.lse != nullptr) {
+        item.lse[row_h * item.lse_strides[0] + row_i * item.lse_strides[1]] =
+            empty ? kNegInf : rows.row_max[r] * kLn2 + std::log(sum);
+      }
+    }
+  }
+};
+
+}  // namespace mha_simd

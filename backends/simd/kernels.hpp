@@ -1,0 +1,28 @@
+// Included once per ISA by the plugin's kernel file: picks the kernel layout
+// the runtime asked for and runs it.  Only that file is compiled with the ISA's
+// flags.
+#pragma once
+
+#include "simd/decode_kernel.hpp"
+#include "simd/kernel_entry.hpp"
+#include "simd/query_lane_kernel.hpp"
+
+namespace mha_simd {
+
+template <class Arch>
+size_t scratch_bytes(const mha_kernel_problem& p, int64_t max_queries) {
+  return p.layout == MHA_LAYOUT_DECODE ? DecodeKernel<Arch>::scratch_bytes(p, max_queries)
+                                       : QueryLaneKernel<Arch>::scratch_bytes(p);
+}
+
+template <class Arch>
+int attend(const mha_kernel_problem& p, const mha_work_item& item, void* scratch) {
+  if (p.layout == MHA_LAYOUT_DECODE) {
+    DecodeKernel<Arch>::run(p, item, scratch);
+  } else {
+    QueryLaneKernel<Arch>::run(p, item, scratch);
+  }
+  return 0;
+}
+
+}  // namespace mha_simd

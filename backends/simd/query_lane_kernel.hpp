@@ -1,0 +1,343 @@
+// The prefill layout: vector lanes along the queries.
+//
+// A tile of queries is packed once, transposed and pre-multiplied by
+// scale·log2(e), so one register holds one head-dimension index of W queries.
+// The score micro-kernel then broadcasts K elements straight from K's rows and
+// the P·V micro-kernel loads V rows as vectors: K and V are used in place (a
+// tile is packed only when its rows are strided or Dv is not a multiple of W).
+// All softmax state — running max, running sum, rescale factor — is vertical
+// (one lane per query), so there are no horizontal reductions; exp is base 2.
+// (flash-kernel-on-zen4.md measured this layout 5-22 % ahead of packing Kᵀ.)
+#pragma once
+
+#include <mha/plugin_abi.h>
+#include <xsimd/xsimd.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "common/attention_rules.h"
+#include "simd/blocking.hpp"
+#include "simd/exp2.hpp"
+#include "simd/tile_tools.hpp"
+
+namespace mha_simd {
+
+template <class Arch>
+class QueryLaneKernel {
+  using B = xsimd::batch<float, Arch>;
+  static constexpr int W = static_cast<int>(B::size);
+  using Blk = Blocking<Arch>;
+  static constexpr int QT = Blk::kQueryTile;
+  static constexpr int KT = Blk::kKeyTile;
+  static_assert(QT % (W * Blk::kScoreQueryVectors) == 0, "query tile must hold whole blocks");
+  static_assert(KT % Blk::kScoreKeys == 0, "key tile must hold whole key groups");
+
+  struct Tile {
+    float* qt;        // [D][QT]: Q transposed, times scale·log2(e)
+    float* scores;    // [KT][QT]: scores, then probabilities, of one key tile
+    float* acc;       // [QT][Dvp]: the unnormalised output
+    float* row_max;   // [QT], base-2 units
+    float* row_sum;   // [QT]
+    float* alpha;     // [QT]: rescale factor of the current key tile
+    float* last_key;  // [QT]: last visible key, relative to the item's first key
+    float* k_pack;    // [KT][D] when K rows are strided
+    float* v_pack;    // [KT][Dvp] when V rows are strided or Dv % W != 0
+  };
+
+ public:
+  static size_t scratch_bytes(const mha_kernel_problem& p) {
+    const int64_t dvp = round_up(p.dv, W);
+    return ScratchCarver::bytes(
+        {p.d * QT, int64_t{KT} * QT, QT * dvp, QT, QT, QT, QT, KT * p.d, KT * dvp});
+  }
+
+  static void run(const mha_kernel_problem& p, const mha_work_item& item, void* scratch) {
+    ScratchCarver carve(scratch);
+    const int64_t dvp = round_up(p.dv, W);
+    Tile t{};
+    t.qt = carve.floats(p.d * QT);
+    t.scores = carve.floats(int64_t{KT} * QT);
+    t.acc = carve.floats(QT * dvp);
+    t.row_max = carve.floats(QT);
+    t.row_sum = carve.floats(QT);
+    t.alpha = carve.floats(QT);
+    t.last_key = carve.floats(QT);
+    t.k_pack = carve.floats(KT * p.d);
+    t.v_pack = carve.floats(KT * dvp);
+    for (int64_t h = item.h_begin; h < item.h_end; ++h) {
+      for (int64_t q0 = item.q_begin; q0 < item.q_end; q0 += QT) {
+        query_tile(p, item, t, h, q0, std::min<int64_t>(QT, item.q_end - q0));
+      }
+    }
+  }
+
+ private:
+  static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+  static void query_tile(const mha_kernel_problem& p, const mha_work_item& item, const Tile& t,
+                         int64_t h, int64_t q0, int64_t nq) {
+    const int64_t b = item.b;
+    const int64_t kvh = mha_kernel::kv_head_of(p, h);
+    const int64_t dvp = round_up(p.dv, W);
+    const int nqv = static_cast<int>((nq + W - 1) / W);
+
+    // Which keys each query sees; the tile stops at the furthest one.
+    int64_t min_last = item.k_end - 1, max_last = item.k_begin - 1;
+    for (int64_t r = 0; r < nq; ++r) {
+      const int64_t last = std::min(mha_kernel::last_visible_key(p, b, q0 + r), item.k_end - 1);
+      min_last = std::min(min_last, last);
+      max_last = std::max(max_last, last);
+      t.last_key[r] = static_cast<float>(last - item.k_begin);
+    }
+    for (int64_t r = nq; r < int64_t{nqv} * W; ++r) {
+      t.last_key[r] = static_cast<float>(max_last - item.k_begin);  // padding lanes
+    }
+
+    pack_queries(p, t, b, h, q0, nq, nqv);
+    for (int64_t r = 0; r < int64_t{nqv} * W; ++r) {
+      t.row_max[r] = kNegInf;
+      t.row_sum[r] = 0.0f;
+    }
+    std::fill(t.acc, t.acc + nq * dvp, 0.0f);
+
+    const bool k_direct = p.k_strides[3] == 1;
+    const bool v_direct = p.v_strides[3] == 1 && p.dv % W == 0;
+    for (int64_t j0 = item.k_begin; j0 <= max_last; j0 += KT) {
+      const int keys = static_cast<int>(std::min<int64_t>(KT, max_last + 1 - j0));
+      const float* k_rows = mha_kernel::k_row(p, b, kvh, j0);
+      int64_t k_stride = p.k_strides[2];
+      if (!k_direct) {
+        pack_rows(k_rows, p.k_strides[2], p.k_strides[3], keys, p.d, t.k_pack, p.d);
+        k_rows = t.k_pack;
+        k_stride = p.d;
+      }
+      compute_scores(t, k_rows, k_stride, p.d, nqv, keys);
+      if (p.mask_kind != MHA_MASK_NONE) apply_mask(p, t, b, h, q0, nq, nqv, j0, keys);
+      if (j0 + keys - 1 > min_last) apply_visibility(t, nqv, j0 - item.k_begin, keys);
+      update_softmax(t, nqv, keys);
+
+      const float* v_rows = mha_kernel::v_row(p, b, kvh, j0);
+      int64_t v_stride = p.v_strides[2];
+      if (!v_direct) {
+        pack_rows(v_rows, p.v_strides[2], p.v_strides[3], keys, p.dv, t.v_pack, dvp);
+        v_rows = t.v_pack;
+        v_stride = dvp;
+      }
+      accumulate_pv(t, v_rows, v_stride, dvp, nq, keys);
+    }
+    write_rows(p, item, t, h, q0, nq);
+  }
+
+  static void pack_queries(const mha_kernel_problem& p, const Tile& t, int64_t b, int64_t h,
+                           int64_t q0, int64_t nq, int nqv) {
+    const float c = p.scale * kLog2e;
+    const int64_t padded = int64_t{nqv} * W;
+    for (int64_t r = 0; r < nq; ++r) {
+      const float* q = mha_kernel::q_row(p, b, h, q0 + r);
+      for (int64_t x = 0; x < p.d; ++x) t.qt[x * QT + r] = q[x * p.q_strides[3]] * c;
+    }
+    for (int64_t x = 0; x < p.d; ++x) {
+      for (int64_t r = nq; r < padded; ++r) t.qt[x * QT + r] = 0.0f;
+    }
+  }
+
+  // scores[j][q] = Σ_x qt[x][q] · K[j][x] for NV query vectors and NK keys.
+  template <int NV, int NK>
+  static void score_block(const float* qt, const float* k_rows, int64_t k_stride, int64_t d,
+                          float* scores) {
+    B acc[NV][NK];
+    for (int v = 0; v < NV; ++v) {
+      for (int n = 0; n < NK; ++n) acc[v][n] = B(0.0f);
+    }
+    const float* k[NK];
+    for (int n = 0; n < NK; ++n) k[n] = k_rows + n * k_stride;
+    for (int64_t x = 0; x < d; ++x) {
+      B q[NV];
+      for (int v = 0; v < NV; ++v) q[v] = B::load_aligned(qt + x * QT + v * W);
+      for (int n = 0; n < NK; ++n) {
+        const B kb(k[n][x]);
+        for (int v = 0; v < NV; ++v) acc[v][n] = xsimd::fma(q[v], kb, acc[v][n]);
+      }
+    }
+    for (int n = 0; n < NK; ++n) {
+      for (int v = 0; v < NV; ++v) acc[v][n].store_aligned(scores + n * QT + v * W);
+    }
+  }
+
+  static void compute_scores(const Tile& t, const float* k_rows, int64_t k_stride, int64_t d,
+                             int nqv, int keys) {
+    constexpr int QV = Blk::kScoreQueryVectors, NK = Blk::kScoreKeys;
+    for (int v0 = 0; v0 < nqv; v0 += QV) {
+      const int nv = std::min(QV, nqv - v0);
+      for (int j = 0; j < keys; j += NK) {
+        const int nk = std::min(NK, keys - j);
+        with_count<QV>(nv, [&](auto NV) {
+          with_count<NK>(nk, [&](auto NKc) {
+            score_block<decltype(NV)::value, decltype(NKc)::value>(
+                t.qt + v0 * W, k_rows + j * k_stride, k_stride, d, t.scores + j * QT + v0 * W);
+          });
+        });
+      }
+    }
+  }
+
+  // The explicit mask, in base-2 units like the scores.
+  static void apply_mask(const mha_kernel_problem& p, const Tile& t, int64_t b, int64_t h,
+                         int64_t q0, int64_t nq, int nqv, int64_t j0, int keys) {
+    const int64_t ms = p.mask_strides[3];
+    const bool is_bool = p.mask_kind == MHA_MASK_BOOL;
+    if (p.mask_strides[2] == 0) {
+      // The same mask row for every query of the tile (key padding): one
+      // broadcast per key.
+      const int64_t row = mha_kernel::mask_row_offset(p, b, h, q0) + j0 * ms;
+      for (int j = 0; j < keys; ++j) {
+        float* s = t.scores + j * QT;
+        if (is_bool) {
+          if (static_cast<const uint8_t*>(p.mask)[row + j * ms] != 0) continue;
+          for (int v = 0; v < nqv; ++v) B(kNegInf).store_aligned(s + v * W);
+        } else {
+          const B add(static_cast<const float*>(p.mask)[row + j * ms] * kLog2e);
+          for (int v = 0; v < nqv; ++v) (B::load_aligned(s + v * W) + add).store_aligned(s + v * W);
+        }
+      }
+      return;
+    }
+    for (int64_t r = 0; r < nq; ++r) {
+      const int64_t row = mha_kernel::mask_row_offset(p, b, h, q0 + r) + j0 * ms;
+      if (is_bool) {
+        const auto* m = static_cast<const uint8_t*>(p.mask) + row;
+        for (int j = 0; j < keys; ++j) {
+          if (m[j * ms] == 0) t.scores[j * QT + r] = kNegInf;
+        }
+      } else {
+        const auto* m = static_cast<const float*>(p.mask) + row;
+        for (int j = 0; j < keys; ++j) t.scores[j * QT + r] += m[j * ms] * kLog2e;
+      }
+    }
+  }
+
+  // Causal and valid-length limits: key j (relative) is hidden from query q
+  // when j > last_key[q].  Only tiles that cross some query's limit get here.
+  static void apply_visibility(const Tile& t, int nqv, int64_t j_rel0, int keys) {
+    for (int v = 0; v < nqv; ++v) {
+      const B last = B::load_aligned(t.last_key + v * W);
+      for (int j = 0; j < keys; ++j) {
+        float* s = t.scores + j * QT + v * W;
+        const B hidden_from = B(static_cast<float>(j_rel0 + j));
+        xsimd::select(hidden_from > last, B(kNegInf), B::load_aligned(s)).store_aligned(s);
+      }
+    }
+  }
+
+  // Online softmax over one key tile, all vertical: new running max, the
+  // factor that rescales what was accumulated, probabilities in place of the
+  // scores, running sum.
+  static void update_softmax(const Tile& t, int nqv, int keys) {
+    for (int v = 0; v < nqv; ++v) {
+      float* s = t.scores + v * W;
+      B m0 = B::load_aligned(s), m1 = m0;
+      int j = 1;
+      for (; j + 1 < keys; j += 2) {
+        m0 = xsimd::max(m0, B::load_aligned(s + j * QT));
+        m1 = xsimd::max(m1, B::load_aligned(s + (j + 1) * QT));
+      }
+      if (j < keys) m0 = xsimd::max(m0, B::load_aligned(s + j * QT));
+      const B old_max = B::load_aligned(t.row_max + v * W);
+      const B new_max = xsimd::max(old_max, xsimd::max(m0, m1));
+      // A row that has seen no visible key yet keeps -inf; subtract 0 instead so
+      // that -inf - -inf never happens (exp2 of -inf is 0).
+      const B shift = xsimd::select(new_max == B(kNegInf), B(0.0f), new_max);
+      const B alpha = exp2_nonpositive<Arch>(old_max - shift);
+      B sum0 = B::load_aligned(t.row_sum + v * W) * alpha, sum1 = B(0.0f);
+      j = 0;
+      for (; j + 1 < keys; j += 2) {
+        const B e0 = exp2_nonpositive<Arch>(B::load_aligned(s + j * QT) - shift);
+        const B e1 = exp2_nonpositive<Arch>(B::load_aligned(s + (j + 1) * QT) - shift);
+        e0.store_aligned(s + j * QT);
+        e1.store_aligned(s + (j + 1) * QT);
+        sum0 += e0;
+        sum1 += e1;
+      }
+      if (j < keys) {
+        const B e0 = exp2_nonpositive<Arch>(B::load_aligned(s + j * QT) - shift);
+        e0.store_aligned(s + j * QT);
+        sum0 += e0;
+      }
+      new_max.store_aligned(t.row_max + v * W);
+      (sum0 + sum1).store_aligned(t.row_sum + v * W);
+      alpha.store_aligned(t.alpha + v * W);
+    }
+  }
+
+  // acc[r][c] = acc[r][c] · alpha[r] + Σ_j P[j][r] · V[j][c] for NR rows and
+  // NC vectors of Dv; the rescale rides on the accumulator load.
+  template <int NR, int NC>
+  static void pv_block(const float* probs, const float* alpha, const float* v_rows,
+                       int64_t v_stride, int keys, float* acc, int64_t acc_stride) {
+    B o[NR][NC];
+    for (int r = 0; r < NR; ++r) {
+      const B a(alpha[r]);
+      for (int c = 0; c < NC; ++c) o[r][c] = B::load_aligned(acc + r * acc_stride + c * W) * a;
+    }
+    for (int j = 0; j < keys; ++j) {
+      B vv[NC];
+      for (int c = 0; c < NC; ++c) vv[c] = B::load_unaligned(v_rows + j * v_stride + c * W);
+      for (int r = 0; r < NR; ++r) {
+        const B pr(probs[j * QT + r]);
+        for (int c = 0; c < NC; ++c) o[r][c] = xsimd::fma(pr, vv[c], o[r][c]);
+      }
+    }
+    for (int r = 0; r < NR; ++r) {
+      for (int c = 0; c < NC; ++c) o[r][c].store_aligned(acc + r * acc_stride + c * W);
+    }
+  }
+
+  static void accumulate_pv(const Tile& t, const float* v_rows, int64_t v_stride, int64_t dvp,
+                            int64_t nq, int keys) {
+    constexpr int R = Blk::kPvRows, C = Blk::kPvVectors;
+    const int vectors = static_cast<int>(dvp / W);
+    for (int64_t r0 = 0; r0 < nq; r0 += R) {
+      const int nr = static_cast<int>(std::min<int64_t>(R, nq - r0));
+      for (int c0 = 0; c0 < vectors; c0 += C) {
+        const int nc = std::min(C, vectors - c0);
+        with_count<R>(nr, [&](auto NR) {
+          with_count<C>(nc, [&](auto NC) {
+            pv_block<decltype(NR)::value, decltype(NC)::value>(t.scores + r0, t.alpha + r0,
+                                                               v_rows + c0 * W, v_stride, keys,
+                                                               t.acc + r0 * dvp + c0 * W, dvp);
+          });
+        });
+      }
+    }
+  }
+
+  // One division per row; a row with no visible key is zeros with LSE -inf.
+  static void write_rows(const mha_kernel_problem& p, const mha_work_item& item, const Tile& t,
+                         int64_t h, int64_t q0, int64_t nq) {
+    const int64_t dvp = round_up(p.dv, W);
+    for (int64_t r = 0; r < nq; ++r) {
+      const float sum = t.row_sum[r];
+      const bool empty = sum == 0.0f;
+      const float inv = empty ? 0.0f : 1.0f / sum;
+      const int64_t row_h = h - item.h_begin, row_i = q0 + r - item.q_begin;
+      float* out = item.out + row_h * item.out_strides[0] + row_i * item.out_strides[1];
+      const float* acc = t.acc + r * dvp;
+      if (item.out_strides[2] == 1) {
+        int64_t x = 0;
+        for (; x + W <= p.dv; x += W) (B::load_aligned(acc + x) * B(inv)).store_unaligned(out + x);
+        for (; x < p.dv; ++x) out[x] = acc[x] * inv;
+      } else {
+        for (int64_t x = 0; x < p.dv; ++x) out[x * item.out_strides[2]] = acc[x] * inv;
+      }
+      if (item.lse != nullptr) {
+        item.lse[row_h * item.lse_strides[0] + row_i * item.lse_strides[1]] =
+            empty ? kNegInf : t.row_max[r] * kLn2 + std::log(sum);
+      }
+    }
+  }
+};
+
+}  // namespace mha_simd
