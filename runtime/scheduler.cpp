@@ -20,7 +20,7 @@ constexpr double kSerialFlops = 4.0e5;
 // depend on the thread count) with chunks of at least kMinChunk keys.
 constexpr int64_t kTargetItems = 64;
 constexpr int64_t kMinChunk = 512;
-static_assert(kTargetItems <= kMaxMergeParts, "a row never has more chunks than kTargetItems");
+static_assert(kTargetItems <= kMaxChunks, "a row never has more chunks than kTargetItems");
 
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
@@ -57,7 +57,7 @@ WorkPlan plan_work(const mha_kernel_problem& p, const mha_plugin& plugin) {
   return plan;
 }
 
-void merge_row(int64_t n, const float* const* outs, int64_t out_stride, const float* lses,
+void merge_row(int64_t n, const float* const* outs, const int64_t* strides, const float* lses,
                int64_t dv, float* dst, int64_t dst_stride, float* lse) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   float max_lse = kNegInf;
@@ -67,19 +67,24 @@ void merge_row(int64_t n, const float* const* outs, int64_t out_stride, const fl
     if (lse != nullptr) *lse = kNegInf;
     return;
   }
-  // Weights in a fixed order, so the result does not depend on who merges.
-  float weights[kMaxMergeParts];
+  // dst accumulates the weighted parts in a fixed order; a part whose weight is
+  // 0 (LSE -inf) is skipped, so its zeros never meet an infinity.
   float weights_sum = 0.0f;
+  bool first = true;
   for (int64_t c = 0; c < n; ++c) {
-    weights[c] = std::exp(lses[c] - max_lse);
-    weights_sum += weights[c];
+    const float w = std::exp(lses[c] - max_lse);
+    if (w == 0.0f) continue;
+    weights_sum += w;
+    const float* src = outs[c];
+    const int64_t stride = strides[c];
+    for (int64_t d = 0; d < dv; ++d) {
+      const float part = w * src[d * stride];
+      dst[d * dst_stride] = first ? part : dst[d * dst_stride] + part;
+    }
+    first = false;
   }
   const float inv = 1.0f / weights_sum;
-  for (int64_t d = 0; d < dv; ++d) {
-    float acc = 0.0f;
-    for (int64_t c = 0; c < n; ++c) acc += weights[c] * outs[c][d * out_stride];
-    dst[d * dst_stride] = acc * inv;
-  }
+  for (int64_t d = 0; d < dv; ++d) dst[d * dst_stride] *= inv;
   if (lse != nullptr) *lse = max_lse + std::log(weights_sum);
 }
 
@@ -193,8 +198,10 @@ mha_status run_attention(const Backend& backend, AttentionCall& call, int32_t th
       const int64_t h0 = (group_index % plan.head_groups) * plan.heads_per_item;
       const int64_t q0 = (plan.q_tiles - 1 - tile_rank) * plan.q_tile;
       const int64_t nq = std::min(plan.q_tile, p.lq - q0);
-      const float* outs[kMaxMergeParts];
-      float lses[kMaxMergeParts];
+      const float* outs[kMaxChunks];
+      float lses[kMaxChunks];
+      int64_t unit_strides[kMaxChunks];
+      std::fill(unit_strides, unit_strides + plan.chunks, int64_t{1});
       for (int64_t h = 0; h < plan.heads_per_item; ++h) {
         for (int64_t i = 0; i < nq; ++i) {
           const int64_t row = h * plan.q_tile + i;
@@ -208,7 +215,7 @@ mha_status run_attention(const Backend& backend, AttentionCall& call, int32_t th
                            ? nullptr
                            : call.lse + b * call.lse_strides[0] + (h0 + h) * call.lse_strides[1] +
                                  (q0 + i) * call.lse_strides[2];
-          merge_row(plan.chunks, outs, 1, lses, p.dv, dst, call.out_strides[3], lse);
+          merge_row(plan.chunks, outs, unit_strides, lses, p.dv, dst, call.out_strides[3], lse);
         }
       }
     };

@@ -60,21 +60,6 @@ mha_status check_f32(const mha_tensor* t, const char* name) {
   return fail(MHA_ERR_INVALID_DTYPE, "%s has dtype %s; it must be f32", name, dtype_name(t->dtype));
 }
 
-mha_status check_no_overlap(const mha_tensor& output, const char* output_name,
-                            const mha_tensor* const* others, const char* const* other_names,
-                            int count) {
-  if (!elements_distinct(output)) {
-    return fail(MHA_ERR_OVERLAP, "%s overlaps itself: its strides map two elements to one address",
-                output_name);
-  }
-  for (int i = 0; i < count; ++i) {
-    if (others[i] != nullptr && ranges_overlap(output, *others[i])) {
-      return fail(MHA_ERR_OVERLAP, "%s overlaps %s in memory", output_name, other_names[i]);
-    }
-  }
-  return MHA_OK;
-}
-
 mha_status check_valid_lens(const mha_tensor* vl, int64_t batch, int64_t lq, int64_t lk,
                             mha_kernel_problem* p) {
   if (mha_status s = check_tensor(vl, "valid_lens", 1, 2); s != MHA_OK) return s;
@@ -230,6 +215,21 @@ mha_status check_tensor(const mha_tensor* t, const char* name, int32_t min_ndim,
   return MHA_OK;
 }
 
+mha_status check_no_overlap(const mha_tensor& output, const char* output_name,
+                            const mha_tensor* const* others, const char* const* other_names,
+                            int count) {
+  if (!elements_distinct(output)) {
+    return fail(MHA_ERR_OVERLAP, "%s overlaps itself: its strides map two elements to one address",
+                output_name);
+  }
+  for (int i = 0; i < count; ++i) {
+    if (others[i] != nullptr && ranges_overlap(output, *others[i])) {
+      return fail(MHA_ERR_OVERLAP, "%s overlaps %s in memory", output_name, other_names[i]);
+    }
+  }
+  return MHA_OK;
+}
+
 mha_status validate_attention(const mha_tensor* q, const mha_tensor* k, const mha_tensor* v,
                               const mha_tensor* out, const mha_attention_params* params,
                               AttentionCall* call) {
@@ -324,6 +324,10 @@ mha_status validate_attention(const mha_tensor* q, const mha_tensor* k, const mh
   }
   if (!(params->dropout_p >= 0.0f && params->dropout_p < 1.0f)) {
     return fail(MHA_ERR_INVALID_VALUE, "params->dropout_p = %g; it must be in [0, 1)",
+                static_cast<double>(params->dropout_p));
+  }
+  if (params->dropout_p != 0.0f) {
+    return fail(MHA_ERR_INVALID_VALUE, "params->dropout_p = %g: dropout is not implemented yet",
                 static_cast<double>(params->dropout_p));
   }
   p.dropout_p = params->dropout_p;

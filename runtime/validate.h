@@ -27,6 +27,11 @@ mha_status validate_attention(const mha_tensor* q, const mha_tensor* k, const mh
 // Shared checks, also used by the module.
 mha_status check_tensor(const mha_tensor* t, const char* name, int32_t min_ndim, int32_t max_ndim);
 const char* dtype_name(int32_t dtype);
+// An output must not overlap itself (two indices, one address) or any of the
+// `count` other tensors (nullptr entries are skipped).
+mha_status check_no_overlap(const mha_tensor& output, const char* output_name,
+                            const mha_tensor* const* others, const char* const* other_names,
+                            int count);
 int64_t dtype_size(int32_t dtype);  // 0 for unknown
 
 }  // namespace mha::rt

@@ -140,6 +140,20 @@ MHA_API void mha_attention_params_init(mha_attention_params* params);
 MHA_API mha_status mha_attention(const mha_tensor* q, const mha_tensor* k, const mha_tensor* v,
                                  mha_tensor* out, const mha_attention_params* params);
 
+/*
+ * Combines partial results of the same queries over disjoint key ranges —
+ * each as mha_attention computes it over its own keys, with its LSE — into the
+ * result over all the keys (the log-sum-exp merge of Flash-Decoding).  A user
+ * can so split a KV cache across calls, devices or machines.
+ *   outs[c] F32 [B, H, Lq, Dv], lses[c] F32 [B, H, Lq] for c < n (arrays of n
+ *   descriptors); out F32 [B, H, Lq, Dv]; lse F32 [B, H, Lq] or NULL.
+ * Parts are combined in order c = 0..n-1, so the result is reproducible.  A row
+ * whose parts all have LSE -inf is zeros with LSE -inf.  out and lse must not
+ * overlap the inputs.
+ */
+MHA_API mha_status mha_merge_partials(int32_t n, const mha_tensor* outs, const mha_tensor* lses,
+                                      mha_tensor* out, mha_tensor* lse);
+
 /* ------------------------------------------------------------ backends */
 
 typedef struct mha_backend_info {
