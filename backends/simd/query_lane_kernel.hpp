@@ -22,6 +22,7 @@
 #include "simd/blocking.hpp"
 #include "simd/exp2.hpp"
 #include "simd/tile_tools.hpp"
+#include "simd/transpose.hpp"
 
 namespace mha_simd {
 
@@ -103,10 +104,26 @@ class QueryLaneKernel {
     }
     std::fill(t.acc, t.acc + nq * dvp, 0.0f);
 
+    // Items come in descending query tiles of one head (the runtime's order):
+    // the next one most likely needs the Q rows just before this tile.
+    RowsToPrefetch next_q, out_rows;
+    if (q0 >= QT && p.q_strides[3] == 1) {
+      next_q = {mha_kernel::q_row(p, b, h, q0 - QT), p.q_strides[2], QT, p.d, false};
+    }
+    if (item.out_strides[2] == 1) {
+      out_rows = {item.out + (h - item.h_begin) * item.out_strides[0] +
+                      (q0 - item.q_begin) * item.out_strides[1],
+                  item.out_strides[1], nq, p.dv, true};
+    }
+    const int64_t key_tiles = (max_last + 1 - item.k_begin + KT - 1) / KT;
+
     const bool k_direct = p.k_strides[3] == 1;
     const bool v_direct = p.v_strides[3] == 1 && p.dv % W == 0;
     for (int64_t j0 = item.k_begin; j0 <= max_last; j0 += KT) {
       const int keys = static_cast<int>(std::min<int64_t>(KT, max_last + 1 - j0));
+      const int64_t tile_index = (j0 - item.k_begin) / KT;
+      next_q.fetch_slice(tile_index, key_tiles);
+      out_rows.fetch_slice(tile_index, key_tiles);
       const float* k_rows = mha_kernel::k_row(p, b, kvh, j0);
       int64_t k_stride = p.k_strides[2];
       if (!k_direct) {
@@ -131,14 +148,32 @@ class QueryLaneKernel {
     write_rows(p, item, t, h, q0, nq);
   }
 
+  // qt[x][r] = Q[q0 + r][x] · scale · log2(e); whole W x W blocks go through
+  // a register transpose, the edges element by element; padding lanes are 0.
   static void pack_queries(const mha_kernel_problem& p, const Tile& t, int64_t b, int64_t h,
                            int64_t q0, int64_t nq, int nqv) {
     const float c = p.scale * kLog2e;
-    const int64_t padded = int64_t{nqv} * W;
-    for (int64_t r = 0; r < nq; ++r) {
+    int64_t r0 = 0;
+    if (p.q_strides[3] == 1) {
+      for (; r0 + W <= nq; r0 += W) {
+        const float* q = mha_kernel::q_row(p, b, h, q0 + r0);
+        int64_t x0 = 0;
+        for (; x0 + W <= p.d; x0 += W) {
+          B rows[W];
+          for (int i = 0; i < W; ++i) rows[i] = B::load_unaligned(q + i * p.q_strides[2] + x0) * c;
+          transpose_square<Arch>(rows);
+          for (int j = 0; j < W; ++j) rows[j].store_aligned(t.qt + (x0 + j) * QT + r0);
+        }
+        for (int i = 0; i < W; ++i) {
+          for (int64_t x = x0; x < p.d; ++x) t.qt[x * QT + r0 + i] = q[i * p.q_strides[2] + x] * c;
+        }
+      }
+    }
+    for (int64_t r = r0; r < nq; ++r) {
       const float* q = mha_kernel::q_row(p, b, h, q0 + r);
       for (int64_t x = 0; x < p.d; ++x) t.qt[x * QT + r] = q[x * p.q_strides[3]] * c;
     }
+    const int64_t padded = int64_t{nqv} * W;
     for (int64_t x = 0; x < p.d; ++x) {
       for (int64_t r = nq; r < padded; ++r) t.qt[x * QT + r] = 0.0f;
     }
@@ -148,13 +183,20 @@ class QueryLaneKernel {
   template <int NV, int NK>
   static void score_block(const float* qt, const float* k_rows, int64_t k_stride, int64_t d,
                           float* scores) {
-    B acc[NV][NK];
-    for (int v = 0; v < NV; ++v) {
-      for (int n = 0; n < NK; ++n) acc[v][n] = B(0.0f);
-    }
     const float* k[NK];
     for (int n = 0; n < NK; ++n) k[n] = k_rows + n * k_stride;
-    for (int64_t x = 0; x < d; ++x) {
+    // The first index initialises the accumulators (d >= 1): no zeroing, and no
+    // path on which they live in memory.
+    B acc[NV][NK];
+    {
+      B q[NV];
+      for (int v = 0; v < NV; ++v) q[v] = B::load_aligned(qt + v * W);
+      for (int n = 0; n < NK; ++n) {
+        const B kb(k[n][0]);
+        for (int v = 0; v < NV; ++v) acc[v][n] = q[v] * kb;
+      }
+    }
+    for (int64_t x = 1; x < d; ++x) {
       B q[NV];
       for (int v = 0; v < NV; ++v) q[v] = B::load_aligned(qt + x * QT + v * W);
       for (int n = 0; n < NK; ++n) {

@@ -63,4 +63,30 @@ inline void pack_rows(const float* src, int64_t row_stride, int64_t col_stride, 
   }
 }
 
+// Rows a tile will touch soon (the next query tile's Q, this tile's output),
+// fetched one slice per key tile so that their cache misses overlap the
+// arithmetic instead of stalling the packing or the final stores.
+struct RowsToPrefetch {
+  const float* first = nullptr;  // nullptr: nothing to fetch
+  int64_t row_stride = 0;        // in floats
+  int64_t rows = 0;
+  int64_t row_floats = 0;
+  bool for_write = false;
+
+  void fetch_slice(int64_t slice, int64_t slices) const {
+    if (first == nullptr || slice >= slices) return;
+    const int64_t begin = rows * slice / slices, end = rows * (slice + 1) / slices;
+    for (int64_t r = begin; r < end; ++r) {
+      const char* row = reinterpret_cast<const char*>(first + r * row_stride);
+      for (int64_t byte = 0; byte < row_floats * 4; byte += 64) {
+        if (for_write) {
+          __builtin_prefetch(row + byte, 1, 3);
+        } else {
+          __builtin_prefetch(row + byte, 0, 3);
+        }
+      }
+    }
+  }
+};
+
 }  // namespace mha_simd
