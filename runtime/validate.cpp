@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
@@ -84,11 +85,15 @@ mha_status check_valid_lens(const mha_tensor* vl, int64_t batch, int64_t lq, int
       const int64_t len = is_i64 ? static_cast<const int64_t*>(vl->data)[at]
                                  : static_cast<const int32_t*>(vl->data)[at];
       if (len < 0 || len > lk) {
-        return fail(MHA_ERR_INVALID_VALUE,
-                    "valid_lens[%lld%s%lld] = %lld is outside [0, Lk = %lld]",
-                    static_cast<long long>(b), vl->ndim == 2 ? "][" : "",
-                    static_cast<long long>(vl->ndim == 2 ? i : 0), static_cast<long long>(len),
-                    static_cast<long long>(lk));
+        char index[64];
+        if (vl->ndim == 2) {
+          std::snprintf(index, sizeof index, "[%lld][%lld]", static_cast<long long>(b),
+                        static_cast<long long>(i));
+        } else {
+          std::snprintf(index, sizeof index, "[%lld]", static_cast<long long>(b));
+        }
+        return fail(MHA_ERR_INVALID_VALUE, "valid_lens%s = %lld is outside [0, Lk = %lld]", index,
+                    static_cast<long long>(len), static_cast<long long>(lk));
       }
     }
   }

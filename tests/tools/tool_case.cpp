@@ -1,0 +1,354 @@
+// mha_tools_case: the ends of the ctest chains that check mha-run and
+// mha-info as programs, without starting child processes (which a test
+// cannot do under qemu-aarch64):
+//
+//   mha_tools_case write CASE DIR         writes the inputs of CASE into DIR
+//   mha_tools_case check <mha-run flags>  reads the inputs and mha-run's --out
+//                                         (and --lse) and compares them with
+//                                         the float64 reference
+//   mha_tools_case check-info FILE [--selected NAME]
+//                                         checks the JSON of `mha-info --json`
+#include <mha/mha.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "attention_run.h"
+#include "npy.h"
+#include "reference.h"
+
+namespace {
+
+using mha_tools::NpyArray;
+using mha_tools::NpyDtype;
+
+// ---------------------------------------------------------------- write
+
+// splitmix64: the same numbers on every platform and standard library.
+class Random {
+ public:
+  explicit Random(uint64_t seed) : state_(seed) {}
+  uint64_t next() {
+    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  double uniform(double lo, double hi) {
+    return lo + (hi - lo) * static_cast<double>(next() >> 11) * 0x1.0p-53;
+  }
+  bool chance(double p) { return uniform(0, 1) < p; }
+
+ private:
+  uint64_t state_;
+};
+
+NpyArray random_floats(Random& rng, std::vector<int64_t> shape, bool fortran = false) {
+  NpyArray a(NpyDtype::F32, std::move(shape), fortran);
+  for (int64_t i = 0; i < a.size(); ++i) a.set_from_double(i, rng.uniform(-1, 1));
+  return a;
+}
+
+NpyArray filled(NpyDtype dtype, std::vector<int64_t> shape, const std::vector<double>& values) {
+  NpyArray a(dtype, std::move(shape));
+  for (int64_t i = 0; i < a.size(); ++i) a.set_from_double(i, values[static_cast<size_t>(i)]);
+  return a;
+}
+
+using Files = std::map<std::string, NpyArray>;
+
+// S5, the d2l.ai example, and files for the failure checks.
+Files d2l_case() {
+  Random rng(2024);
+  Files f;
+  f["q"] = random_floats(rng, {2, 5, 4, 20});
+  f["k"] = random_floats(rng, {2, 5, 6, 20});
+  f["v"] = random_floats(rng, {2, 5, 6, 20});
+  f["valid_lens"] = filled(NpyDtype::I64, {2}, {3, 2});
+  NpyArray q64(NpyDtype::F64, {2, 5, 4, 20});
+  for (int64_t i = 0; i < q64.size(); ++i) q64.set_from_double(i, f["q"].value_as_double(i));
+  f["q_f64"] = std::move(q64);
+  f["q_rank3"] = random_floats(rng, {10, 4, 20});
+  f["k_d19"] = random_floats(rng, {2, 5, 6, 19});
+  f["vl_f32"] = filled(NpyDtype::F32, {2}, {3, 2});
+  f["vl_too_long"] = filled(NpyDtype::I64, {2}, {7, 2});
+  return f;
+}
+
+// Grouped-query attention (6 query heads over 2 KV heads, Dv != D), Q in
+// Fortran order, a bool mask [B,1,Lq,Lk] with a fully masked row; run with
+// --causal bottom-right.
+Files gqa_case() {
+  Random rng(77);
+  const int64_t batch = 2, lq = 5, lk = 9;
+  Files f;
+  f["q"] = random_floats(rng, {batch, 6, lq, 16}, true);
+  f["k"] = random_floats(rng, {batch, 2, lk, 16});
+  f["v"] = random_floats(rng, {batch, 2, lk, 12});
+  NpyArray mask(NpyDtype::Bool, {batch, 1, lq, lk});
+  for (int64_t i = 0; i < mask.size(); ++i) mask.set_from_double(i, rng.chance(0.7) ? 1 : 0);
+  for (int64_t j = 0; j < lk; ++j) mask.set_from_double(mask.offset({0, 0, 1, j}), 0);
+  f["mask"] = std::move(mask);
+  return f;
+}
+
+// Multi-query attention with an additive float mask [Lq,Lk] holding -inf,
+// per-query int32 valid lengths (a zero among them); run with --causal
+// top-left --scale 0.3.
+Files additive_case() {
+  Random rng(5);
+  const int64_t batch = 2, lq = 6, lk = 7;
+  Files f;
+  f["q"] = random_floats(rng, {batch, 3, lq, 8});
+  f["k"] = random_floats(rng, {batch, 1, lk, 8});
+  f["v"] = random_floats(rng, {batch, 1, lk, 8});
+  NpyArray mask(NpyDtype::F32, {lq, lk});
+  for (int64_t i = 0; i < mask.size(); ++i) {
+    mask.set_from_double(i, rng.chance(0.2) ? -HUGE_VAL : rng.uniform(-2, 2));
+  }
+  f["mask"] = std::move(mask);
+  NpyArray vl(NpyDtype::I32, {batch, lq});
+  for (int64_t i = 0; i < vl.size(); ++i) vl.set_from_double(i, static_cast<double>(i % (lk + 1)));
+  f["valid_lens"] = std::move(vl);
+  return f;
+}
+
+int write_case(const std::string& name, const std::string& dir) {
+  const std::map<std::string, std::function<Files()>> cases = {
+      {"d2l", d2l_case}, {"gqa", gqa_case}, {"additive", additive_case}};
+  const auto it = cases.find(name);
+  if (it == cases.end()) {
+    std::fprintf(stderr, "mha_tools_case: unknown case '%s'\n", name.c_str());
+    return 1;
+  }
+  std::filesystem::create_directories(dir);
+  for (const auto& [file, array] : it->second()) {
+    std::string path = dir;
+    path += "/";
+    path += file;
+    path += ".npy";
+    mha_tools::write_npy(path, array);
+  }
+  // A file that is not .npy at all.
+  std::ofstream(dir + "/garbage.npy") << "this is not a NumPy file\n";
+  std::printf("wrote case %s into %s\n", name.c_str(), dir.c_str());
+  return 0;
+}
+
+// ---------------------------------------------------------------- check
+
+// A C-order copy, element by element through the strides: the check does not
+// rely on mha_run_core passing strides to mha correctly.
+NpyArray to_c_order(const NpyArray& a) {
+  NpyArray c(a.dtype(), a.shape());
+  std::vector<int64_t> index(a.shape().size(), 0);
+  const std::size_t itemsize = mha_tools::npy_itemsize(a.dtype());
+  for (int64_t n = 0; n < a.size(); ++n) {
+    const auto* from = static_cast<const unsigned char*>(a.data()) +
+                       static_cast<std::size_t>(a.offset(index)) * itemsize;
+    std::memcpy(static_cast<unsigned char*>(c.data()) + static_cast<std::size_t>(n) * itemsize,
+                from, itemsize);
+    for (std::size_t d = index.size(); d-- > 0;) {
+      if (++index[d] < a.shape()[d]) break;
+      index[d] = 0;
+    }
+  }
+  return c;
+}
+
+mha_tensor c_order_tensor(NpyArray& a, mha_dtype dtype) {
+  mha_tensor t{};
+  if (mha_tensor_init(&t, a.data(), dtype, a.rank(), a.shape().data(), nullptr) != MHA_OK) {
+    throw std::runtime_error(std::string("mha_tensor_init: ") + mha_last_error());
+  }
+  return t;
+}
+
+NpyArray load_c(const std::string& path) {
+  return to_c_order(mha_tools::read_npy(path));
+}
+
+int check_case(const mha_tools::AttentionOptions& o) {
+  NpyArray q = load_c(o.q), k = load_c(o.k), v = load_c(o.v), out = load_c(o.out);
+  std::optional<NpyArray> mask, vl, lse;
+  if (!o.mask.empty()) mask = load_c(o.mask);
+  if (!o.valid_lens.empty()) vl = load_c(o.valid_lens);
+  if (!o.lse.empty()) lse = load_c(o.lse);
+
+  const mha_tensor tq = c_order_tensor(q, MHA_DTYPE_F32), tk = c_order_tensor(k, MHA_DTYPE_F32),
+                   tv = c_order_tensor(v, MHA_DTYPE_F32);
+  mha_tensor tmask{}, tvl{};
+  mha_attention_params params;
+  mha_attention_params_init(&params);
+  if (mask) {
+    tmask = c_order_tensor(*mask, mask->dtype() == NpyDtype::F32 ? MHA_DTYPE_F32 : MHA_DTYPE_BOOL);
+    params.mask = &tmask;
+  }
+  if (vl) {
+    tvl = c_order_tensor(*vl, vl->dtype() == NpyDtype::I64 ? MHA_DTYPE_I64 : MHA_DTYPE_I32);
+    params.valid_lens = &tvl;
+  }
+  if (o.causal == "top-left") params.causal = MHA_CAUSAL_TOP_LEFT;
+  if (o.causal == "bottom-right") params.causal = MHA_CAUSAL_BOTTOM_RIGHT;
+  if (o.scale) {
+    params.has_scale = 1;
+    params.scale = static_cast<float>(*o.scale);
+  }
+  const mha_test::Reference ref = mha_test::reference_attention(tq, tk, tv, &params);
+
+  const std::vector<int64_t> out_shape = {ref.batch, ref.heads, ref.lq, ref.dv};
+  if (out.dtype() != NpyDtype::F32 || out.shape() != out_shape) {
+    std::fprintf(stderr, "check: the output is %s, expected float32 [%lld, %lld, %lld, %lld]\n",
+                 out.describe().c_str(), static_cast<long long>(ref.batch),
+                 static_cast<long long>(ref.heads), static_cast<long long>(ref.lq),
+                 static_cast<long long>(ref.dv));
+    return 1;
+  }
+  const double error = mha_test::max_abs_error(c_order_tensor(out, MHA_DTYPE_F32), ref);
+  const double tolerance = mha_test::tolerance(ref);
+  std::printf("output: max |out - ref| = %.3g, tolerance %.3g\n", error, tolerance);
+  bool ok = error <= tolerance;
+
+  if (lse) {
+    if (lse->dtype() != NpyDtype::F32 ||
+        lse->shape() != std::vector<int64_t>(out_shape.begin(), out_shape.end() - 1)) {
+      std::fprintf(stderr, "check: the LSE is %s, expected float32 [B, H, Lq]\n",
+                   lse->describe().c_str());
+      return 1;
+    }
+    double worst = 0;  // error / tolerance
+    int64_t empty_rows = 0;
+    for (int64_t i = 0; i < lse->size(); ++i) {
+      const double got = lse->value_as_double(i), want = ref.lse[static_cast<size_t>(i)];
+      if (std::isinf(want) && want < 0) {
+        ++empty_rows;
+        if (!(std::isinf(got) && got < 0)) worst = HUGE_VAL;
+        continue;
+      }
+      const double tol = 1e-5 * std::max(1.0, std::fabs(want)) + 4 * 0x1.0p-24 * ref.max_abs_logit;
+      const double err = std::isfinite(got) ? std::fabs(got - want) : HUGE_VAL;
+      worst = std::max(worst, err / tol);
+    }
+    std::printf("lse: worst error / tolerance = %.3g (%lld rows without keys)\n", worst,
+                static_cast<long long>(empty_rows));
+    ok = ok && worst <= 1.0;
+  }
+  std::printf("%s\n", ok ? "PASS" : "FAIL");
+  return ok ? 0 : 1;
+}
+
+// ---------------------------------------------------------------- check-info
+
+int check_info(const std::string& file, const std::string& expected_selected) {
+  std::ifstream in(file);
+  if (!in) {
+    std::fprintf(stderr, "check-info: cannot read %s\n", file.c_str());
+    return 1;
+  }
+  const nlohmann::json j = nlohmann::json::parse(in);  // throws on bad JSON
+  std::vector<std::string> problems;
+  const auto expect = [&problems](bool ok, const std::string& what) {
+    if (!ok) problems.push_back(what);
+  };
+  expect(j.is_object(), "not an object");
+  expect(j.value("version", "") == mha_version(), "version differs from mha_version()");
+  expect(j.contains("cpu_features") && j["cpu_features"].is_array(), "cpu_features not a list");
+  if (j.contains("cpu_features") && j["cpu_features"].is_array()) {
+    for (const auto& f : j["cpu_features"]) expect(f.is_string(), "a cpu feature not a string");
+  }
+  expect(j.contains("backends") && j["backends"].is_array() &&
+             j["backends"].size() == static_cast<size_t>(mha_backend_count()),
+         "backends not a list of mha_backend_count() entries");
+  std::vector<std::string> usable;
+  if (j.contains("backends") && j["backends"].is_array()) {
+    for (const auto& b : j["backends"]) {
+      const bool shaped =
+          b.is_object() && b.size() == 4 && b.contains("name") && b["name"].is_string() &&
+          b.contains("usable") && b["usable"].is_boolean() && b.contains("reason") &&
+          b["reason"].is_string() && b.contains("priority") && b["priority"].is_number_integer();
+      expect(shaped, "a backend is not {name, usable, reason, priority}: " + b.dump());
+      if (!shaped) continue;
+      const bool is_usable = b["usable"].get<bool>();
+      expect(is_usable == b["reason"].get<std::string>().empty(),
+             "usable and reason disagree: " + b.dump());
+      if (is_usable) usable.push_back(b["name"].get<std::string>());
+    }
+  }
+  expect(j.contains("selected"), "no selected key");
+  if (j.contains("selected")) {
+    const auto& s = j["selected"];
+    expect(s.is_null() || s.is_string(), "selected is neither a string nor null");
+    if (s.is_string()) {
+      expect(std::find(usable.begin(), usable.end(), s.get<std::string>()) != usable.end(),
+             "selected is not a usable backend");
+    }
+    if (!expected_selected.empty()) {
+      expect(expected_selected == "null"
+                 ? s.is_null()
+                 : (s.is_string() && s.get<std::string>() == expected_selected),
+             "selected is " + s.dump() + ", expected " + expected_selected);
+    }
+  }
+  expect(
+      j.contains("threads") && j["threads"].is_number_integer() && j["threads"].get<int64_t>() >= 1,
+      "threads is not a positive integer");
+  for (const auto& p : problems) std::fprintf(stderr, "check-info: %s\n", p.c_str());
+  std::printf("%s\n", problems.empty() ? "PASS" : "FAIL");
+  return problems.empty() ? 0 : 1;
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"Ends of the mha-run / mha-info test chains.", "mha_tools_case"};
+  app.require_subcommand(1);
+
+  std::string case_name, dir;
+  CLI::App* write = app.add_subcommand("write", "write the inputs of a case");
+  write->add_option("case", case_name)->required();
+  write->add_option("dir", dir)->required();
+
+  mha_tools::AttentionOptions attention;
+  CLI::App* check = app.add_subcommand("check", "compare mha-run's output with the reference");
+  mha_tools::add_attention_options(*check, attention);
+
+  std::string info_file, selected;
+  CLI::App* info = app.add_subcommand("check-info", "check the JSON of mha-info --json");
+  info->add_option("file", info_file)->required();
+  info->add_option("--selected", selected, "the expected selected backend, or null");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (write->parsed()) return write_case(case_name, dir);
+  if (check->parsed()) return check_case(attention);
+  return check_info(info_file, selected);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mha_tools_case: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "mha_tools_case: unknown exception\n");
+  }
+  return 1;
+}
