@@ -1,0 +1,206 @@
+// The float64 reference: naive loops over the caller's descriptors, one row of
+// scores at a time.  It calls no mha function (only the header's types).
+#include "reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+namespace mha_test {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+void require(bool condition, const std::string& what) {
+  if (!condition) throw std::invalid_argument("reference_attention: " + what);
+}
+
+void require_tensor(const mha_tensor& t, const char* name, int32_t min_ndim, int32_t max_ndim) {
+  require(t.data != nullptr, std::string(name) + " has no data");
+  require(t.ndim >= min_ndim && t.ndim <= max_ndim, std::string(name) + " has the wrong rank");
+  for (int32_t d = 0; d < t.ndim; ++d) {
+    require(t.shape[d] > 0, std::string(name) + " has a size <= 0");
+    require(t.strides[d] >= 0, std::string(name) + " has a negative stride");
+  }
+}
+
+// Element (i0, i1, i2, i3) of a rank-4 F32 descriptor.
+double at4(const mha_tensor& t, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
+  const int64_t offset =
+      i0 * t.strides[0] + i1 * t.strides[1] + i2 * t.strides[2] + i3 * t.strides[3];
+  return static_cast<double>(static_cast<const float*>(t.data)[offset]);
+}
+
+// The mask, right-aligned against [B, H, Lq, Lk]: strides of the four logical
+// axes (0 where the mask lacks the axis or has size 1 there).
+struct MaskView {
+  const mha_tensor* t = nullptr;
+  int64_t strides[4] = {0, 0, 0, 0};
+};
+
+MaskView make_mask_view(const mha_tensor* mask, const int64_t full[4]) {
+  MaskView view;
+  if (mask == nullptr) return view;
+  require_tensor(*mask, "mask", 2, 4);
+  require(mask->dtype == MHA_DTYPE_BOOL || mask->dtype == MHA_DTYPE_F32,
+          "mask must be bool or f32");
+  const int32_t offset = 4 - mask->ndim;
+  for (int32_t axis = offset; axis < 4; ++axis) {
+    const int64_t size = mask->shape[axis - offset];
+    require(size == 1 || size == full[axis], "mask does not broadcast to [B, H, Lq, Lk]");
+    view.strides[axis] = size == 1 ? 0 : mask->strides[axis - offset];
+  }
+  view.t = mask;
+  return view;
+}
+
+int64_t valid_length(const mha_tensor* vl, int64_t b, int64_t i) {
+  const int64_t offset = b * vl->strides[0] + (vl->ndim == 2 ? i * vl->strides[1] : 0);
+  if (vl->dtype == MHA_DTYPE_I64) return static_cast<const int64_t*>(vl->data)[offset];
+  return static_cast<const int32_t*>(vl->data)[offset];
+}
+
+}  // namespace
+
+Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mha_tensor& v,
+                              const mha_attention_params* params) {
+  require_tensor(q, "q", 4, 4);
+  require_tensor(k, "k", 4, 4);
+  require_tensor(v, "v", 4, 4);
+  require(q.dtype == MHA_DTYPE_F32 && k.dtype == MHA_DTYPE_F32 && v.dtype == MHA_DTYPE_F32,
+          "q, k and v must be f32");
+  const int64_t batch = q.shape[0], heads = q.shape[1], lq = q.shape[2], d = q.shape[3];
+  const int64_t kv_heads = k.shape[1], lk = k.shape[2], dv = v.shape[3];
+  require(k.shape[0] == batch && v.shape[0] == batch, "batch sizes differ");
+  require(v.shape[1] == kv_heads && heads % kv_heads == 0, "heads do not match");
+  require(v.shape[2] == lk, "k and v lengths differ");
+  require(k.shape[3] == d, "q and k head sizes differ");
+  const int64_t group = heads / kv_heads;
+
+  double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  int32_t causal = MHA_CAUSAL_NONE;
+  const mha_tensor* vl = nullptr;
+  const mha_tensor* mask = nullptr;
+  if (params != nullptr) {
+    if (params->has_scale != 0) scale = static_cast<double>(params->scale);
+    causal = params->causal;
+    vl = params->valid_lens;
+    mask = params->mask;
+  }
+  require(causal == MHA_CAUSAL_NONE || causal == MHA_CAUSAL_TOP_LEFT ||
+              causal == MHA_CAUSAL_BOTTOM_RIGHT,
+          "unknown causal mode");
+  if (vl != nullptr) {
+    require_tensor(*vl, "valid_lens", 1, 2);
+    require(vl->dtype == MHA_DTYPE_I32 || vl->dtype == MHA_DTYPE_I64, "valid_lens dtype");
+    require(vl->shape[0] == batch && (vl->ndim == 1 || vl->shape[1] == lq), "valid_lens shape");
+  }
+  const int64_t full[4] = {batch, heads, lq, lk};
+  const MaskView mv = make_mask_view(mask, full);
+  const bool bool_mask = mv.t != nullptr && mv.t->dtype == MHA_DTYPE_BOOL;
+  const bool additive_mask = mv.t != nullptr && mv.t->dtype == MHA_DTYPE_F32;
+
+  Reference ref;
+  ref.batch = batch;
+  ref.heads = heads;
+  ref.lq = lq;
+  ref.dv = dv;
+  ref.out.assign(static_cast<size_t>(batch * heads * lq * dv), 0.0);
+  ref.lse.assign(static_cast<size_t>(batch * heads * lq), -kInf);
+
+  std::vector<double> logits(static_cast<size_t>(lk));
+  std::vector<int64_t> keys;  // the keys that take part in the current row
+  keys.reserve(static_cast<size_t>(lk));
+  std::vector<double> acc(static_cast<size_t>(dv));
+
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t hk = h / group;
+      for (int64_t i = 0; i < lq; ++i) {
+        int64_t end = lk;  // keys [0, end) pass causality and the valid length
+        if (causal == MHA_CAUSAL_TOP_LEFT) end = std::min(end, i + 1);
+        if (causal == MHA_CAUSAL_BOTTOM_RIGHT)
+          end = std::min(end, std::max<int64_t>(0, i + lk - lq + 1));
+        if (vl != nullptr) {
+          const int64_t len = valid_length(vl, b, i);
+          require(len >= 0 && len <= lk, "a valid length is outside [0, Lk]");
+          end = std::min(end, len);
+        }
+        keys.clear();
+        double row_max = -kInf;
+        for (int64_t j = 0; j < end; ++j) {
+          const int64_t mask_offset =
+              b * mv.strides[0] + h * mv.strides[1] + i * mv.strides[2] + j * mv.strides[3];
+          if (bool_mask && static_cast<const uint8_t*>(mv.t->data)[mask_offset] == 0) continue;
+          double dot = 0;
+          for (int64_t c = 0; c < d; ++c) dot += at4(q, b, h, i, c) * at4(k, b, hk, j, c);
+          double logit = scale * dot;
+          if (additive_mask) {
+            logit += static_cast<double>(static_cast<const float*>(mv.t->data)[mask_offset]);
+          }
+          if (logit == -kInf) continue;  // -inf removes the key
+          logits[static_cast<size_t>(j)] = logit;
+          keys.push_back(j);
+          // NaN (from NaN inputs) stays in the row and poisons it, as it should.
+          if (std::isfinite(logit)) {
+            row_max = std::max(row_max, logit);
+            ref.max_abs_logit = std::max(ref.max_abs_logit, std::fabs(logit));
+          } else {
+            row_max = logit > 0 ? logit : std::numeric_limits<double>::quiet_NaN();
+          }
+        }
+        if (keys.empty()) continue;  // zeros, lse = -inf
+
+        double sum = 0;
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (const int64_t j : keys) {
+          const double p = std::exp(logits[static_cast<size_t>(j)] - row_max);
+          sum += p;
+          for (int64_t c = 0; c < dv; ++c) acc[static_cast<size_t>(c)] += p * at4(v, b, hk, j, c);
+        }
+        const size_t row = static_cast<size_t>((b * heads + h) * lq + i);
+        ref.lse[row] = row_max + std::log(sum);
+        for (int64_t c = 0; c < dv; ++c) {
+          const double value = acc[static_cast<size_t>(c)] / sum;
+          ref.out[row * static_cast<size_t>(dv) + static_cast<size_t>(c)] = value;
+          ref.max_abs_out = std::max(ref.max_abs_out, std::fabs(value));
+        }
+      }
+    }
+  }
+  return ref;
+}
+
+double tolerance(const Reference& ref) {
+  return 1e-5 * std::max(1.0, ref.max_abs_out) + 4.0 * std::ldexp(1.0, -24) * ref.max_abs_logit;
+}
+
+double max_abs_error(const mha_tensor& out, const Reference& ref) {
+  if (out.data == nullptr || out.dtype != MHA_DTYPE_F32 || out.ndim != 4 ||
+      out.shape[0] != ref.batch || out.shape[1] != ref.heads || out.shape[2] != ref.lq ||
+      out.shape[3] != ref.dv) {
+    return kInf;
+  }
+  double worst = 0;
+  for (int64_t b = 0; b < ref.batch; ++b) {
+    for (int64_t h = 0; h < ref.heads; ++h) {
+      for (int64_t i = 0; i < ref.lq; ++i) {
+        for (int64_t c = 0; c < ref.dv; ++c) {
+          const double got = at4(out, b, h, i, c);
+          const double want =
+              ref.out[static_cast<size_t>(((b * ref.heads + h) * ref.lq + i) * ref.dv + c)];
+          if (std::isnan(got) && std::isnan(want)) continue;
+          if (got == want) continue;  // also equal infinities
+          const double error = std::fabs(got - want);
+          worst = std::max(worst, std::isnan(error) ? kInf : error);
+        }
+      }
+    }
+  }
+  return worst;
+}
+
+}  // namespace mha_test

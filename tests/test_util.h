@@ -1,0 +1,236 @@
+// Helpers shared by the tests: a seeded RNG, tensor layouts, guarded buffers
+// and the list of backends the runtime knows.
+#pragma once
+
+#include <mha/mha.h>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace mha_test {
+
+// ------------------------------------------------------------------ random values
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : engine_(seed) {}
+  float uniform(float lo = -1.0f, float hi = 1.0f) {
+    return std::uniform_real_distribution<float>(lo, hi)(engine_);
+  }
+  int64_t integer(int64_t lo, int64_t hi) {  // [lo, hi]
+    return std::uniform_int_distribution<int64_t>(lo, hi)(engine_);
+  }
+  bool chance(double p) { return std::bernoulli_distribution(p)(engine_); }
+
+ private:
+  std::mt19937_64 engine_;
+};
+
+// ------------------------------------------------------------------ layouts
+
+// The logical shape of q, k, v and out is [B, heads, L, D]; the memory order is
+// either that (BHLD) or the projection's natural [B, L, heads, D] (BLHD).
+enum class Layout { BHLD, BLHD };
+
+inline const char* layout_name(Layout layout) {
+  return layout == Layout::BHLD ? "BHLD" : "BLHD";
+}
+
+struct Shape4 {
+  int64_t shape[4];
+  int64_t strides[4];
+  int64_t extent;  // elements from the first to one past the last reachable element
+};
+
+// Strides (in elements) of a [b, h, l, d] tensor stored in `layout`, each row of
+// d features followed by `pad` unused elements.
+inline Shape4 make_shape(Layout layout, int64_t b, int64_t h, int64_t l, int64_t d,
+                         int64_t pad = 0) {
+  const int64_t row = d + pad;
+  Shape4 s{{b, h, l, d}, {0, 0, 0, 1}, 0};
+  if (layout == Layout::BHLD) {
+    s.strides[2] = row;
+    s.strides[1] = l * row;
+    s.strides[0] = h * l * row;
+  } else {
+    s.strides[1] = row;
+    s.strides[2] = h * row;
+    s.strides[0] = l * h * row;
+  }
+  s.extent = b * h * l * row;
+  return s;
+}
+
+// C-order strides of a shape.
+inline std::vector<int64_t> c_strides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> strides(shape.size());
+  int64_t running = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    strides[i] = running;
+    running *= shape[i];
+  }
+  return strides;
+}
+
+inline int64_t element_count(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+// A descriptor built by hand (no mha call), so a test controls every field.
+inline mha_tensor describe(void* data, mha_dtype dtype, const std::vector<int64_t>& shape,
+                           const std::vector<int64_t>& strides) {
+  mha_tensor t{};
+  t.data = data;
+  t.dtype = dtype;
+  t.ndim = static_cast<int32_t>(shape.size());
+  for (size_t i = 0; i < shape.size() && i < MHA_MAX_DIMS; ++i) {
+    t.shape[i] = shape[i];
+    t.strides[i] = strides[i];
+  }
+  return t;
+}
+
+inline mha_tensor describe(void* data, mha_dtype dtype, const std::vector<int64_t>& shape) {
+  return describe(data, dtype, shape, c_strides(shape));
+}
+
+// Calls fn(offset) for every element offset a descriptor reaches.
+template <typename Fn>
+void for_each_offset(const mha_tensor& t, Fn&& fn) {
+  int64_t shape[4] = {1, 1, 1, 1}, strides[4] = {0, 0, 0, 0};
+  for (int32_t d = 0; d < t.ndim; ++d) {
+    shape[4 - t.ndim + d] = t.shape[d];
+    strides[4 - t.ndim + d] = t.strides[d];
+  }
+  for (int64_t a = 0; a < shape[0]; ++a)
+    for (int64_t b = 0; b < shape[1]; ++b)
+      for (int64_t c = 0; c < shape[2]; ++c)
+        for (int64_t e = 0; e < shape[3]; ++e)
+          fn(a * strides[0] + b * strides[1] + c * strides[2] + e * strides[3]);
+}
+
+// ------------------------------------------------------------------ guarded memory
+
+// A float allocation with kGuard sentinel elements on either side of its payload.
+// Everything starts as the sentinel (a NaN with a recognisable payload: reading
+// it by mistake poisons a result, writing it by mistake is visible).
+class Arena {
+ public:
+  static constexpr int64_t kGuard = 67;
+  static constexpr uint32_t kSentinelBits = 0x7fc0dead;
+
+  explicit Arena(int64_t payload)
+      : data_(static_cast<size_t>(payload + 2 * kGuard), sentinel()), payload_(payload) {}
+
+  static float sentinel() {
+    float f;
+    std::memcpy(&f, &kSentinelBits, sizeof f);
+    return f;
+  }
+  static bool is_sentinel(float f) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, sizeof bits);
+    return bits == kSentinelBits;
+  }
+
+  float* base() { return data_.data() + kGuard; }
+  const float* base() const { return data_.data() + kGuard; }
+  int64_t payload() const { return payload_; }
+  const std::vector<float>& all() const { return data_; }
+
+  // A descriptor of [b, h, l, d] at `offset` elements into the payload.
+  mha_tensor view(const Shape4& s, int64_t offset = 0) {
+    return describe(base() + offset, MHA_DTYPE_F32,
+                    {s.shape[0], s.shape[1], s.shape[2], s.shape[3]},
+                    {s.strides[0], s.strides[1], s.strides[2], s.strides[3]});
+  }
+
+  // Indices into all() that a descriptor into this arena reaches.
+  std::vector<char> reached_by(const mha_tensor& t) const {
+    std::vector<char> reached(data_.size(), 0);
+    const int64_t start = static_cast<const float*>(t.data) - data_.data();
+    for_each_offset(t, [&](int64_t offset) { reached[static_cast<size_t>(start + offset)] = 1; });
+    return reached;
+  }
+
+  // Number of elements outside `t`'s elements whose bits differ from `before`.
+  int64_t changed_outside(const mha_tensor& t, const std::vector<float>& before) const {
+    const std::vector<char> reached = reached_by(t);
+    int64_t changed = 0;
+    for (size_t i = 0; i < data_.size(); ++i) {
+      if (!reached[i] && std::memcmp(&data_[i], &before[i], sizeof(float)) != 0) ++changed;
+    }
+    return changed;
+  }
+
+  bool bits_equal(const std::vector<float>& before) const {
+    return before.size() == data_.size() &&
+           std::memcmp(before.data(), data_.data(), data_.size() * sizeof(float)) == 0;
+  }
+
+ private:
+  std::vector<float> data_;
+  int64_t payload_;
+};
+
+// Fills the elements a float descriptor reaches with uniform values in [lo, hi].
+inline void fill_uniform(const mha_tensor& t, Rng& rng, float lo = -1.0f, float hi = 1.0f) {
+  float* data = static_cast<float*>(t.data);
+  for_each_offset(t, [&](int64_t offset) { data[offset] = rng.uniform(lo, hi); });
+}
+
+// ------------------------------------------------------------------ backends
+
+struct BackendEntry {
+  std::string name;
+  bool usable = false;
+  int32_t priority = 0;
+  std::string reason;
+};
+
+// Every backend the runtime knows, usable or not, in the runtime's order.
+inline std::vector<BackendEntry> list_backends() {
+  std::vector<BackendEntry> list;
+  const int32_t count = mha_backend_count();
+  for (int32_t i = 0; i < count; ++i) {
+    mha_backend_info info{};
+    if (mha_backend_get_info(i, &info) != MHA_OK || info.name == nullptr) continue;
+    list.push_back(
+        {info.name, info.usable != 0, info.priority, info.reason != nullptr ? info.reason : ""});
+  }
+  return list;
+}
+
+inline const BackendEntry* find_backend(const std::vector<BackendEntry>& list,
+                                        const std::string& name) {
+  for (const auto& entry : list) {
+    if (entry.name == name) return &entry;
+  }
+  return nullptr;
+}
+
+// The usable backend of highest priority (the first in the runtime's order on a
+// tie), or nullptr.
+inline const BackendEntry* best_usable(const std::vector<BackendEntry>& list) {
+  const BackendEntry* best = nullptr;
+  for (const auto& entry : list) {
+    if (entry.usable && (best == nullptr || entry.priority > best->priority)) best = &entry;
+  }
+  return best;
+}
+
+inline std::string join_shape(const int64_t* shape, int32_t ndim) {
+  std::ostringstream os;
+  os << '[';
+  for (int32_t i = 0; i < ndim; ++i) os << (i ? "," : "") << shape[i];
+  os << ']';
+  return os.str();
+}
+
+}  // namespace mha_test
