@@ -331,10 +331,6 @@ mha_status validate_attention(const mha_tensor* q, const mha_tensor* k, const mh
     return fail(MHA_ERR_INVALID_VALUE, "params->dropout_p = %g; it must be in [0, 1)",
                 static_cast<double>(params->dropout_p));
   }
-  if (params->dropout_p != 0.0f) {
-    return fail(MHA_ERR_INVALID_VALUE, "params->dropout_p = %g: dropout is not implemented yet",
-                static_cast<double>(params->dropout_p));
-  }
   p.dropout_p = params->dropout_p;
   p.dropout_seed = params->dropout_seed;
 

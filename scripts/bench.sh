@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
 # The main job: installs what is missing, builds Release, and prints what this
-# CPU reaches.  (Until the benchmark suite lands: the backends and the tests.)
+# CPU reaches: every usable backend on the shapes S1-S6 against the FMA peak and
+# read bandwidth measured in the same run and the textbook BLIS method.
+#   scripts/bench.sh [mha_bench options, e.g. --benchmark_filter=S1]
+# Writes build/release/bench.json (Google Benchmark JSON) and
+# build/release/bench-table.txt (the table printed at the end).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${MHA_JOBS:-2}
 
 scripts/install-deps.sh native
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build/release -j"$jobs"
-build/release/bin/mha-info
-ctest --test-dir build/release -j"$jobs" | tail -n 3
+cmake --build build/release -j"$jobs" --target mha_bench
+
+started=$(date +%s)
+build/release/bin/mha_bench --benchmark_out=build/release/bench.json \
+  --benchmark_out_format=json "$@"
+echo
+python3 bench/print_table.py build/release/bench.json | tee build/release/bench-table.txt
+echo
+echo "benchmarks ran in $(( $(date +%s) - started )) s"

@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "common/attention_rules.h"
+#include "common/dropout.h"
 
 namespace {
 
@@ -22,12 +23,13 @@ constexpr int64_t kKeys = 64;  // keys per tile
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 struct Workspace {
-  float* q;        // [kRows][D], pre-scaled
-  float* scores;   // [kRows][kKeys]
-  float* acc;      // [kRows][Dv]
-  float* row_max;  // [kRows]
-  float* row_sum;  // [kRows]
-  int64_t* last;   // [kRows]
+  float* q;           // [kRows][D], pre-scaled
+  float* scores;      // [kRows][kKeys]
+  float* acc;         // [kRows][Dv]
+  float* row_max;     // [kRows]
+  float* row_sum;     // [kRows]
+  int64_t* last;      // [kRows]
+  uint32_t* row_key;  // [kRows]: dropout hash of each row
 };
 
 Workspace carve(void* scratch, int64_t d, int64_t dv) {
@@ -39,12 +41,13 @@ Workspace carve(void* scratch, int64_t d, int64_t dv) {
   w.row_max = w.acc + kRows * dv;
   w.row_sum = w.row_max + kRows;
   w.last = reinterpret_cast<int64_t*>(w.row_sum + kRows + (kRows % 2));
+  w.row_key = reinterpret_cast<uint32_t*>(w.last + kRows);
   return w;
 }
 
 size_t scratch_bytes(const mha_kernel_problem* p, int64_t /*max_queries*/) {
   const int64_t floats = kRows * (p->d + kKeys + p->dv + 3);
-  return static_cast<size_t>(floats) * sizeof(float) + kRows * sizeof(int64_t) + 64;
+  return static_cast<size_t>(floats) * sizeof(float) + kRows * (sizeof(int64_t) + 4) + 64;
 }
 
 // NaN-propagating maximum: a NaN score must poison its row, as in the reference.
@@ -85,6 +88,9 @@ void score_tile(const mha_kernel_problem& p, const Workspace& w, int64_t b, int6
 // Online softmax: fold one tile of scores into the running max, sum and output.
 void accumulate_tile(const mha_kernel_problem& p, const Workspace& w, int64_t b, int64_t kvh,
                      int64_t rows, int64_t j0, int64_t keys) {
+  const bool dropout = p.dropout_p > 0.0f;
+  const uint32_t drop_below = mha_dropout::threshold(p.dropout_p);
+  const float keep_scale = 1.0f / (1.0f - p.dropout_p);
   for (int64_t r = 0; r < rows; ++r) {
     const float* s = w.scores + r * kKeys;
     float tile_max = kNegInf;
@@ -102,8 +108,12 @@ void accumulate_tile(const mha_kernel_problem& p, const Workspace& w, int64_t b,
     }
     for (int64_t jj = 0; jj < keys; ++jj) {
       if (s[jj] == kNegInf) continue;
-      const float weight = std::exp(s[jj] - w.row_max[r]);
-      w.row_sum[r] += weight;
+      float weight = std::exp(s[jj] - w.row_max[r]);
+      w.row_sum[r] += weight;  // the softmax's sum: before dropout
+      if (dropout) {
+        if (!mha_dropout::keep(w.row_key[r], j0 + jj, drop_below)) continue;
+        weight *= keep_scale;
+      }
       const float* v = mha_kernel::v_row(p, b, kvh, j0 + jj);
       for (int64_t d = 0; d < p.dv; ++d) acc[d] += weight * v[d * p.v_strides[3]];
     }
@@ -125,6 +135,7 @@ int attend(const mha_kernel_problem* problem, const mha_work_item* item, void* s
         const float* q = mha_kernel::q_row(p, b, h, i0 + r);
         for (int64_t d = 0; d < p.d; ++d) w.q[r * p.d + d] = q[d * p.q_strides[3]] * p.scale;
         w.row_max[r] = kNegInf;
+        w.row_key[r] = mha_dropout::row_key(p.dropout_seed, b, h, i0 + r, p.heads, p.lq);
         w.row_sum[r] = 0.0f;
         for (int64_t d = 0; d < p.dv; ++d) w.acc[r * p.dv + d] = 0.0f;
       }

@@ -17,7 +17,9 @@
 #include <limits>
 
 #include "common/attention_rules.h"
+#include "common/dropout.h"
 #include "simd/blocking.hpp"
+#include "simd/dropout_simd.hpp"
 #include "simd/exp2.hpp"
 #include "simd/row_sums.hpp"
 #include "simd/tile_tools.hpp"
@@ -34,14 +36,15 @@ class DecodeKernel {
 
   struct Rows {
     int64_t count;
-    float* q;         // [rows][Dp], times scale·log2(e), zero-padded
-    float* acc;       // [rows][Dvp]
-    float* scores;    // [rows][KTP]
-    float* row_max;   // [rows]
-    float* row_sum;   // [rows]
-    float* last_key;  // [rows], absolute key index
-    float* k_pack;    // [KT][Dp]
-    float* v_pack;    // [KT][Dvp]
+    float* q;           // [rows][Dp], times scale·log2(e), zero-padded
+    float* acc;         // [rows][Dvp]
+    float* scores;      // [rows][KTP]
+    float* row_max;     // [rows]
+    float* row_sum;     // [rows]
+    float* last_key;    // [rows], absolute key index
+    uint32_t* row_key;  // [rows]: dropout hash of each row
+    float* k_pack;      // [KT][Dp]
+    float* v_pack;      // [KT][Dvp]
   };
 
  public:
@@ -49,7 +52,7 @@ class DecodeKernel {
     const int64_t rows = (p.heads / p.kv_heads) * max_queries;
     const int64_t dp = round_up(p.d, W), dvp = round_up(p.dv, W);
     return ScratchCarver::bytes(
-        {rows * dp, rows * dvp, rows * KTP, rows, rows, rows, KT * dp, KT * dvp});
+        {rows * dp, rows * dvp, rows * KTP, rows, rows, rows, rows, KT * dp, KT * dvp});
   }
 
   static void run(const mha_kernel_problem& p, const mha_work_item& item, void* scratch) {
@@ -64,6 +67,7 @@ class DecodeKernel {
     rows.row_max = carve.floats(rows.count);
     rows.row_sum = carve.floats(rows.count);
     rows.last_key = carve.floats(rows.count);
+    rows.row_key = reinterpret_cast<uint32_t*>(carve.floats(rows.count));
     rows.k_pack = carve.floats(KT * dp);
     rows.v_pack = carve.floats(KT * dvp);
 
@@ -76,6 +80,7 @@ class DecodeKernel {
       const int64_t last = std::min(mha_kernel::last_visible_key(p, b, i), item.k_end - 1);
       max_last = std::max(max_last, last);
       rows.last_key[r] = static_cast<float>(last);
+      rows.row_key[r] = mha_dropout::row_key(p.dropout_seed, b, h, i, p.heads, p.lq);
       const float* q = mha_kernel::q_row(p, b, h, i);
       float* dst = rows.q + r * dp;
       for (int64_t x = 0; x < p.d; ++x) dst[x] = q[x * p.q_strides[3]] * c;
@@ -111,6 +116,7 @@ class DecodeKernel {
         const int64_t hidden_from = static_cast<int64_t>(rows.last_key[r]) + 1 - j0;
         for (int64_t j = std::max<int64_t>(hidden_from, 0); j < keys; ++j) s[j] = kNegInf;
         const float alpha = update_softmax(s, keys, rows.row_max[r], rows.row_sum[r]);
+        if (p.dropout_p > 0.0f) apply_dropout(p.dropout_p, rows.row_key[r], j0, keys, s);
         accumulate_pv(s, keys, alpha, v_rows, v_stride, dvp, rows.acc + r * dvp);
       }
     }
@@ -172,6 +178,20 @@ class DecodeKernel {
     row_max = new_max;
     row_sum = row_sum * alpha + xsimd::hadd(sum);
     return alpha;
+  }
+
+  // Dropout after the running sum took the weights (the softmax's sum is that
+  // of the weights before dropout).
+  static void apply_dropout(float p, uint32_t row_key, int64_t j0, int keys, float* s) {
+    using U = xsimd::batch<uint32_t, Arch>;
+    const DropoutFactor<Arch> factor(p);
+    alignas(64) uint32_t lane_steps[W];
+    for (int k = 0; k < W; ++k) lane_steps[k] = static_cast<uint32_t>(k) * mha_dropout::kKeyStep;
+    const U lanes = U::load_aligned(lane_steps);
+    for (int j = 0; j < keys; j += W) {
+      const uint32_t first = row_key + static_cast<uint32_t>(j0 + j) * mha_dropout::kKeyStep;
+      (B::load_aligned(s + j) * factor(U(first) + lanes)).store_aligned(s + j);
+    }
   }
 
   static void accumulate_pv(const float* probs, int keys, float alpha, const float* v_rows,

@@ -19,7 +19,9 @@
 #include <limits>
 
 #include "common/attention_rules.h"
+#include "common/dropout.h"
 #include "simd/blocking.hpp"
+#include "simd/dropout_simd.hpp"
 #include "simd/exp2.hpp"
 #include "simd/tile_tools.hpp"
 #include "simd/transpose.hpp"
@@ -37,22 +39,23 @@ class QueryLaneKernel {
   static_assert(KT % Blk::kScoreKeys == 0, "key tile must hold whole key groups");
 
   struct Tile {
-    float* qt;        // [D][QT]: Q transposed, times scale·log2(e)
-    float* scores;    // [KT][QT]: scores, then probabilities, of one key tile
-    float* acc;       // [QT][Dvp]: the unnormalised output
-    float* row_max;   // [QT], base-2 units
-    float* row_sum;   // [QT]
-    float* alpha;     // [QT]: rescale factor of the current key tile
-    float* last_key;  // [QT]: last visible key, relative to the item's first key
-    float* k_pack;    // [KT][D] when K rows are strided
-    float* v_pack;    // [KT][Dvp] when V rows are strided or Dv % W != 0
+    float* qt;          // [D][QT]: Q transposed, times scale·log2(e)
+    float* scores;      // [KT][QT]: scores, then probabilities, of one key tile
+    float* acc;         // [QT][Dvp]: the unnormalised output
+    float* row_max;     // [QT], base-2 units
+    float* row_sum;     // [QT]
+    float* alpha;       // [QT]: rescale factor of the current key tile
+    float* last_key;    // [QT]: last visible key, relative to the item's first key
+    uint32_t* row_key;  // [QT]: dropout hash of each query's row
+    float* k_pack;      // [KT][D] when K rows are strided
+    float* v_pack;      // [KT][Dvp] when V rows are strided or Dv % W != 0
   };
 
  public:
   static size_t scratch_bytes(const mha_kernel_problem& p) {
     const int64_t dvp = round_up(p.dv, W);
     return ScratchCarver::bytes(
-        {p.d * QT, int64_t{KT} * QT, QT * dvp, QT, QT, QT, QT, KT * p.d, KT * dvp});
+        {p.d * QT, int64_t{KT} * QT, QT * dvp, QT, QT, QT, QT, QT, KT * p.d, KT * dvp});
   }
 
   static void run(const mha_kernel_problem& p, const mha_work_item& item, void* scratch) {
@@ -66,6 +69,7 @@ class QueryLaneKernel {
     t.row_sum = carve.floats(QT);
     t.alpha = carve.floats(QT);
     t.last_key = carve.floats(QT);
+    t.row_key = reinterpret_cast<uint32_t*>(carve.floats(QT));
     t.k_pack = carve.floats(KT * p.d);
     t.v_pack = carve.floats(KT * dvp);
     for (int64_t h = item.h_begin; h < item.h_end; ++h) {
@@ -98,6 +102,11 @@ class QueryLaneKernel {
     }
 
     pack_queries(p, t, b, h, q0, nq, nqv);
+    if (p.dropout_p > 0.0f) {
+      for (int64_t r = 0; r < int64_t{nqv} * W; ++r) {
+        t.row_key[r] = mha_dropout::row_key(p.dropout_seed, b, h, q0 + r, p.heads, p.lq);
+      }
+    }
     for (int64_t r = 0; r < int64_t{nqv} * W; ++r) {
       t.row_max[r] = kNegInf;
       t.row_sum[r] = 0.0f;
@@ -135,6 +144,7 @@ class QueryLaneKernel {
       if (p.mask_kind != MHA_MASK_NONE) apply_mask(p, t, b, h, q0, nq, nqv, j0, keys);
       if (j0 + keys - 1 > min_last) apply_visibility(t, nqv, j0 - item.k_begin, keys);
       update_softmax(t, nqv, keys);
+      if (p.dropout_p > 0.0f) apply_dropout(p, t, nqv, j0, keys);
 
       const float* v_rows = mha_kernel::v_row(p, b, kvh, j0);
       int64_t v_stride = p.v_strides[2];
@@ -311,6 +321,22 @@ class QueryLaneKernel {
       new_max.store_aligned(t.row_max + v * W);
       (sum0 + sum1).store_aligned(t.row_sum + v * W);
       alpha.store_aligned(t.alpha + v * W);
+    }
+  }
+
+  // Dropout after the running sum took the weights: the sum (and the LSE) are
+  // those of the weights before dropout, as the softmax is.
+  static void apply_dropout(const mha_kernel_problem& p, const Tile& t, int nqv, int64_t j0,
+                            int keys) {
+    using U = xsimd::batch<uint32_t, Arch>;
+    const DropoutFactor<Arch> factor(p.dropout_p);
+    for (int v = 0; v < nqv; ++v) {
+      const U rows = U::load_aligned(t.row_key + v * W);
+      for (int j = 0; j < keys; ++j) {
+        float* s = t.scores + j * QT + v * W;
+        const uint32_t step = static_cast<uint32_t>(j0 + j) * mha_dropout::kKeyStep;
+        (B::load_aligned(s) * factor(rows + U(step))).store_aligned(s);
+      }
     }
   }
 

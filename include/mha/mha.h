@@ -118,9 +118,15 @@ typedef struct mha_attention_params {
    * scaled (and masked) scores, F32 [B, H, Lq].  NULL: not wanted. */
   mha_tensor* lse;
 
-  /* Dropout on the attention weights (training).  0 = none.  The keep decision
-   * of (batch, head, query, key) is a counter-based hash of dropout_seed, so the
-   * result is reproducible and independent of the thread count. */
+  /* Dropout on the attention weights (training), p in [0, 1); 0 = none.  A
+   * weight is kept (and scaled by 1/(1-p)) or zeroed by a counter-based hash, so
+   * results are reproducible and the same for any thread count:
+   *   row  = splitmix64(seed ^ splitmix64((b * H + h) * Lq + i))      (64-bit)
+   *   key  = (uint32)(row ^ (row >> 32))
+   *   drop = fmix32(key + (uint32)j * 0x9E3779B9) < (uint32)(p * 2^32)
+   * with splitmix64 (Steele et al.) and fmix32 (MurmurHash3's finaliser),
+   * arithmetic modulo 2^64 / 2^32.  The LSE output is that of the weights
+   * before dropout. */
   float dropout_p;
   uint64_t dropout_seed;
 } mha_attention_params;
@@ -153,6 +159,79 @@ MHA_API mha_status mha_attention(const mha_tensor* q, const mha_tensor* k, const
  */
 MHA_API mha_status mha_merge_partials(int32_t n, const mha_tensor* outs, const mha_tensor* lses,
                                       mha_tensor* out, mha_tensor* lse);
+
+/* ------------------------------------------------ the multi-head attention module */
+
+/*
+ * The module of "Attention is all you need" as PyTorch's nn.MultiheadAttention
+ * and d2l.ai's MultiHeadAttention define it: project queries, keys and values
+ * (W_q, W_k, W_v), split into heads, attend, concatenate, project (W_o).
+ */
+typedef struct mha_module mha_module; /* opaque */
+
+typedef struct mha_module_config {
+  uint32_t struct_size; /* set by mha_module_config_init */
+  int64_t embed_dim;    /* E (d2l's num_hiddens); a multiple of num_heads */
+  int64_t num_heads;
+  int64_t query_dim; /* Eq, 0 = E (d2l's query_size) */
+  int64_t key_dim;   /* Ek, 0 = E (PyTorch's kdim, d2l's key_size) */
+  int64_t value_dim; /* Ev, 0 = E (PyTorch's vdim, d2l's value_size) */
+  int32_t bias;      /* non-zero: in_proj_bias and out_proj.bias (PyTorch's default) */
+  float dropout;     /* on the attention weights in training mode, [0, 1) */
+} mha_module_config;
+
+MHA_API void mha_module_config_init(mha_module_config* config);
+MHA_API mha_status mha_module_create(const mha_module_config* config, mha_module** module);
+MHA_API void mha_module_destroy(mha_module* module);
+
+/*
+ * Sets (copies) one weight, named as in PyTorch's state_dict:
+ *   "in_proj_weight" [3E, E] (when Eq = Ek = Ev = E), or "q_proj_weight" [E, Eq],
+ *   "k_proj_weight" [E, Ek], "v_proj_weight" [E, Ev]; "in_proj_bias" [3E];
+ *   "out_proj.weight" [E, E]; "out_proj.bias" [E].
+ * d2l's names are accepted too: "W_q.weight", "W_k.weight", "W_v.weight",
+ * "W_o.weight" (and ".bias").  Weights not set are zero.
+ */
+MHA_API mha_status mha_module_set_weight(mha_module* module, const char* name,
+                                         const mha_tensor* value);
+
+typedef struct mha_module_forward_params {
+  uint32_t struct_size; /* set by mha_module_forward_params_init */
+  /* d2l's valid_lens: I32/I64 [B] or [B, Lq]. */
+  const mha_tensor* valid_lens;
+  /* PyTorch's key_padding_mask [B, Lk]: BOOL true = the key is IGNORED (the
+   * opposite of mha_attention's bool mask), or F32 added to the scores. */
+  const mha_tensor* key_padding_mask;
+  /* PyTorch's attn_mask [Lq, Lk] or [B*H, Lq, Lk]: BOOL true = NOT allowed
+   * (PyTorch's convention), or F32 added to the scores. */
+  const mha_tensor* attn_mask;
+  int32_t causal; /* mha_causal */
+  /* Attention weights (the only path that materialises Lq x Lk): F32
+   * [B, H, Lq, Lk], or [B, Lq, Lk] averaged over heads when
+   * average_attn_weights is non-zero.  NULL: not wanted. */
+  mha_tensor* attn_weights;
+  int32_t average_attn_weights;
+  int32_t training; /* non-zero: dropout as configured */
+  uint64_t dropout_seed;
+} mha_module_forward_params;
+
+MHA_API void mha_module_forward_params_init(mha_module_forward_params* params);
+
+/*
+ * out = module(query, key, value): query [B, Lq, Eq], key [B, Lk, Ek], value
+ * [B, Lk, Ev], out [B, Lq, E], all F32 and described logically as [B, L, E]:
+ * the sequence-first layout [L, B, E] (PyTorch's batch_first=False) is the same
+ * shape with strides {E, B*E, 1}.  Self-attention passes the same tensor three
+ * times.  params may be NULL (inference, no masks).
+ */
+MHA_API mha_status mha_module_forward(mha_module* module, const mha_tensor* query,
+                                      const mha_tensor* key, const mha_tensor* value,
+                                      mha_tensor* out, const mha_module_forward_params* params);
+
+/* Adds the sinusoidal positional encoding of "Attention is all you need" in
+ * place to x F32 [B, L, d] (any strides, any d, odd too):
+ * P[i, 2j] = sin(i / 10000^(2j/d)), P[i, 2j+1] = cos(i / 10000^(2j/d)). */
+MHA_API mha_status mha_positional_encoding_add(mha_tensor* x);
 
 /* ------------------------------------------------------------ backends */
 

@@ -1,0 +1,508 @@
+// mha_bench: mha's attention per backend against the machine's own limits and
+// the textbook BLIS method, all measured in the same process.
+//
+//   peak/fma/<isa>/threads:<n>          FMA throughput of one ISA on n threads (GFLOPS)
+//   peak/read_bw/threads:<n>            read bandwidth of a 1 GiB array (GBps)
+//   attention/<backend>/<shape>/threads:<n>
+//   blis_unfused/<shape>/threads:<n>    sgemm + softmax + sgemm per (batch, head)
+//
+// Google Benchmark appends "/real_time" (and "/iterations:<k>" where the count
+// is fixed) to these names.  threads:<n> is the number of OpenMP threads inside
+// one call (mha_set_num_threads), not Google Benchmark's concurrent callers.
+// The shapes and the way FLOPs and bytes are counted are those of
+// bench-shapes.md: useful work only.  Counters are plain values computed from
+// the measured time per call, so --benchmark_format=json carries them.
+//
+// pct_peak divides by the FMA peak of the backend's ISA at the same thread
+// count, pct_bw (S3) by the read bandwidth, both measured by this process: the
+// peak benchmarks run first (if a filter left them out, they are measured on
+// demand before the figure is needed).  A peak is the best call of its run
+// (interference on a shared machine only lowers a rate); the mean is reported
+// next to it.  blis_unfused's pct_peak uses the peak of the ISA the "auto"
+// backend uses: the widest this CPU has.  The "scalar" peak is that of the
+// baseline ISA: 128-bit vectors, mul + add (SSE2 on x86-64; NEON on aarch64).
+//
+// MHA_BENCH_BLIS_THREADING=blis switches the baseline from an OpenMP loop over
+// heads (default, the faster here) to BLIS's own threads; MHA_BENCH_CHECK=1
+// first compares mha with the baseline on every shape.
+#include <benchmark/benchmark.h>
+#include <mha/mha.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "blis_unfused.h"
+#include "peak.h"
+
+namespace {
+
+using mha_bench::FmaLoop;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// ------------------------------------------------------------------ shapes
+
+struct Shape {
+  const char* name;
+  int64_t b, h, hkv, lq, lk, d, dv;
+  mha_causal causal;
+  bool valid_lens;  // S5: valid_lens [3, 2], i32 [B]
+  benchmark::TimeUnit unit;
+  bool heavy;  // the scalar backend runs one call only
+};
+
+const Shape kShapes[] = {
+    {"S1", 8, 12, 12, 512, 512, 64, 64, MHA_CAUSAL_NONE, false, benchmark::kMillisecond, true},
+    {"S2", 1, 32, 32, 2048, 2048, 128, 128, MHA_CAUSAL_TOP_LEFT, false, benchmark::kMillisecond,
+     true},
+    {"S3", 1, 32, 32, 1, 4096, 128, 128, MHA_CAUSAL_NONE, false, benchmark::kMicrosecond, false},
+    {"S4", 32, 8, 8, 64, 64, 32, 32, MHA_CAUSAL_NONE, false, benchmark::kMicrosecond, false},
+    {"S5", 2, 5, 5, 4, 6, 20, 20, MHA_CAUSAL_NONE, true, benchmark::kMicrosecond, false},
+    {"S6", 1, 8, 8, 8192, 8192, 64, 64, MHA_CAUSAL_TOP_LEFT, false, benchmark::kMillisecond, true},
+};
+const int32_t kS5ValidLens[] = {3, 2};
+
+bool is_decode(const Shape& s) {
+  return s.lq == 1;
+}  // S3: reported in GB/s
+bool is_fixed_cost(const Shape& s) {
+  return s.valid_lens;
+}  // S5: reported in µs per call
+
+// Useful FLOPs: 2·(D + Dv) per (query, key) pair that takes part, per head.
+double useful_flops(const Shape& s) {
+  double pairs = 0.0;
+  for (int64_t b = 0; b < s.b; ++b) {
+    const int64_t valid = s.valid_lens ? kS5ValidLens[b] : s.lk;
+    for (int64_t i = 0; i < s.lq; ++i) {
+      int64_t keys = std::min(valid, s.lk);
+      if (s.causal == MHA_CAUSAL_TOP_LEFT) keys = std::min(keys, i + 1);
+      if (s.causal == MHA_CAUSAL_BOTTOM_RIGHT) keys = std::min(keys, i + 1 + s.lk - s.lq);
+      pairs += static_cast<double>(std::max<int64_t>(keys, 0));
+    }
+  }
+  return 2.0 * static_cast<double>(s.d + s.dv) * static_cast<double>(s.h) * pairs;
+}
+
+// Bytes of K and V read by one call (fp32).
+double kv_bytes(const Shape& s) {
+  return static_cast<double>(s.b * s.hkv * s.lk * (s.d + s.dv)) * sizeof(float);
+}
+
+// Inputs, uniform in [-1, 1], made once per shape and shared by every benchmark.
+struct Inputs {
+  std::vector<float> q, k, v;
+};
+
+void fill_uniform(std::vector<float>& x, uint64_t seed) {
+  uint64_t state = seed;
+  for (float& e : x) {
+    state += 0x9e3779b97f4a7c15ull;  // splitmix64
+    uint64_t z = state;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    e = static_cast<float>(static_cast<double>(z >> 40) * 0x1p-23 - 1.0);
+  }
+}
+
+const Inputs& inputs(const Shape& s) {
+  static std::map<std::string, std::unique_ptr<Inputs>> cache;
+  auto& slot = cache[s.name];
+  if (!slot) {
+    slot = std::make_unique<Inputs>();
+    slot->q.resize(static_cast<size_t>(s.b * s.h * s.lq * s.d));
+    slot->k.resize(static_cast<size_t>(s.b * s.hkv * s.lk * s.d));
+    slot->v.resize(static_cast<size_t>(s.b * s.hkv * s.lk * s.dv));
+    fill_uniform(slot->q, 1);
+    fill_uniform(slot->k, 2);
+    fill_uniform(slot->v, 3);
+  }
+  return *slot;
+}
+
+// ------------------------------------------------------------------ peaks
+
+// The peak loops this CPU may run, by the name of the backend of the same ISA.
+std::map<std::string, const FmaLoop*> g_loops;
+std::string g_widest_isa;                                   // the ISA of the backend "auto" picks
+std::map<std::string, std::map<int, double>> g_fma_gflops;  // isa -> threads -> GFLOP/s
+std::map<int, double> g_read_gbps;                          // threads -> GB/s
+
+constexpr int64_t kFmaSteps = int64_t{1} << 21;  // a few ms per call
+constexpr size_t kReadBytes = size_t{1} << 30;   // 1 GiB: far beyond any cache
+constexpr int kReadPasses = 8;
+
+float g_sink;  // keeps the loops' results alive
+
+// One call of the loop on n threads at once; returns the seconds it took.
+double time_fma(const FmaLoop& loop, int n) {
+  float total = 0.0f;
+  const auto t0 = Clock::now();
+#pragma omp parallel num_threads(n) reduction(+ : total)
+  total += loop.run(kFmaSteps, 1.0f + static_cast<float>(omp_get_thread_num()));
+  const double sec = seconds_since(t0);
+  g_sink += total;
+  return sec;
+}
+
+double fma_gflops(const FmaLoop& loop, int n, double sec_per_call) {
+  return n * static_cast<double>(kFmaSteps) * loop.flops_per_step / sec_per_call * 1e-9;
+}
+
+// A peak is the best call of the run: on a shared machine, interference can
+// only lower a call's rate.  GFLOPS_mean is the rate over the whole run.
+void bm_peak_fma(benchmark::State& st, const FmaLoop* loop, int n) {
+  time_fma(*loop, n);  // wakes the threads
+  double sec = 0.0;
+  double best = 1e30;
+  for (auto _ : st) {
+    const double t = time_fma(*loop, n);
+    sec += t;
+    best = std::min(best, t);
+  }
+  const double gflops = fma_gflops(*loop, n, best);
+  st.counters["GFLOPS"] = gflops;
+  st.counters["GFLOPS_mean"] = fma_gflops(*loop, n, sec / static_cast<double>(st.iterations()));
+  g_fma_gflops[loop->isa][n] = gflops;
+}
+
+// The peak of an ISA at n threads: as measured by its benchmark, or now.
+double fma_peak(const std::string& isa, int n) {
+  auto it = g_fma_gflops[isa].find(n);
+  if (it != g_fma_gflops[isa].end()) return it->second;
+  auto loop = g_loops.find(isa);
+  if (loop == g_loops.end()) return 0.0;
+  time_fma(*loop->second, n);
+  double best = 1e30;
+  for (int c = 0; c < 40; ++c) best = std::min(best, time_fma(*loop->second, n));
+  return g_fma_gflops[isa][n] = fma_gflops(*loop->second, n, best);
+}
+
+struct BigArray {
+  explicit BigArray(int n) {
+    count = kReadBytes / sizeof(float);
+    data = static_cast<float*>(std::aligned_alloc(64, kReadBytes));
+    if (data == nullptr) return;
+      // First touch by the threads that read it, in the same split.
+#pragma omp parallel for num_threads(n) schedule(static)
+    for (int64_t i = 0; i < static_cast<int64_t>(count); ++i)
+      data[i] = static_cast<float>(i & 1023) * 1e-3f;
+  }
+  ~BigArray() {
+    std::free(data);
+  }
+  BigArray(const BigArray&) = delete;
+  BigArray& operator=(const BigArray&) = delete;
+  float* data = nullptr;
+  size_t count = 0;
+};
+
+// One pass over the array on n threads, each its contiguous slice.
+double time_read(const BigArray& a, int n) {
+  float total = 0.0f;
+  const auto t0 = Clock::now();
+#pragma omp parallel num_threads(n) reduction(+ : total)
+  {
+    const size_t t = static_cast<size_t>(omp_get_thread_num());
+    const size_t slice = a.count / static_cast<size_t>(n) / 64 * 64;
+    const size_t begin = t * slice;
+    const size_t end = t + 1 == static_cast<size_t>(n) ? a.count : begin + slice;
+    total += mha_bench::read_sum(a.data + begin, end - begin);
+  }
+  const double sec = seconds_since(t0);
+  g_sink += total;
+  return sec;
+}
+
+// As for the FMA peak: the best pass, and GBps_mean over all passes.
+void bm_peak_read(benchmark::State& st, int n) {
+  BigArray a(n);
+  if (a.data == nullptr) {
+    st.SkipWithError("cannot allocate 1 GiB");
+    return;
+  }
+  double sec = 0.0;
+  double best = 1e30;
+  for (auto _ : st) {
+    const double t = time_read(a, n);
+    sec += t;
+    best = std::min(best, t);
+  }
+  const double gbps = kReadBytes / best * 1e-9;
+  st.counters["GBps"] = gbps;
+  st.counters["GBps_mean"] = static_cast<double>(st.iterations()) * kReadBytes / sec * 1e-9;
+  g_read_gbps[n] = gbps;
+}
+
+double read_bw(int n) {
+  auto it = g_read_gbps.find(n);
+  if (it != g_read_gbps.end()) return it->second;
+  BigArray a(n);
+  if (a.data == nullptr) return 0.0;
+  double best = 1e30;
+  for (int p = 0; p < kReadPasses; ++p) best = std::min(best, time_read(a, n));
+  return g_read_gbps[n] = kReadBytes / best * 1e-9;
+}
+
+// ------------------------------------------------------------------ attention
+
+// The counters every attention-like benchmark reports, from seconds per call.
+void report(benchmark::State& st, const Shape& s, double sec_per_call, const std::string& isa,
+            int n) {
+  const double gflops = useful_flops(s) / sec_per_call * 1e-9;
+  st.counters["GFLOPS"] = gflops;
+  if (const double peak = fma_peak(isa, n); peak > 0.0)
+    st.counters["pct_peak"] = gflops / peak * 100;
+  if (is_decode(s)) {
+    const double gbps = kv_bytes(s) / sec_per_call * 1e-9;
+    st.counters["GBps"] = gbps;
+    if (const double bw = read_bw(n); bw > 0.0) st.counters["pct_bw"] = gbps / bw * 100;
+  }
+  if (is_fixed_cost(s)) st.counters["us_per_call"] = sec_per_call * 1e6;
+}
+
+void bm_attention(benchmark::State& st, const std::string& backend, const Shape& s, int n) {
+  if (mha_select_backend(backend.c_str()) != MHA_OK || mha_set_num_threads(n) != MHA_OK) {
+    st.SkipWithError(mha_last_error());
+    return;
+  }
+  const Inputs& in = inputs(s);
+  std::vector<float> out(static_cast<size_t>(s.b * s.h * s.lq * s.dv));
+  const int64_t qs[4] = {s.b, s.h, s.lq, s.d}, ks[4] = {s.b, s.hkv, s.lk, s.d},
+                vs[4] = {s.b, s.hkv, s.lk, s.dv}, os[4] = {s.b, s.h, s.lq, s.dv}, ls[1] = {s.b};
+  mha_tensor q, k, v, o, lens;
+  mha_tensor_init(&q, const_cast<float*>(in.q.data()), MHA_DTYPE_F32, 4, qs, nullptr);
+  mha_tensor_init(&k, const_cast<float*>(in.k.data()), MHA_DTYPE_F32, 4, ks, nullptr);
+  mha_tensor_init(&v, const_cast<float*>(in.v.data()), MHA_DTYPE_F32, 4, vs, nullptr);
+  mha_tensor_init(&o, out.data(), MHA_DTYPE_F32, 4, os, nullptr);
+  mha_tensor_init(&lens, const_cast<int32_t*>(kS5ValidLens), MHA_DTYPE_I32, 1, ls, nullptr);
+  mha_attention_params params;
+  mha_attention_params_init(&params);
+  params.causal = s.causal;
+  if (s.valid_lens) params.valid_lens = &lens;
+
+  // One untimed call (threads, scratch), except where a call takes seconds.
+  const bool warm_up = !(backend == "scalar" && s.heavy);
+  if (warm_up && mha_attention(&q, &k, &v, &o, &params) != MHA_OK) {
+    st.SkipWithError(mha_last_error());
+    return;
+  }
+  const auto t0 = Clock::now();
+  for (auto _ : st) {
+    if (mha_attention(&q, &k, &v, &o, &params) != MHA_OK) {
+      st.SkipWithError(mha_last_error());
+      break;
+    }
+  }
+  const double sec = seconds_since(t0);
+  mha_set_num_threads(0);
+  if (st.error_occurred()) return;
+  report(st, s, sec / static_cast<double>(st.iterations()), backend, n);
+}
+
+// ------------------------------------------------------------------ BLIS
+
+mha_bench::BlisThreading g_blis_threading = mha_bench::BlisThreading::kHeads;
+
+void bm_blis(benchmark::State& st, const Shape& s, int n) {
+  const Inputs& in = inputs(s);
+  std::vector<float> out(static_cast<size_t>(s.b * s.h * s.lq * s.dv));
+  mha_bench::AttentionProblem p{s.b,
+                                s.h,
+                                s.hkv,
+                                s.lq,
+                                s.lk,
+                                s.d,
+                                s.dv,
+                                in.q.data(),
+                                in.k.data(),
+                                in.v.data(),
+                                out.data(),
+                                1.0f / std::sqrt(static_cast<float>(s.d)),
+                                s.causal == MHA_CAUSAL_TOP_LEFT,
+                                s.valid_lens ? kS5ValidLens : nullptr};
+  mha_bench::BlisUnfused blis(p, n, g_blis_threading);
+  if (!s.heavy) blis.run();  // untimed: threads, BLIS's packing buffers
+  const auto t0 = Clock::now();
+  for (auto _ : st) blis.run();
+  const double sec = seconds_since(t0);
+  report(st, s, sec / static_cast<double>(st.iterations()), g_widest_isa, n);
+}
+
+// MHA_BENCH_CHECK=1: before the benchmarks, each shape once through mha (auto
+// backend) and through the BLIS baseline; prints the largest difference.
+void check_against_blis() {
+  for (const Shape& s : kShapes) {
+    const Inputs& in = inputs(s);
+    const size_t out_size = static_cast<size_t>(s.b * s.h * s.lq * s.dv);
+    std::vector<float> ours(out_size), blis_out(out_size);
+    const int64_t qs[4] = {s.b, s.h, s.lq, s.d}, ks[4] = {s.b, s.hkv, s.lk, s.d},
+                  vs[4] = {s.b, s.hkv, s.lk, s.dv}, os[4] = {s.b, s.h, s.lq, s.dv}, ls[1] = {s.b};
+    mha_tensor q, k, v, o, lens;
+    mha_tensor_init(&q, const_cast<float*>(in.q.data()), MHA_DTYPE_F32, 4, qs, nullptr);
+    mha_tensor_init(&k, const_cast<float*>(in.k.data()), MHA_DTYPE_F32, 4, ks, nullptr);
+    mha_tensor_init(&v, const_cast<float*>(in.v.data()), MHA_DTYPE_F32, 4, vs, nullptr);
+    mha_tensor_init(&o, ours.data(), MHA_DTYPE_F32, 4, os, nullptr);
+    mha_tensor_init(&lens, const_cast<int32_t*>(kS5ValidLens), MHA_DTYPE_I32, 1, ls, nullptr);
+    mha_attention_params params;
+    mha_attention_params_init(&params);
+    params.causal = s.causal;
+    if (s.valid_lens) params.valid_lens = &lens;
+    if (mha_attention(&q, &k, &v, &o, &params) != MHA_OK) {
+      std::fprintf(stderr, "check %s: mha failed: %s\n", s.name, mha_last_error());
+      continue;
+    }
+    mha_bench::AttentionProblem p{s.b,
+                                  s.h,
+                                  s.hkv,
+                                  s.lq,
+                                  s.lk,
+                                  s.d,
+                                  s.dv,
+                                  in.q.data(),
+                                  in.k.data(),
+                                  in.v.data(),
+                                  blis_out.data(),
+                                  1.0f / std::sqrt(static_cast<float>(s.d)),
+                                  s.causal == MHA_CAUSAL_TOP_LEFT,
+                                  s.valid_lens ? kS5ValidLens : nullptr};
+    mha_bench::BlisUnfused(p, omp_get_num_procs(), g_blis_threading).run();
+    double diff = 0.0;
+    for (size_t i = 0; i < out_size; ++i)
+      diff = std::max(diff, static_cast<double>(std::fabs(ours[i] - blis_out[i])));
+    std::fprintf(stderr, "check %s: backend %s, max |mha - blis_unfused| = %.3g\n", s.name,
+                 mha_selected_backend(), diff);
+  }
+}
+
+// ------------------------------------------------------------------ main
+
+std::vector<int> thread_counts() {
+  int all = omp_get_num_procs();
+  if (all < 1) all = static_cast<int>(std::thread::hardware_concurrency());
+  std::vector<int> counts{1};
+  if (all > 1) counts.push_back(all);
+  return counts;
+}
+
+std::string name_of(const std::string& prefix, int n) {
+  return prefix + "/threads:" + std::to_string(n);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // BLIS picks its kernels once per process: first, before any thread exists.
+  const std::string blis_arch = mha_bench::blis_setup(mha_cpu_features());
+  if (const char* t = std::getenv("MHA_BENCH_BLIS_THREADING"); t != nullptr) {
+    if (std::string(t) == "blis") g_blis_threading = mha_bench::BlisThreading::kBlis;
+  }
+
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+
+  // Usable backends, best first as "auto" would pick them.
+  struct Backend {
+    std::string name;
+    int32_t priority;
+  };
+  std::vector<Backend> backends;
+  for (int32_t i = 0; i < mha_backend_count(); ++i) {
+    mha_backend_info info;
+    if (mha_backend_get_info(i, &info) == MHA_OK && info.usable)
+      backends.push_back({info.name, info.priority});
+  }
+  std::stable_sort(backends.begin(), backends.end(),
+                   [](const Backend& a, const Backend& b) { return a.priority > b.priority; });
+
+  // The peak loop of each usable backend's ISA; never one the runtime did not
+  // declare usable on this CPU.
+  std::vector<const FmaLoop*> known{&mha_bench::kFmaScalar};
+#if defined(MHA_BENCH_HAVE_X86_PEAKS)
+  known.push_back(&mha_bench::kFmaAvx2);
+  known.push_back(&mha_bench::kFmaAvx512);
+#endif
+#if defined(MHA_BENCH_HAVE_NEON_PEAK)
+  known.push_back(&mha_bench::kFmaNeon);
+#endif
+  for (const Backend& b : backends) {
+    for (const FmaLoop* loop : known) {
+      if (b.name == loop->isa) {
+        g_loops[b.name] = loop;
+        if (g_widest_isa.empty()) g_widest_isa = b.name;
+      }
+    }
+  }
+
+  const std::vector<int> threads = thread_counts();
+  // Peaks first: the figures after them are divided by these.
+  for (const FmaLoop* loop : known) {
+    if (g_loops.count(loop->isa) == 0) continue;
+    for (int n : threads) {
+      benchmark::RegisterBenchmark(name_of(std::string("peak/fma/") + loop->isa, n).c_str(),
+                                   bm_peak_fma, loop, n)
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+  for (int n : threads) {
+    benchmark::RegisterBenchmark(name_of("peak/read_bw", n).c_str(), bm_peak_read, n)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond)
+        ->Iterations(kReadPasses);
+  }
+  for (const Backend& b : backends) {
+    for (const Shape& s : kShapes) {
+      for (int n : threads) {
+        auto* bm =
+            benchmark::RegisterBenchmark(name_of("attention/" + b.name + "/" + s.name, n).c_str(),
+                                         bm_attention, b.name, s, n)
+                ->UseRealTime()
+                ->Unit(s.unit);
+        if (b.name == "scalar" && s.heavy) bm->Iterations(1);
+      }
+    }
+  }
+  for (const Shape& s : kShapes) {
+    for (int n : threads) {
+      benchmark::RegisterBenchmark(name_of(std::string("blis_unfused/") + s.name, n).c_str(),
+                                   bm_blis, s, n)
+          ->UseRealTime()
+          ->Unit(s.unit);
+    }
+  }
+
+  std::string names;
+  for (const Backend& b : backends) names += (names.empty() ? "" : " ") + b.name;
+  benchmark::AddCustomContext("mha_version", mha_version());
+  benchmark::AddCustomContext("mha_cpu_features", mha_cpu_features());
+  benchmark::AddCustomContext("mha_usable_backends", names);
+  benchmark::AddCustomContext("blis_arch", blis_arch);
+  benchmark::AddCustomContext("blis_threading",
+                              g_blis_threading == mha_bench::BlisThreading::kHeads
+                                  ? "heads: OpenMP loop over (batch, head), 1-thread BLIS"
+                                  : "blis: BLIS's own threads in each sgemm");
+  benchmark::AddCustomContext("peak_scalar",
+                              "baseline-ISA 128-bit vectors, mul + add (SSE2 on x86-64)");
+  benchmark::AddCustomContext("blis_peak_isa", g_widest_isa);
+
+  if (const char* c = std::getenv("MHA_BENCH_CHECK"); c != nullptr && std::string(c) == "1")
+    check_against_blis();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return g_sink == 12345.0f ? 1 : 0;  // never: only keeps g_sink observable
+}

@@ -1,0 +1,42 @@
+// The reference loops of mha_bench: FMA throughput per ISA and read bandwidth.
+//
+// Each ISA's loop lives in its own source file compiled with that ISA's flags
+// (see CMakeLists.txt); mha_bench calls a loop only when the runtime reports
+// the backend of the same ISA usable, so no instruction the CPU lacks runs.
+#ifndef MHA_BENCH_PEAK_H
+#define MHA_BENCH_PEAK_H
+
+#include <cstddef>
+#include <cstdint>
+
+namespace mha_bench {
+
+// One ISA's loop: run(steps, seed) performs steps * flops_per_step floating
+// point operations on independent register accumulators and returns a value
+// derived from all of them (so nothing can be optimised away).
+struct FmaLoop {
+  const char* isa;  // "scalar", "avx2", "avx512", "neon": the backend whose peak it is
+  double flops_per_step;
+  float (*run)(int64_t steps, float seed);
+};
+
+// Baseline ISA (no special flags): 128-bit vectors of the GNU vector extension,
+// a·b + c per element.  On x86-64 that is SSE2 mulps + addps (the baseline has
+// no FMA); on aarch64 the compiler contracts it to NEON fmla.  This is the most
+// a kernel built with default flags -- the scalar backend -- can reach.
+extern const FmaLoop kFmaScalar;
+#if defined(MHA_BENCH_HAVE_X86_PEAKS)
+extern const FmaLoop kFmaAvx2;    // ymm vfmadd, -mavx2 -mfma
+extern const FmaLoop kFmaAvx512;  // zmm vfmadd, -mavx512f
+#endif
+#if defined(MHA_BENCH_HAVE_NEON_PEAK)
+extern const FmaLoop kFmaNeon;  // q-register fmla
+#endif
+
+// Sum of n floats (n a multiple of 64) with 128-bit vector loads and several
+// independent accumulators: streams memory as fast as one core can read it.
+float read_sum(const float* data, size_t n);
+
+}  // namespace mha_bench
+
+#endif  // MHA_BENCH_PEAK_H
