@@ -36,8 +36,10 @@ WorkPlan plan_work(const mha_kernel_problem& p, const mha_plugin& plugin) {
   WorkPlan plan{};
   // Query lanes waste most of every vector when there are few queries; then the
   // decode layout (lanes along the head dimension) serves the heads sharing a
-  // KV head together.
-  const bool decode = plugin.vector_floats > 1 && p.lq * 2 < plugin.vector_floats;
+  // KV head together.  It pays off only over many keys: with a short KV the
+  // fixed cost of its horizontal reductions outweighs the idle lanes.
+  const bool few_queries = p.lq * 4 <= plugin.vector_floats;
+  const bool decode = plugin.vector_floats > 1 && few_queries && p.lk >= 2 * plugin.key_tile;
   plan.layout = decode ? MHA_LAYOUT_DECODE : MHA_LAYOUT_QUERY_LANES;
   plan.batch = p.batch;
   plan.heads_per_item = decode ? p.heads / p.kv_heads : 1;
