@@ -13,6 +13,7 @@
 namespace mha_bench {
 namespace {
 
+#if defined(__x86_64__)
 // The name of the kernel set BLIS picks by itself, asked in a child process:
 // BLIS decides once per process, and this one may still have to override it.
 std::string blis_native_arch() {
@@ -49,6 +50,7 @@ bool has_feature(const std::string& features, const char* name) {
     if (word == name) return true;
   return false;
 }
+#endif
 
 // Softmax with explicit 128-bit vectors (GNU vector extension, so the baseline
 // ISA: SSE2 on x86-64, NEON on aarch64): the compiler's auto-vectoriser gives up

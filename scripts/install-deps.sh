@@ -2,7 +2,8 @@
 # Installs the Debian packages mha needs, if any are missing.
 #   scripts/install-deps.sh [native] [sanitizers] [cross]
 # native: compiler, CMake, xsimd, BLIS, GoogleTest, Google Benchmark, CLI11, JSON
-# sanitizers: clang, its sanitizer runtimes and LLVM's OpenMP (TSan, fuzzer)
+# sanitizers: clang, its sanitizer runtimes and LLVM's OpenMP (TSan, fuzzer),
+#             valgrind (leak check) and qemu-user (qemu-x86_64 -cpu: ISA limits)
 # cross: the aarch64 cross compiler, qemu-user and arm64 libraries (adds the
 #        arm64 architecture to dpkg)
 set -euo pipefail
@@ -14,10 +15,10 @@ for group in "${@:-native}"; do
       want+=(g++ cmake make pkgconf python3 libxsimd-dev libblis-openmp-dev libgtest-dev googletest
              libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev) ;;
     sanitizers)
-      want+=(clang libclang-rt-dev libomp-dev) ;;
+      want+=(clang libclang-rt-dev libomp-dev valgrind qemu-user) ;;
     cross)
       want+=(g++-aarch64-linux-gnu qemu-user libblis-openmp-dev:arm64 libbenchmark-dev:arm64
-             libgomp1:arm64) ;;
+             libgomp1:arm64 libxsimd-dev:arm64 libgtest-dev:arm64) ;;
     *) echo "install-deps: unknown group '$group'" >&2; exit 2 ;;
   esac
 done
