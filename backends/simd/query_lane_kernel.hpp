@@ -101,7 +101,7 @@ class QueryLaneKernel {
       t.last_key[r] = static_cast<float>(max_last - item.k_begin);  // padding lanes
     }
 
-    pack_queries(p, t, b, h, q0, nq, nqv);
+    pack_queries(p, t, b, h, q0, nq);
     if (p.dropout_p > 0.0f) {
       for (int64_t r = 0; r < int64_t{nqv} * W; ++r) {
         t.row_key[r] = mha_dropout::row_key(p.dropout_seed, b, h, q0 + r, p.heads, p.lq);
@@ -111,7 +111,7 @@ class QueryLaneKernel {
       t.row_max[r] = kNegInf;
       t.row_sum[r] = 0.0f;
     }
-    std::fill(t.acc, t.acc + nq * dvp, 0.0f);
+    for (int64_t x = 0; x < nq * dvp; x += W) B(0.0f).store_aligned(t.acc + x);
 
     // Items come in descending query tiles of one head (the runtime's order):
     // the next one most likely needs the Q rows just before this tile.
@@ -161,11 +161,16 @@ class QueryLaneKernel {
   // qt[x][r] = Q[q0 + r][x] · scale · log2(e); whole W x W blocks go through
   // a register transpose, the edges element by element; padding lanes are 0.
   static void pack_queries(const mha_kernel_problem& p, const Tile& t, int64_t b, int64_t h,
-                           int64_t q0, int64_t nq, int nqv) {
+                           int64_t q0, int64_t nq) {
     const float c = p.scale * kLog2e;
+    // The partial last vector is zeroed first, so its padding lanes are 0.
+    const int64_t whole = nq / W * W;
+    if (whole < nq) {
+      for (int64_t x = 0; x < p.d; ++x) B(0.0f).store_aligned(t.qt + x * QT + whole);
+    }
     int64_t r0 = 0;
     if (p.q_strides[3] == 1) {
-      for (; r0 + W <= nq; r0 += W) {
+      for (; r0 < whole; r0 += W) {
         const float* q = mha_kernel::q_row(p, b, h, q0 + r0);
         int64_t x0 = 0;
         for (; x0 + W <= p.d; x0 += W) {
@@ -182,10 +187,6 @@ class QueryLaneKernel {
     for (int64_t r = r0; r < nq; ++r) {
       const float* q = mha_kernel::q_row(p, b, h, q0 + r);
       for (int64_t x = 0; x < p.d; ++x) t.qt[x * QT + r] = q[x * p.q_strides[3]] * c;
-    }
-    const int64_t padded = int64_t{nqv} * W;
-    for (int64_t x = 0; x < p.d; ++x) {
-      for (int64_t r = nq; r < padded; ++r) t.qt[x * QT + r] = 0.0f;
     }
   }
 
