@@ -15,5 +15,7 @@ write_basic_package_version_file(${CMAKE_BINARY_DIR}/mhaConfigVersion.cmake
 install(FILES ${CMAKE_BINARY_DIR}/mhaConfig.cmake ${CMAKE_BINARY_DIR}/mhaConfigVersion.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/mha)
 
+# The .pc file finds the prefix relative to itself, whatever --prefix is used.
+file(RELATIVE_PATH MHA_PC_TO_PREFIX "/prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/prefix")
 configure_file(${PROJECT_SOURCE_DIR}/cmake/mha.pc.in ${CMAKE_BINARY_DIR}/mha.pc @ONLY)
 install(FILES ${CMAKE_BINARY_DIR}/mha.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
