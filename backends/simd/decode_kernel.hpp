@@ -171,7 +171,7 @@ class DecodeKernel {
     B sum(0.0f);
     const B shift_v(shift);
     for (int j = 0; j < keys; j += W) {
-      const B e = exp2_nonpositive<Arch>(B::load_aligned(s + j) - shift_v);
+      const B e = fast_exp2<Arch>(B::load_aligned(s + j) - shift_v);
       e.store_aligned(s + j);
       sum += e;
     }

@@ -1,4 +1,5 @@
-// 2^x for the softmax, x <= 0 (scores minus their running maximum).
+// 2^x for the softmax: scores minus a running maximum, x <= 64 (the fused
+// path lets scores exceed a stale maximum by up to kMaxGrowth).
 //
 // x = n + f with n = round(x), f in [-1/2, 1/2]; 2^f by a degree-5 polynomial
 // (minimax for relative error, fitted in float64 and checked in float32: at
@@ -19,7 +20,7 @@
 namespace mha_simd {
 
 template <class Arch>
-inline xsimd::batch<float, Arch> exp2_nonpositive(xsimd::batch<float, Arch> x) {
+inline xsimd::batch<float, Arch> fast_exp2(xsimd::batch<float, Arch> x) {
   using B = xsimd::batch<float, Arch>;
   // max(c, x) returns x when x is NaN (on x86 the second operand wins a NaN
   // comparison; Arm's FMAX returns the NaN): a NaN score poisons its row.

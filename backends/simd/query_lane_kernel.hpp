@@ -45,6 +45,7 @@ class QueryLaneKernel {
     float* row_max;     // [QT], base-2 units
     float* row_sum;     // [QT]
     float* alpha;       // [QT]: rescale factor of the current key tile
+    float* tile_sum;    // [QT]: sums of a fused tile until it is known to be valid
     float* last_key;    // [QT]: last visible key, relative to the item's first key
     uint32_t* row_key;  // [QT]: dropout hash of each query's row
     float* k_pack;      // [KT][D] when K rows are strided
@@ -55,7 +56,7 @@ class QueryLaneKernel {
   static size_t scratch_bytes(const mha_kernel_problem& p) {
     const int64_t dvp = round_up(p.dv, W);
     return ScratchCarver::bytes(
-        {p.d * QT, int64_t{KT} * QT, QT * dvp, QT, QT, QT, QT, QT, KT * p.d, KT * dvp});
+        {p.d * QT, int64_t{KT} * QT, QT * dvp, QT, QT, QT, QT, QT, QT, KT * p.d, KT * dvp});
   }
 
   static void run(const mha_kernel_problem& p, const mha_work_item& item, void* scratch) {
@@ -68,6 +69,7 @@ class QueryLaneKernel {
     t.row_max = carve.floats(QT);
     t.row_sum = carve.floats(QT);
     t.alpha = carve.floats(QT);
+    t.tile_sum = carve.floats(QT);
     t.last_key = carve.floats(QT);
     t.row_key = reinterpret_cast<uint32_t*>(carve.floats(QT));
     t.k_pack = carve.floats(KT * p.d);
@@ -128,6 +130,7 @@ class QueryLaneKernel {
 
     const bool k_direct = p.k_strides[3] == 1;
     const bool v_direct = p.v_strides[3] == 1 && p.dv % W == 0;
+    bool lanes_have_maximum = false;
     for (int64_t j0 = item.k_begin; j0 <= max_last; j0 += KT) {
       const int keys = static_cast<int>(std::min<int64_t>(KT, max_last + 1 - j0));
       const int64_t tile_index = (j0 - item.k_begin) / KT;
@@ -140,10 +143,21 @@ class QueryLaneKernel {
         k_rows = t.k_pack;
         k_stride = p.d;
       }
-      compute_scores(t, k_rows, k_stride, p.d, nqv, keys);
-      if (p.mask_kind != MHA_MASK_NONE) apply_mask(p, t, b, h, q0, nq, nqv, j0, keys);
-      if (j0 + keys - 1 > min_last) apply_visibility(t, nqv, j0 - item.k_begin, keys);
-      update_softmax(t, nqv, keys);
+      // Fused path: once every lane has a finite running maximum, a tile with
+      // no mask to apply computes its probabilities straight from the score
+      // registers against that (stale) maximum; it is exact as long as no
+      // score exceeds the maximum by more than kMaxGrowth (2^16 cannot
+      // overflow), which the epilogue checks.  Otherwise, and on the first
+      // tile, the two-pass path: scores, masks, new maximum, rescale.
+      const bool maskless = p.mask_kind == MHA_MASK_NONE && j0 + keys - 1 <= min_last;
+      const bool fused = maskless && lanes_have_maximum &&
+                         compute_scores<true>(t, k_rows, k_stride, p.d, nqv, keys);
+      if (!fused) {
+        compute_scores<false>(t, k_rows, k_stride, p.d, nqv, keys);
+        if (p.mask_kind != MHA_MASK_NONE) apply_mask(p, t, b, h, q0, nq, nqv, j0, keys);
+        if (j0 + keys - 1 > min_last) apply_visibility(t, nqv, j0 - item.k_begin, keys);
+        lanes_have_maximum = update_softmax(t, nqv, keys);
+      }
       if (p.dropout_p > 0.0f) apply_dropout(p, t, nqv, j0, keys);
 
       const float* v_rows = mha_kernel::v_row(p, b, kvh, j0);
@@ -191,9 +205,16 @@ class QueryLaneKernel {
   }
 
   // scores[j][q] = Σ_x qt[x][q] · K[j][x] for NV query vectors and NK keys.
-  template <int NV, int NK>
-  static void score_block(const float* qt, const float* k_rows, int64_t k_stride, int64_t d,
-                          float* scores) {
+  // How far (in base-2 units) a score may exceed the stale maximum on the fused
+  // path: probabilities up to 2^16, sums far from overflow.
+  static constexpr float kMaxGrowth = 16.0f;
+
+  // scores[j][q] = Σ_x qt[x][q] · K[j][x] for NV query vectors and NK keys.
+  // kFused: store 2^(score - row_max) instead, add them to tile_sum, and return
+  // false if a score exceeds row_max by more than kMaxGrowth.
+  template <int NV, int NK, bool kFused>
+  static bool score_block(const float* qt, const float* k_rows, int64_t k_stride, int64_t d,
+                          float* scores, const float* row_max, float* tile_sum) {
     const float* k[NK];
     for (int n = 0; n < NK; ++n) k[n] = k_rows + n * k_stride;
     // The first index initialises the accumulators (d >= 1): no zeroing, and no
@@ -221,26 +242,62 @@ class QueryLaneKernel {
         for (int v = 0; v < NV; ++v) acc[v][n] = xsimd::fma(q[v], kb, acc[v][n]);
       }
     }
-    for (int n = 0; n < NK; ++n) {
-      for (int v = 0; v < NV; ++v) acc[v][n].store_aligned(scores + n * QT + v * W);
+    if constexpr (!kFused) {
+      for (int n = 0; n < NK; ++n) {
+        for (int v = 0; v < NV; ++v) acc[v][n].store_aligned(scores + n * QT + v * W);
+      }
+      return true;
+    } else {
+      bool within = true;
+      for (int v = 0; v < NV; ++v) {
+        const B shift = B::load_aligned(row_max + v * W);
+        B highest = acc[v][0];
+        for (int n = 1; n < NK; ++n) highest = xsimd::max(highest, acc[v][n]);
+        within = within && !xsimd::any(highest > shift + B(kMaxGrowth));
+        B sum = B::load_aligned(tile_sum + v * W);
+        for (int n = 0; n < NK; ++n) {
+          const B e = fast_exp2<Arch>(acc[v][n] - shift);
+          e.store_aligned(scores + n * QT + v * W);
+          sum += e;
+        }
+        sum.store_aligned(tile_sum + v * W);
+      }
+      return within;
     }
   }
 
-  static void compute_scores(const Tile& t, const float* k_rows, int64_t k_stride, int64_t d,
+  // Returns false when the fused path's stale maximum was exceeded; then
+  // nothing of the tile is kept (row_sum is untouched, alpha is 1 otherwise).
+  template <bool kFused>
+  static bool compute_scores(const Tile& t, const float* k_rows, int64_t k_stride, int64_t d,
                              int nqv, int keys) {
     constexpr int QV = Blk::kScoreQueryVectors, NK = Blk::kScoreKeys;
+    if constexpr (kFused) {
+      for (int v = 0; v < nqv; ++v) B(0.0f).store_aligned(t.tile_sum + v * W);
+    }
+    bool within = true;
     for (int v0 = 0; v0 < nqv; v0 += QV) {
       const int nv = std::min(QV, nqv - v0);
       for (int j = 0; j < keys; j += NK) {
         const int nk = std::min(NK, keys - j);
         with_count<QV>(nv, [&](auto NV) {
           with_count<NK>(nk, [&](auto NKc) {
-            score_block<decltype(NV)::value, decltype(NKc)::value>(
-                t.qt + v0 * W, k_rows + j * k_stride, k_stride, d, t.scores + j * QT + v0 * W);
+            within &= score_block<decltype(NV)::value, decltype(NKc)::value, kFused>(
+                t.qt + v0 * W, k_rows + j * k_stride, k_stride, d, t.scores + j * QT + v0 * W,
+                t.row_max + v0 * W, t.tile_sum + v0 * W);
           });
         });
       }
     }
+    if constexpr (kFused) {
+      if (!within) return false;
+      for (int v = 0; v < nqv; ++v) {
+        (B::load_aligned(t.row_sum + v * W) + B::load_aligned(t.tile_sum + v * W))
+            .store_aligned(t.row_sum + v * W);
+        B(1.0f).store_aligned(t.alpha + v * W);
+      }
+    }
+    return within;
   }
 
   // The explicit mask, in base-2 units like the scores.
@@ -294,7 +351,10 @@ class QueryLaneKernel {
   // Online softmax over one key tile, all vertical: new running max, the
   // factor that rescales what was accumulated, probabilities in place of the
   // scores, running sum.
-  static void update_softmax(const Tile& t, int nqv, int keys) {
+  // Returns true when every lane now has a finite running maximum (what the
+  // fused path needs).
+  static bool update_softmax(const Tile& t, int nqv, int keys) {
+    bool all_finite = true;
     for (int v = 0; v < nqv; ++v) {
       float* s = t.scores + v * W;
       B m0 = B::load_aligned(s), m1 = m0;
@@ -309,26 +369,28 @@ class QueryLaneKernel {
       // A row that has seen no visible key yet keeps -inf; subtract 0 instead so
       // that -inf - -inf never happens (exp2 of -inf is 0).
       const B shift = xsimd::select(new_max == B(kNegInf), B(0.0f), new_max);
-      const B alpha = exp2_nonpositive<Arch>(old_max - shift);
+      const B alpha = fast_exp2<Arch>(old_max - shift);
       B sum0 = B::load_aligned(t.row_sum + v * W) * alpha, sum1 = B(0.0f);
       j = 0;
       for (; j + 1 < keys; j += 2) {
-        const B e0 = exp2_nonpositive<Arch>(B::load_aligned(s + j * QT) - shift);
-        const B e1 = exp2_nonpositive<Arch>(B::load_aligned(s + (j + 1) * QT) - shift);
+        const B e0 = fast_exp2<Arch>(B::load_aligned(s + j * QT) - shift);
+        const B e1 = fast_exp2<Arch>(B::load_aligned(s + (j + 1) * QT) - shift);
         e0.store_aligned(s + j * QT);
         e1.store_aligned(s + (j + 1) * QT);
         sum0 += e0;
         sum1 += e1;
       }
       if (j < keys) {
-        const B e0 = exp2_nonpositive<Arch>(B::load_aligned(s + j * QT) - shift);
+        const B e0 = fast_exp2<Arch>(B::load_aligned(s + j * QT) - shift);
         e0.store_aligned(s + j * QT);
         sum0 += e0;
       }
       new_max.store_aligned(t.row_max + v * W);
       (sum0 + sum1).store_aligned(t.row_sum + v * W);
       alpha.store_aligned(t.alpha + v * W);
+      all_finite = all_finite && xsimd::all(xsimd::abs(new_max) < B(1e30f));
     }
+    return all_finite;
   }
 
   // Dropout after the running sum took the weights: the sum (and the LSE) are
