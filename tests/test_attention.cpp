@@ -819,6 +819,50 @@ TEST_P(Attention, RandomProblems) {
   }
 }
 
+// Scores that keep growing along the keys: every key tile holds a new row
+// maximum, by a little (kernels may keep an older maximum as the exponent's
+// shift) or by a lot (they must rescale).  Causal and not, so both the
+// unmasked interior tiles and the masked diagonal ones see it.
+TEST_P(Attention, ScoresGrowingAlongTheKeys) {
+  for (const float growth : {0.002f, 0.05f, 0.6f}) {
+    for (const int32_t causal : {MHA_CAUSAL_NONE, MHA_CAUSAL_TOP_LEFT}) {
+      const int64_t B = 1, H = 2, Lq = 70, Lk = 700, D = 16;
+      SCOPED_TRACE(::testing::Message() << "growth per key " << growth << " causal " << causal);
+      Rng rng(7);
+      std::vector<float> q(B * H * Lq * D), k(B * H * Lk * D), v(B * H * Lk * D),
+          out(B * H * Lq * D, -7.0f), lse(B * H * Lq);
+      for (auto& x : q) x = 1.0f + 0.1f * rng.uniform();
+      for (int64_t r = 0; r < B * H * Lk; ++r) {
+        const int64_t j = r % Lk;
+        for (int64_t x = 0; x < D; ++x) {
+          k[r * D + x] = growth * static_cast<float>(j) + 0.1f * rng.uniform();
+        }
+      }
+      for (auto& x : v) x = rng.uniform();
+      mha_tensor tq, tk, tv, tout, tlse;
+      const int64_t sq[4] = {B, H, Lq, D}, sk[4] = {B, H, Lk, D}, sl[3] = {B, H, Lq};
+      ASSERT_EQ(mha_tensor_init(&tq, q.data(), MHA_DTYPE_F32, 4, sq, nullptr), MHA_OK);
+      ASSERT_EQ(mha_tensor_init(&tk, k.data(), MHA_DTYPE_F32, 4, sk, nullptr), MHA_OK);
+      ASSERT_EQ(mha_tensor_init(&tv, v.data(), MHA_DTYPE_F32, 4, sk, nullptr), MHA_OK);
+      ASSERT_EQ(mha_tensor_init(&tout, out.data(), MHA_DTYPE_F32, 4, sq, nullptr), MHA_OK);
+      ASSERT_EQ(mha_tensor_init(&tlse, lse.data(), MHA_DTYPE_F32, 3, sl, nullptr), MHA_OK);
+      mha_attention_params p;
+      mha_attention_params_init(&p);
+      p.causal = causal;
+      p.lse = &tlse;
+      ASSERT_EQ(mha_attention(&tq, &tk, &tv, &tout, &p), MHA_OK) << mha_last_error();
+      const Reference ref = reference_attention(tq, tk, tv, &p);
+      EXPECT_LE(max_abs_error(tout, ref), tolerance(ref));
+      double lse_error = 0;
+      for (size_t r = 0; r < lse.size(); ++r) {
+        lse_error = std::max(lse_error, std::fabs(static_cast<double>(lse[r]) - ref.lse[r]) /
+                                            std::max(1.0, std::fabs(ref.lse[r])));
+      }
+      EXPECT_LE(lse_error, 1e-5 + 4 * std::ldexp(1.0, -24) * ref.max_abs_logit);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Attention, ::testing::ValuesIn(backend_names()), param_name);
 
 // ------------------------------------------------------------------ heavy (ctest label "heavy")
