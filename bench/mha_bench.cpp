@@ -69,6 +69,10 @@ const Shape kShapes[] = {
     {"S2", 1, 32, 32, 2048, 2048, 128, 128, MHA_CAUSAL_TOP_LEFT, false, benchmark::kMillisecond,
      true},
     {"S3", 1, 32, 32, 1, 4096, 128, 128, MHA_CAUSAL_NONE, false, benchmark::kMicrosecond, false},
+    // S3 at batch 4 and 16: decoding many sequences at once (512 MiB, 2 GiB of K and V).
+    {"S3b4", 4, 32, 32, 1, 4096, 128, 128, MHA_CAUSAL_NONE, false, benchmark::kMicrosecond, false},
+    {"S3b16", 16, 32, 32, 1, 4096, 128, 128, MHA_CAUSAL_NONE, false, benchmark::kMillisecond,
+     false},
     {"S4", 32, 8, 8, 64, 64, 32, 32, MHA_CAUSAL_NONE, false, benchmark::kMicrosecond, false},
     {"S5", 2, 5, 5, 4, 6, 20, 20, MHA_CAUSAL_NONE, true, benchmark::kMicrosecond, false},
     {"S6", 1, 8, 8, 8192, 8192, 64, 64, MHA_CAUSAL_TOP_LEFT, false, benchmark::kMillisecond, true},
