@@ -44,6 +44,9 @@
 #include "blis_unfused.h"
 #include "peak.h"
 
+// bench/module_bench.cpp
+void register_module_benchmarks(double (*fma_peak)(const std::string& isa, int threads));
+
 namespace {
 
 using mha_bench::FmaLoop;
@@ -488,6 +491,8 @@ int main(int argc, char** argv) {
           ->UseRealTime()
           ->Unit(s.unit);
     }
+  // The whole module (projections + attention), module/<backend>/S1/threads:<n>.
+  register_module_benchmarks(fma_peak);
   }
 
   std::string names;

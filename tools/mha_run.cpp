@@ -3,6 +3,10 @@
 //   mha-run --q Q.npy --k K.npy --v V.npy --out O.npy [--mask M.npy]
 //           [--valid-lens VL.npy] [--causal top-left|bottom-right] [--scale S]
 //           [--lse LSE.npy] [--backend NAME] [--threads N] [--repeat N]
+//   mha-run module --weights DIR --query Q.npy [--key K.npy] [--value V.npy]
+//           --out O.npy [--heads N] [--valid-lens VL.npy] [--key-padding-mask M.npy]
+//           [--attn-mask M.npy] [--causal] [--need-weights W.npy [--average-weights]]
+//           [--sequence-first] [--threads N] [--backend NAME] [--repeat N]
 //
 // The attention flags sit on the top-level command; further modes come as
 // subcommands (`mha-run module ...`), each registered in main() below and
@@ -13,6 +17,7 @@
 #include <string>
 
 #include "attention_run.h"
+#include "module_run.h"
 
 namespace {
 
@@ -28,11 +33,17 @@ int run(int argc, char** argv) {
   mha_tools::AttentionOptions attention;
   mha_tools::add_attention_options(app, attention);
 
+  mha_tools::ModuleOptions module_options;
+  CLI::App* module = app.add_subcommand(
+      "module", "The multi-head attention module (PyTorch's nn.MultiheadAttention) on .npy files");
+  mha_tools::add_module_options(*module, module_options);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  if (module->parsed()) return mha_tools::run_module_command(module_options);
   return mha_tools::run_attention_command(attention);
 }
 

@@ -100,6 +100,115 @@ inline void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor&
   check(mha_attention(q.get(), k.get(), v.get(), out.get(), params.get()));
 }
 
+// ------------------------------------------------ the multi-head attention module
+
+// The module's configuration (mha_module_config): embed_dim and num_heads are
+// required; the input sizes default to embed_dim (0), biases are on as in
+// PyTorch (d2l's default is off).
+struct ModuleConfig {
+  int64_t embed_dim = 0;
+  int64_t num_heads = 0;
+  int64_t query_dim = 0;  // 0: embed_dim
+  int64_t key_dim = 0;    // 0: embed_dim
+  int64_t value_dim = 0;  // 0: embed_dim
+  bool bias = true;
+  float dropout = 0.0f;  // on the attention weights in training mode, [0, 1)
+};
+
+// Parameters of Module::forward; the referenced tensors must outlive the call.
+class ModuleForwardParams {
+ public:
+  ModuleForwardParams() { mha_module_forward_params_init(&params_); }
+  ModuleForwardParams& valid_lens(const Tensor& t) {
+    params_.valid_lens = t.get();
+    return *this;
+  }
+  // PyTorch's convention: bool true = the key is ignored; or f32, added.
+  ModuleForwardParams& key_padding_mask(const Tensor& t) {
+    params_.key_padding_mask = t.get();
+    return *this;
+  }
+  // PyTorch's convention: bool true = not allowed; or f32, added.
+  ModuleForwardParams& attn_mask(const Tensor& t) {
+    params_.attn_mask = t.get();
+    return *this;
+  }
+  ModuleForwardParams& causal(mha_causal mode) {
+    params_.causal = mode;
+    return *this;
+  }
+  // [B, H, Lq, Lk], or [B, Lq, Lk] when averaged over the heads.
+  ModuleForwardParams& attn_weights(Tensor& t, bool average = false) {
+    params_.attn_weights = t.get();
+    params_.average_attn_weights = average ? 1 : 0;
+    return *this;
+  }
+  // Training mode: dropout as configured, decided by the seed.
+  ModuleForwardParams& training(uint64_t dropout_seed) {
+    params_.training = 1;
+    params_.dropout_seed = dropout_seed;
+    return *this;
+  }
+  const mha_module_forward_params* get() const noexcept { return &params_; }
+
+ private:
+  mha_module_forward_params params_{};
+};
+
+// An mha_module owned by this object: destroyed with it; movable, not copyable.
+class Module {
+ public:
+  explicit Module(const ModuleConfig& config) {
+    mha_module_config c;
+    mha_module_config_init(&c);
+    c.embed_dim = config.embed_dim;
+    c.num_heads = config.num_heads;
+    c.query_dim = config.query_dim;
+    c.key_dim = config.key_dim;
+    c.value_dim = config.value_dim;
+    c.bias = config.bias ? 1 : 0;
+    c.dropout = config.dropout;
+    check(mha_module_create(&c, &module_));
+  }
+  Module(int64_t embed_dim, int64_t num_heads)
+      : Module(ModuleConfig{embed_dim, num_heads, 0, 0, 0, true, 0.0f}) {}
+  ~Module() { mha_module_destroy(module_); }
+  Module(Module&& other) noexcept : module_(other.module_) { other.module_ = nullptr; }
+  Module& operator=(Module&& other) noexcept {
+    if (this != &other) {
+      mha_module_destroy(module_);
+      module_ = other.module_;
+      other.module_ = nullptr;
+    }
+    return *this;
+  }
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // Copies a weight named as in PyTorch's state_dict ("in_proj_weight",
+  // "out_proj.bias", ...) or d2l's ("W_q.weight", ...).
+  void set_weight(const std::string& name, const Tensor& value) {
+    check(mha_module_set_weight(module_, name.c_str(), value.get()));
+  }
+
+  // out [B, Lq, E] = module(query [B, Lq, Eq], key [B, Lk, Ek], value [B, Lk, Ev]).
+  void forward(const Tensor& query, const Tensor& key, const Tensor& value, Tensor& out,
+               const ModuleForwardParams& params = ModuleForwardParams()) const {
+    check(
+        mha_module_forward(module_, query.get(), key.get(), value.get(), out.get(), params.get()));
+  }
+
+  mha_module* get() const noexcept { return module_; }
+
+ private:
+  mha_module* module_ = nullptr;
+};
+
+// Adds the sinusoidal positional encoding to x [B, L, d] in place.
+inline void positional_encoding_add(Tensor& x) {
+  check(mha_positional_encoding_add(x.get()));
+}
+
 inline std::string selected_backend() {
   const char* name = mha_selected_backend();
   if (name == nullptr) throw Error(MHA_ERR_BACKEND_UNAVAILABLE, mha_last_error());

@@ -1,0 +1,242 @@
+// The multi-head attention module in mha_bench:
+//
+//   module/<backend>/S1/threads:<n>   E = 768, 12 heads, B = 8, L = 512, self-attention
+//   module/<backend>/S5/threads:<n>   the d2l example: E = 100, 5 heads, queries
+//                                     [2, 4, 100], keys = values [2, 6, 100],
+//                                     valid_lens [3, 2]
+//
+// One call is mha_module_forward (inference, no masks on S1), with the same
+// tensor as query, key and value on S1 (self-attention: one projection against
+// the stacked [3E, E] weights).  Counters, from the measured time per call:
+//   GFLOPS        (8·B·L·E² + attention FLOPs) / time: the four projections
+//                 (2·B·L·E² each) plus 4·D per (query, key) pair and head that
+//                 takes part (bench-shapes.md); on S5, E·(2·B·Lq·(Eq + E) +
+//                 2·B·Lk·(Ek + Ev)) for the projections
+//   pct_peak      GFLOPS over the FMA peak of the widest usable ISA at the same
+//                 thread count (BLIS runs its widest kernels whatever the
+//                 attention backend), when the caller passes the peak
+//   attention_ms  mha_attention alone on the same strided views of a [B, L, 3E]
+//                 buffer, timed in the same benchmark (median of 5 calls)
+//   projection_ms the rest: total - attention_ms (the input and output
+//                 projections with their bias passes)
+//   attention_share  attention_ms / total
+//   us_per_call   (S5)
+//
+// mha_bench registers these by calling register_module_benchmarks(fma_peak)
+// after its own benchmarks; fma_peak(isa, threads) returns the FMA peak in
+// GFLOP/s that mha_bench measured (or 0 when unknown).
+#include <benchmark/benchmark.h>
+#include <mha/mha.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+using ModulePeakFn = double (*)(const std::string& isa, int threads);
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct ModuleShape {
+  const char* name;
+  int64_t b, lq, lk, e, h;
+  bool d2l;  // S5: separate query and key/value tensors, valid_lens [3, 2]
+  benchmark::TimeUnit unit;
+};
+
+const ModuleShape kModuleShapes[] = {
+    {"S1", 8, 512, 512, 768, 12, false, benchmark::kMillisecond},
+    {"S5", 2, 4, 6, 100, 5, true, benchmark::kMicrosecond},
+};
+const int32_t kD2lValidLens[] = {3, 2};
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+void fill(std::vector<float>& x, uint64_t seed, float amplitude) {
+  uint64_t state = seed;
+  for (float& e : x) {
+    state += 0x9e3779b97f4a7c15ull;  // splitmix64
+    uint64_t z = state;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    e = amplitude * static_cast<float>(static_cast<double>(z >> 40) * 0x1p-23 - 1.0);
+  }
+}
+
+double module_flops(const ModuleShape& s) {
+  const double b = static_cast<double>(s.b), lq = static_cast<double>(s.lq),
+               lk = static_cast<double>(s.lk), e = static_cast<double>(s.e);
+  const double projections = 2.0 * e * (b * lq * (e + e) + b * lk * (e + e));
+  double pairs = 0.0;
+  for (int64_t n = 0; n < s.b; ++n) {
+    pairs += lq * static_cast<double>(s.d2l ? kD2lValidLens[n] : s.lk);
+  }
+  const double d = e / static_cast<double>(s.h);
+  return projections + 4.0 * d * static_cast<double>(s.h) * pairs;
+}
+
+struct ModuleHandle {
+  mha_module* m = nullptr;
+  ~ModuleHandle() { mha_module_destroy(m); }
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// mha_attention alone, on the views the module hands it (S1: q, k, v in one
+// [B, L, 3E] buffer, the heads' outputs into [B, L, E]).
+double attention_alone_ms(const ModuleShape& s) {
+  const int64_t d = s.e / s.h;
+  std::vector<float> qkv(static_cast<size_t>(s.b * s.lq * 3 * s.e)),
+      o(static_cast<size_t>(s.b * s.lq * s.e));
+  fill(qkv, 5, 1.0f);
+  const int64_t row = 3 * s.e;
+  const int64_t shape[4] = {s.b, s.h, s.lq, d};
+  const int64_t in_strides[4] = {s.lq * row, d, row, 1};
+  const int64_t out_strides[4] = {s.lq * s.e, d, s.e, 1};
+  mha_tensor q, k, v, out;
+  mha_tensor_init(&q, qkv.data(), MHA_DTYPE_F32, 4, shape, in_strides);
+  mha_tensor_init(&k, qkv.data() + s.e, MHA_DTYPE_F32, 4, shape, in_strides);
+  mha_tensor_init(&v, qkv.data() + 2 * s.e, MHA_DTYPE_F32, 4, shape, in_strides);
+  mha_tensor_init(&out, o.data(), MHA_DTYPE_F32, 4, shape, out_strides);
+  std::vector<double> ms;
+  for (int r = 0; r < 6; ++r) {
+    const auto t0 = Clock::now();
+    if (mha_attention(&q, &k, &v, &out, nullptr) != MHA_OK) return 0.0;
+    if (r > 0) ms.push_back(seconds_since(t0) * 1e3);  // the first call warms up
+  }
+  return median(ms);
+}
+
+void bm_module(benchmark::State& st, const std::string& backend, const ModuleShape& s, int n,
+               const std::string& peak_isa, ModulePeakFn peak) {
+  if (mha_select_backend(backend.c_str()) != MHA_OK || mha_set_num_threads(n) != MHA_OK) {
+    st.SkipWithError(mha_last_error());
+    return;
+  }
+  mha_module_config config;
+  mha_module_config_init(&config);
+  config.embed_dim = s.e;
+  config.num_heads = s.h;
+  ModuleHandle module;
+  if (mha_module_create(&config, &module.m) != MHA_OK) {
+    st.SkipWithError(mha_last_error());
+    return;
+  }
+  const float a = 1.0f / std::sqrt(static_cast<float>(s.e));
+  std::vector<float> w_in(static_cast<size_t>(3 * s.e * s.e)), b_in(static_cast<size_t>(3 * s.e)),
+      w_out(static_cast<size_t>(s.e * s.e)), b_out(static_cast<size_t>(s.e));
+  fill(w_in, 11, a);
+  fill(b_in, 12, a);
+  fill(w_out, 13, a);
+  fill(b_out, 14, a);
+  const struct {
+    const char* name;
+    std::vector<float>* data;
+    int32_t ndim;
+    int64_t shape[2];
+  } weights[] = {{"in_proj_weight", &w_in, 2, {3 * s.e, s.e}},
+                 {"in_proj_bias", &b_in, 1, {3 * s.e, 0}},
+                 {"out_proj.weight", &w_out, 2, {s.e, s.e}},
+                 {"out_proj.bias", &b_out, 1, {s.e, 0}}};
+  for (const auto& w : weights) {
+    mha_tensor t;
+    mha_tensor_init(&t, w.data->data(), MHA_DTYPE_F32, w.ndim, w.shape, nullptr);
+    if (mha_module_set_weight(module.m, w.name, &t) != MHA_OK) {
+      st.SkipWithError(mha_last_error());
+      return;
+    }
+  }
+
+  std::vector<float> x(static_cast<size_t>(s.b * s.lq * s.e)),
+      y(static_cast<size_t>(s.b * s.lk * s.e)), o(static_cast<size_t>(s.b * s.lq * s.e));
+  fill(x, 1, 1.0f);
+  fill(y, 2, 1.0f);
+  const int64_t xs[3] = {s.b, s.lq, s.e}, ys[3] = {s.b, s.lk, s.e}, ls[1] = {s.b};
+  mha_tensor xt, yt, ot, lens;
+  mha_tensor_init(&xt, x.data(), MHA_DTYPE_F32, 3, xs, nullptr);
+  mha_tensor_init(&yt, y.data(), MHA_DTYPE_F32, 3, ys, nullptr);
+  mha_tensor_init(&ot, o.data(), MHA_DTYPE_F32, 3, xs, nullptr);
+  mha_tensor_init(&lens, const_cast<int32_t*>(kD2lValidLens), MHA_DTYPE_I32, 1, ls, nullptr);
+  mha_module_forward_params params;
+  mha_module_forward_params_init(&params);
+  if (s.d2l) params.valid_lens = &lens;
+  const mha_tensor* kv = s.d2l ? &yt : &xt;
+
+  if (mha_module_forward(module.m, &xt, kv, kv, &ot, &params) != MHA_OK) {  // warm-up
+    st.SkipWithError(mha_last_error());
+    return;
+  }
+  const auto t0 = Clock::now();
+  for (auto _ : st) {
+    if (mha_module_forward(module.m, &xt, kv, kv, &ot, &params) != MHA_OK) {
+      st.SkipWithError(mha_last_error());
+      break;
+    }
+  }
+  const double sec = seconds_since(t0) / static_cast<double>(st.iterations());
+  if (st.error_occurred()) return;
+  const double gflops = module_flops(s) / sec * 1e-9;
+  st.counters["GFLOPS"] = gflops;
+  if (peak != nullptr) {
+    if (const double p = peak(peak_isa, n); p > 0.0) st.counters["pct_peak"] = gflops / p * 100;
+  }
+  if (!s.d2l) {
+    const double attention_ms = attention_alone_ms(s);
+    st.counters["attention_ms"] = attention_ms;
+    st.counters["projection_ms"] = sec * 1e3 - attention_ms;
+    st.counters["attention_share"] = attention_ms / (sec * 1e3);
+  } else {
+    st.counters["us_per_call"] = sec * 1e6;
+  }
+  mha_set_num_threads(0);
+}
+
+}  // namespace
+
+// Registers module/<backend>/<shape>/threads:<n> for every usable backend, on
+// 1 thread and on every core.  fma_peak may be nullptr (no pct_peak then).
+void register_module_benchmarks(ModulePeakFn fma_peak = nullptr) {
+  struct Backend {
+    std::string name;
+    int32_t priority;
+  };
+  std::vector<Backend> backends;
+  for (int32_t i = 0; i < mha_backend_count(); ++i) {
+    mha_backend_info info;
+    if (mha_backend_get_info(i, &info) == MHA_OK && info.usable)
+      backends.push_back({info.name, info.priority});
+  }
+  std::stable_sort(backends.begin(), backends.end(),
+                   [](const Backend& a, const Backend& b) { return a.priority > b.priority; });
+  if (backends.empty()) return;
+  const std::string widest = backends.front().name;
+  int all = omp_get_num_procs();
+  if (all < 1) all = static_cast<int>(std::thread::hardware_concurrency());
+  std::vector<int> threads{1};
+  if (all > 1) threads.push_back(all);
+  for (const Backend& b : backends) {
+    for (const ModuleShape& s : kModuleShapes) {
+      for (int n : threads) {
+        const std::string name =
+            "module/" + b.name + "/" + s.name + "/threads:" + std::to_string(n);
+        auto* bm =
+            benchmark::RegisterBenchmark(name.c_str(), bm_module, b.name, s, n, widest, fma_peak)
+                ->UseRealTime()
+                ->Unit(s.unit);
+        if (b.name == "scalar" && !s.d2l) bm->Iterations(1);  // seconds per call
+      }
+    }
+  }
+}

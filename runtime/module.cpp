@@ -1,0 +1,485 @@
+// The multi-head attention module's C entry points: configuration, weights,
+// and the checks of a forward call.  The computation is in module_forward.cpp.
+#include <mha/mha.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <new>
+#include <string>
+
+#include "error.h"
+#include "module_internal.h"
+#include "registry.h"
+#include "validate.h"
+
+using namespace mha::rt;
+
+namespace {
+
+template <typename Body>
+mha_status guarded(Body&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return fail(MHA_ERR_OUT_OF_MEMORY, "out of memory");
+  } catch (const std::exception& e) {
+    return fail(MHA_ERR_INTERNAL, "internal error: %s", e.what());
+  } catch (...) {
+    return fail(MHA_ERR_INTERNAL, "internal error");
+  }
+}
+
+long long ll(int64_t x) {
+  return static_cast<long long>(x);
+}
+
+std::string shape_text(const mha_tensor& t) {
+  std::string s = "[";
+  for (int32_t d = 0; d < t.ndim; ++d) {
+    if (d != 0) s += ", ";
+    s += std::to_string(t.shape[d]);
+  }
+  return s + "]";
+}
+
+// ---------------------------------------------------------------- configuration
+
+mha_status check_config(const mha_module_config* c) {
+  if (c == nullptr) return fail(MHA_ERR_NULL_POINTER, "config is NULL");
+  if (c->struct_size != sizeof(mha_module_config)) {
+    return fail(MHA_ERR_INVALID_PARAMS,
+                "config->struct_size is %u; this library knows %zu (call mha_module_config_init)",
+                c->struct_size, sizeof(mha_module_config));
+  }
+  if (c->embed_dim <= 0) {
+    return fail(MHA_ERR_INVALID_SIZE, "config->embed_dim = %lld; it must be positive",
+                ll(c->embed_dim));
+  }
+  if (c->num_heads <= 0) {
+    return fail(MHA_ERR_INVALID_SIZE, "config->num_heads = %lld; it must be positive",
+                ll(c->num_heads));
+  }
+  if (c->embed_dim % c->num_heads != 0) {
+    return fail(MHA_ERR_INVALID_SIZE,
+                "config->embed_dim = %lld is not a multiple of config->num_heads = %lld",
+                ll(c->embed_dim), ll(c->num_heads));
+  }
+  const struct {
+    const char* name;
+    int64_t value;
+  } dims[] = {{"query_dim", c->query_dim}, {"key_dim", c->key_dim}, {"value_dim", c->value_dim}};
+  for (const auto& d : dims) {
+    if (d.value < 0) {
+      return fail(MHA_ERR_INVALID_SIZE,
+                  "config->%s = %lld; it must be positive, or 0 for embed_dim", d.name,
+                  ll(d.value));
+    }
+  }
+  if (!(c->dropout >= 0.0f && c->dropout < 1.0f)) {
+    return fail(MHA_ERR_INVALID_VALUE, "config->dropout = %g; it must be in [0, 1)",
+                static_cast<double>(c->dropout));
+  }
+  // Every weight's element count (and 3E x max(dim) for the stacked input
+  // weights) must fit, with room to spare for the byte count.
+  const int64_t e = c->embed_dim;
+  const int64_t resolved[3] = {c->query_dim != 0 ? c->query_dim : e,
+                               c->key_dim != 0 ? c->key_dim : e,
+                               c->value_dim != 0 ? c->value_dim : e};
+  int64_t total = 0, product = 0;
+  if (__builtin_mul_overflow(e, e, &product) || __builtin_add_overflow(total, product, &total)) {
+    return fail(MHA_ERR_SIZE_OVERFLOW, "config->embed_dim = %lld: the weights overflow 64 bits",
+                ll(e));
+  }
+  for (int64_t dim : resolved) {
+    if (__builtin_mul_overflow(e, dim, &product) ||
+        __builtin_add_overflow(total, product, &total)) {
+      return fail(MHA_ERR_SIZE_OVERFLOW, "the weights' sizes overflow 64 bits");
+    }
+  }
+  if (total > INT64_MAX / 16) return fail(MHA_ERR_SIZE_OVERFLOW, "the weights are too large");
+  return MHA_OK;
+}
+
+// ---------------------------------------------------------------- weights
+
+// Where one named weight goes: `rows` x `cols`, element (r, c) to
+// dst[c * ld + r] (stored transposed); cols = 0: a vector of `rows`, to dst[r].
+struct WeightSlot {
+  float* dst = nullptr;
+  int64_t ld = 0;
+  int64_t rows = 0, cols = 0;
+  const char* expected = "";  // "[3E, E]"
+};
+
+const char kKnownNames[] =
+    "in_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight, in_proj_bias, "
+    "out_proj.weight, out_proj.bias (PyTorch), W_q.weight, W_k.weight, W_v.weight, W_o.weight "
+    "and their .bias (d2l)";
+
+bool is_one_of(const char* name, const char* a, const char* b = nullptr) {
+  return std::strcmp(name, a) == 0 || (b != nullptr && std::strcmp(name, b) == 0);
+}
+
+mha_status find_slot(mha_module* m, const char* name, WeightSlot* slot) {
+  const int64_t e = m->embed_dim;
+  bool is_bias = false;
+  if (is_one_of(name, "in_proj_weight")) {
+    if (m->query_dim != e || m->key_dim != e || m->value_dim != e) {
+      return fail(MHA_ERR_INVALID_VALUE,
+                  "'in_proj_weight' needs query_dim = key_dim = value_dim = embed_dim, but they "
+                  "are %lld, %lld, %lld and %lld: set q_proj_weight, k_proj_weight and "
+                  "v_proj_weight instead",
+                  ll(m->query_dim), ll(m->key_dim), ll(m->value_dim), ll(e));
+    }
+    *slot = {m->w_in.data() + m->wq_t.offset, m->wq_t.ld, 3 * e, e, "[3E, E]"};
+  } else if (is_one_of(name, "q_proj_weight", "W_q.weight")) {
+    *slot = {m->w_in.data() + m->wq_t.offset, m->wq_t.ld, e, m->query_dim, "[E, query_dim]"};
+  } else if (is_one_of(name, "k_proj_weight", "W_k.weight")) {
+    *slot = {m->w_in.data() + m->wk_t.offset, m->wk_t.ld, e, m->key_dim, "[E, key_dim]"};
+  } else if (is_one_of(name, "v_proj_weight", "W_v.weight")) {
+    *slot = {m->w_in.data() + m->wv_t.offset, m->wv_t.ld, e, m->value_dim, "[E, value_dim]"};
+  } else if (is_one_of(name, "out_proj.weight", "W_o.weight")) {
+    *slot = {m->w_out.data(), e, e, e, "[E, E]"};
+  } else if (is_one_of(name, "in_proj_bias")) {
+    is_bias = true;
+    *slot = {m->b_in.data(), 0, 3 * e, 0, "[3E]"};
+  } else if (is_one_of(name, "W_q.bias") || is_one_of(name, "W_k.bias") ||
+             is_one_of(name, "W_v.bias")) {
+    is_bias = true;
+    const int64_t which = name[2] == 'q' ? 0 : (name[2] == 'k' ? 1 : 2);
+    *slot = {m->b_in.data() + which * e, 0, e, 0, "[E]"};
+  } else if (is_one_of(name, "out_proj.bias", "W_o.bias")) {
+    is_bias = true;
+    *slot = {m->b_out.data(), 0, e, 0, "[E]"};
+  } else {
+    return fail(MHA_ERR_INVALID_VALUE, "unknown weight name '%s'; the module has %s", name,
+                kKnownNames);
+  }
+  if (is_bias && !m->bias) {
+    return fail(MHA_ERR_INVALID_VALUE,
+                "'%s': this module has no biases (it was created with config.bias = 0)", name);
+  }
+  return MHA_OK;
+}
+
+// ---------------------------------------------------------------- forward checks
+
+mha_status check_f32(const mha_tensor* t, const char* name) {
+  if (t->dtype == MHA_DTYPE_F32) return MHA_OK;
+  return fail(MHA_ERR_INVALID_DTYPE, "%s has dtype %s; it must be f32", name, dtype_name(t->dtype));
+}
+
+mha_status check_valid_lens(const mha_tensor* vl, int64_t batch, int64_t lq, int64_t lk) {
+  if (mha_status s = check_tensor(vl, "params->valid_lens", 1, 2); s != MHA_OK) return s;
+  if (vl->dtype != MHA_DTYPE_I32 && vl->dtype != MHA_DTYPE_I64) {
+    return fail(MHA_ERR_INVALID_DTYPE, "params->valid_lens has dtype %s; it must be i32 or i64",
+                dtype_name(vl->dtype));
+  }
+  if (vl->shape[0] != batch || (vl->ndim == 2 && vl->shape[1] != lq)) {
+    return fail(MHA_ERR_SHAPE_MISMATCH,
+                "params->valid_lens has shape %s; it must be [B] = [%lld] or [B, Lq] = [%lld, "
+                "%lld]",
+                shape_text(*vl).c_str(), ll(batch), ll(batch), ll(lq));
+  }
+  const int64_t rows = vl->ndim == 2 ? lq : 1;
+  const int64_t s1 = vl->ndim == 2 ? vl->strides[1] : 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t at = b * vl->strides[0] + i * s1;
+      const int64_t len = vl->dtype == MHA_DTYPE_I64 ? static_cast<const int64_t*>(vl->data)[at]
+                                                     : static_cast<const int32_t*>(vl->data)[at];
+      if (len < 0 || len > lk) {
+        if (vl->ndim == 2) {
+          return fail(MHA_ERR_INVALID_VALUE,
+                      "params->valid_lens[%lld][%lld] = %lld is outside [0, Lk = %lld]", ll(b),
+                      ll(i), ll(len), ll(lk));
+        }
+        return fail(MHA_ERR_INVALID_VALUE,
+                    "params->valid_lens[%lld] = %lld is outside [0, Lk = %lld]", ll(b), ll(len),
+                    ll(lk));
+      }
+    }
+  }
+  return MHA_OK;
+}
+
+mha_status check_mask_dtype(const mha_tensor* t, const char* name) {
+  if (t->dtype == MHA_DTYPE_BOOL || t->dtype == MHA_DTYPE_F32) return MHA_OK;
+  return fail(MHA_ERR_INVALID_DTYPE, "%s has dtype %s; it must be bool or f32", name,
+              dtype_name(t->dtype));
+}
+
+mha_status check_forward(mha_module* module, const mha_tensor* query, const mha_tensor* key,
+                         const mha_tensor* value, const mha_tensor* out,
+                         const mha_module_forward_params* params, ModuleCall* call) {
+  if (module == nullptr) return fail(MHA_ERR_NULL_POINTER, "module is NULL");
+  mha_module_forward_params defaults;
+  if (params == nullptr) {
+    mha_module_forward_params_init(&defaults);
+    params = &defaults;
+  } else if (params->struct_size != sizeof(mha_module_forward_params)) {
+    return fail(MHA_ERR_INVALID_PARAMS,
+                "params->struct_size is %u; this library knows %zu (call "
+                "mha_module_forward_params_init)",
+                params->struct_size, sizeof(mha_module_forward_params));
+  }
+  const mha_tensor* tensors[4] = {query, key, value, out};
+  const char* names[4] = {"query", "key", "value", "out"};
+  for (int i = 0; i < 4; ++i) {
+    if (mha_status s = check_tensor(tensors[i], names[i], 3, 3); s != MHA_OK) return s;
+  }
+  for (int i = 0; i < 4; ++i) {
+    if (mha_status s = check_f32(tensors[i], names[i]); s != MHA_OK) return s;
+  }
+
+  const mha_module& m = *module;
+  const int64_t batch = query->shape[0], lq = query->shape[1], lk = key->shape[1];
+  const int64_t e = m.embed_dim, h = m.num_heads;
+  const struct {
+    const mha_tensor* t;
+    const char* name;
+    int64_t dim;
+    const char* config_name;
+  } features[] = {{query, "query", m.query_dim, "query_dim"},
+                  {key, "key", m.key_dim, "key_dim"},
+                  {value, "value", m.value_dim, "value_dim"}};
+  for (const auto& f : features) {
+    if (f.t->shape[2] != f.dim) {
+      return fail(MHA_ERR_SHAPE_MISMATCH,
+                  "%s has %lld features (shape %s) but the module's %s is %lld", f.name,
+                  ll(f.t->shape[2]), shape_text(*f.t).c_str(), f.config_name, ll(f.dim));
+    }
+  }
+  if (key->shape[0] != batch || value->shape[0] != batch) {
+    return fail(MHA_ERR_SHAPE_MISMATCH,
+                "batch: query has %lld but key has %lld and value %lld (shapes are [B, L, E])",
+                ll(batch), ll(key->shape[0]), ll(value->shape[0]));
+  }
+  if (value->shape[1] != lk) {
+    return fail(MHA_ERR_SHAPE_MISMATCH, "key length: key has %lld but value has %lld", ll(lk),
+                ll(value->shape[1]));
+  }
+  if (out->shape[0] != batch || out->shape[1] != lq || out->shape[2] != e) {
+    return fail(MHA_ERR_SHAPE_MISMATCH,
+                "out has shape %s; it must be [B, Lq, E] = [%lld, %lld, %lld]",
+                shape_text(*out).c_str(), ll(batch), ll(lq), ll(e));
+  }
+
+  if (params->causal != MHA_CAUSAL_NONE && params->causal != MHA_CAUSAL_TOP_LEFT &&
+      params->causal != MHA_CAUSAL_BOTTOM_RIGHT) {
+    return fail(MHA_ERR_INVALID_VALUE,
+                "params->causal = %d; it must be MHA_CAUSAL_NONE, _TOP_LEFT or _BOTTOM_RIGHT",
+                params->causal);
+  }
+  if (params->valid_lens != nullptr) {
+    if (mha_status s = check_valid_lens(params->valid_lens, batch, lq, lk); s != MHA_OK) return s;
+  }
+  if (const mha_tensor* kpm = params->key_padding_mask; kpm != nullptr) {
+    if (mha_status s = check_tensor(kpm, "params->key_padding_mask", 2, 2); s != MHA_OK) return s;
+    if (mha_status s = check_mask_dtype(kpm, "params->key_padding_mask"); s != MHA_OK) return s;
+    if (kpm->shape[0] != batch || kpm->shape[1] != lk) {
+      return fail(MHA_ERR_SHAPE_MISMATCH,
+                  "params->key_padding_mask has shape %s; it must be [B, Lk] = [%lld, %lld]",
+                  shape_text(*kpm).c_str(), ll(batch), ll(lk));
+    }
+  }
+  if (const mha_tensor* am = params->attn_mask; am != nullptr) {
+    if (mha_status s = check_tensor(am, "params->attn_mask", 2, 3); s != MHA_OK) return s;
+    if (mha_status s = check_mask_dtype(am, "params->attn_mask"); s != MHA_OK) return s;
+    const bool two_d = am->ndim == 2 && am->shape[0] == lq && am->shape[1] == lk;
+    const bool three_d =
+        am->ndim == 3 && am->shape[0] == batch * h && am->shape[1] == lq && am->shape[2] == lk;
+    if (!two_d && !three_d) {
+      return fail(MHA_ERR_SHAPE_MISMATCH,
+                  "params->attn_mask has shape %s; it must be [Lq, Lk] = [%lld, %lld] or "
+                  "[B*H, Lq, Lk] = [%lld, %lld, %lld]",
+                  shape_text(*am).c_str(), ll(lq), ll(lk), ll(batch * h), ll(lq), ll(lk));
+    }
+  }
+  const mha_tensor* weights = params->attn_weights;
+  const bool average = params->average_attn_weights != 0;
+  if (weights != nullptr) {
+    const int32_t rank = average ? 3 : 4;
+    if (mha_status s = check_tensor(weights, "params->attn_weights", rank, rank); s != MHA_OK) {
+      return s;
+    }
+    if (mha_status s = check_f32(weights, "params->attn_weights"); s != MHA_OK) return s;
+    const bool ok =
+        average ? weights->shape[0] == batch && weights->shape[1] == lq && weights->shape[2] == lk
+                : weights->shape[0] == batch && weights->shape[1] == h && weights->shape[2] == lq &&
+                      weights->shape[3] == lk;
+    if (!ok) {
+      if (average) {
+        return fail(MHA_ERR_SHAPE_MISMATCH,
+                    "params->attn_weights has shape %s; averaged over heads it must be "
+                    "[B, Lq, Lk] = [%lld, %lld, %lld]",
+                    shape_text(*weights).c_str(), ll(batch), ll(lq), ll(lk));
+      }
+      return fail(MHA_ERR_SHAPE_MISMATCH,
+                  "params->attn_weights has shape %s; it must be [B, H, Lq, Lk] = [%lld, %lld, "
+                  "%lld, %lld]",
+                  shape_text(*weights).c_str(), ll(batch), ll(h), ll(lq), ll(lk));
+    }
+  }
+
+  const mha_tensor* inputs[] = {
+      query, key, value, params->valid_lens, params->key_padding_mask, params->attn_mask, weights};
+  const char* input_names[] = {"query",
+                               "key",
+                               "value",
+                               "params->valid_lens",
+                               "params->key_padding_mask",
+                               "params->attn_mask",
+                               "params->attn_weights"};
+  if (mha_status s = check_no_overlap(*out, "out", inputs, input_names, 7); s != MHA_OK) return s;
+  if (weights != nullptr) {
+    if (mha_status s = check_no_overlap(*weights, "params->attn_weights", inputs, input_names, 6);
+        s != MHA_OK) {
+      return s;
+    }
+  }
+
+  call->module = module;
+  call->query = query;
+  call->key = key;
+  call->value = value;
+  call->out = out;
+  call->batch = batch;
+  call->lq = lq;
+  call->lk = lk;
+  call->valid_lens = params->valid_lens;
+  call->key_padding_mask = params->key_padding_mask;
+  call->attn_mask = params->attn_mask;
+  call->causal = params->causal;
+  call->attn_weights = weights;
+  call->average_weights = average;
+  call->dropout_p = params->training != 0 ? m.dropout : 0.0f;
+  call->dropout_seed = params->dropout_seed;
+  return MHA_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+void mha_module_config_init(mha_module_config* config) {
+  if (config == nullptr) return;
+  std::memset(config, 0, sizeof *config);
+  config->struct_size = sizeof *config;
+  config->bias = 1;
+}
+
+mha_status mha_module_create(const mha_module_config* config, mha_module** module) {
+  clear_error();
+  return guarded([&] {
+    if (module == nullptr) return fail(MHA_ERR_NULL_POINTER, "module is NULL");
+    if (mha_status s = check_config(config); s != MHA_OK) return s;
+    auto* m = new mha_module;
+    const int64_t e = config->embed_dim;
+    m->embed_dim = e;
+    m->num_heads = config->num_heads;
+    m->head_dim = e / config->num_heads;
+    m->query_dim = config->query_dim != 0 ? config->query_dim : e;
+    m->key_dim = config->key_dim != 0 ? config->key_dim : e;
+    m->value_dim = config->value_dim != 0 ? config->value_dim : e;
+    m->bias = config->bias != 0;
+    m->dropout = config->dropout;
+    try {
+      m->w_in.assign(static_cast<size_t>(e * (m->query_dim + m->key_dim + m->value_dim)), 0.0f);
+      const auto at = [e](int64_t row) { return static_cast<size_t>(row * e); };
+      if (m->query_dim == m->key_dim && m->key_dim == m->value_dim) {
+        m->wq_t = {0, 3 * e};
+        m->wk_t = {static_cast<size_t>(e), 3 * e};
+        m->wv_t = {static_cast<size_t>(2 * e), 3 * e};
+      } else if (m->key_dim == m->value_dim) {
+        m->wq_t = {0, e};
+        m->wk_t = {at(m->query_dim), 2 * e};
+        m->wv_t = {at(m->query_dim) + static_cast<size_t>(e), 2 * e};
+      } else {
+        m->wq_t = {0, e};
+        m->wk_t = {at(m->query_dim), e};
+        m->wv_t = {at(m->query_dim + m->key_dim), e};
+      }
+      m->w_out.assign(static_cast<size_t>(e * e), 0.0f);
+      if (m->bias) {
+        m->b_in.assign(static_cast<size_t>(3 * e), 0.0f);
+        m->b_out.assign(static_cast<size_t>(e), 0.0f);
+      }
+    } catch (...) {
+      delete m;
+      throw;
+    }
+    *module = m;
+    return MHA_OK;
+  });
+}
+
+void mha_module_destroy(mha_module* module) {
+  delete module;
+}
+
+mha_status mha_module_set_weight(mha_module* module, const char* name, const mha_tensor* value) {
+  clear_error();
+  return guarded([&] {
+    if (module == nullptr) return fail(MHA_ERR_NULL_POINTER, "module is NULL");
+    if (name == nullptr) return fail(MHA_ERR_NULL_POINTER, "name is NULL");
+    WeightSlot slot;
+    if (mha_status s = find_slot(module, name, &slot); s != MHA_OK) return s;
+    const int32_t rank = slot.cols == 0 ? 1 : 2;
+    if (value == nullptr) return fail(MHA_ERR_NULL_POINTER, "value (for '%s') is NULL", name);
+    if (mha_status s = check_tensor(value, name, rank, rank); s != MHA_OK) return s;
+    if (value->dtype != MHA_DTYPE_F32) {
+      return fail(MHA_ERR_INVALID_DTYPE, "%s has dtype %s; it must be f32", name,
+                  dtype_name(value->dtype));
+    }
+    const bool shape_ok =
+        value->shape[0] == slot.rows && (rank == 1 || value->shape[1] == slot.cols);
+    if (!shape_ok) {
+      if (rank == 1) {
+        return fail(MHA_ERR_SHAPE_MISMATCH, "%s has shape %s; it must be %s = [%lld]", name,
+                    shape_text(*value).c_str(), slot.expected, ll(slot.rows));
+      }
+      return fail(MHA_ERR_SHAPE_MISMATCH, "%s has shape %s; it must be %s = [%lld, %lld]", name,
+                  shape_text(*value).c_str(), slot.expected, ll(slot.rows), ll(slot.cols));
+    }
+    const auto* src = static_cast<const float*>(value->data);
+    if (rank == 1) {
+      for (int64_t r = 0; r < slot.rows; ++r) slot.dst[r] = src[r * value->strides[0]];
+    } else {
+      for (int64_t c = 0; c < slot.cols; ++c) {
+        for (int64_t r = 0; r < slot.rows; ++r) {
+          slot.dst[c * slot.ld + r] = src[r * value->strides[0] + c * value->strides[1]];
+        }
+      }
+    }
+    return MHA_OK;
+  });
+}
+
+void mha_module_forward_params_init(mha_module_forward_params* params) {
+  if (params == nullptr) return;
+  std::memset(params, 0, sizeof *params);
+  params->struct_size = sizeof *params;
+  params->causal = MHA_CAUSAL_NONE;
+}
+
+mha_status mha_module_forward(mha_module* module, const mha_tensor* query, const mha_tensor* key,
+                              const mha_tensor* value, mha_tensor* out,
+                              const mha_module_forward_params* params) {
+  clear_error();
+  return guarded([&] {
+    ModuleCall call;
+    if (mha_status s = check_forward(module, query, key, value, out, params, &call); s != MHA_OK) {
+      return s;
+    }
+    const char* why = nullptr;
+    if (Registry::instance().selected(&why) == nullptr) {
+      return fail(MHA_ERR_BACKEND_UNAVAILABLE, "%s", why);
+    }
+    return run_module_forward(call);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,34 @@
+// The module's matrix products: BLIS sgemm with explicit row and column
+// strides, so strided inputs (sequence-first, padded rows, a head's columns of
+// a [B, L, E] buffer) need no copy.
+#pragma once
+
+#include <cstdint>
+
+namespace mha::rt {
+
+// C[m, n] = alpha * A[m, k] * B[k, n] + beta * C, fp32, element (r, c) of each
+// operand at data[r * rs + c * cs] (strides in elements, >= 0).  beta == 0
+// overwrites C without reading it.  Runs BLIS on `threads` threads (a per-call
+// setting: BLIS's global thread count is left alone).  Operands whose strides
+// BLIS refuses (zero strides of broadcast inputs, interleaved rows) are copied
+// to packed scratch first, and a refused C is computed in scratch and copied.
+void sgemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t rsa, int64_t csa,
+           const float* b, int64_t rsb, int64_t csb, float beta, float* c, int64_t rsc, int64_t csc,
+           int32_t threads);
+
+// True when BLIS accepts an m x n operand with these strides (its
+// bli_check_matrix_strides rules, after the strides of size-1 dimensions are
+// normalised).
+bool blis_accepts(int64_t m, int64_t n, int64_t rs, int64_t cs);
+
+// The threads a product of this size is worth: 1 below about a million
+// multiply-adds (thread start-up would cost more than it saves), else `threads`.
+// A function of the shape and the thread setting only; BLIS's results do not
+// depend on its thread count (it never splits the k dimension).
+int32_t sgemm_threads(int64_t m, int64_t n, int64_t k, int32_t threads);
+
+// The BLIS kernel set in use ("skx", "haswell", "generic", ...), for logs.
+const char* blis_kernel_set();
+
+}  // namespace mha::rt
