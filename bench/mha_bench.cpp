@@ -491,8 +491,8 @@ int main(int argc, char** argv) {
           ->UseRealTime()
           ->Unit(s.unit);
     }
-  // The whole module (projections + attention), module/<backend>/S1/threads:<n>.
-  register_module_benchmarks(fma_peak);
+    // The whole module (projections + attention), module/<backend>/S1/threads:<n>.
+    register_module_benchmarks(fma_peak);
   }
 
   std::string names;
