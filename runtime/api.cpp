@@ -106,7 +106,7 @@ mha_status mha_tensor_init(mha_tensor* tensor, void* data, mha_dtype dtype, int3
     } else {
       t.strides[d] = running;
       if (__builtin_mul_overflow(running, shape[d], &running)) {
-        return fail(MHA_ERR_SIZE_OVERFLOW, "the element count overflows 64 bits");
+        return fail(MHA_ERR_SIZE_OVERFLOW, "shape: the element count overflows 64 bits");
       }
     }
   }

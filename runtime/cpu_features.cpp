@@ -2,6 +2,8 @@
 
 #include <mha/plugin_abi.h>
 
+#include <cstdio>
+
 #if defined(__x86_64__)
 #include <cpuid.h>
 #elif defined(__aarch64__)
@@ -89,10 +91,18 @@ std::string feature_names(uint32_t features) {
       {MHA_CPU_NEON, "neon"},
   };
   std::string names;
+  uint32_t unnamed = features;
   for (const auto& entry : kNames) {
     if (!(features & entry.bit)) continue;
+    unnamed &= ~entry.bit;
     if (!names.empty()) names += ' ';
     names += entry.name;
+  }
+  if (unnamed != 0) {
+    char text[48];
+    std::snprintf(text, sizeof text, "unknown feature bits 0x%x", unnamed);
+    if (!names.empty()) names += ' ';
+    names += text;
   }
   return names;
 }

@@ -144,14 +144,14 @@ Registry::Registry() {
 
   const char* requested = std::getenv("MHA_BACKEND");
   if (requested == nullptr || *requested == '\0') requested = "auto";
-  selection_.store(make_selection(requested));
+  const Backend* initial = resolve(requested, &environment_error_);
+  selected_.store(initial);
   if (verbose >= 1) {
-    const Selection* s = selection_.load();
-    if (s->backend != nullptr) {
-      std::fprintf(stderr, "mha: selected backend %s (MHA_BACKEND=%s)\n", s->backend->name.c_str(),
+    if (initial != nullptr) {
+      std::fprintf(stderr, "mha: selected backend %s (MHA_BACKEND=%s)\n", initial->name.c_str(),
                    requested);
     } else {
-      std::fprintf(stderr, "mha: no backend selected: %s\n", s->error.c_str());
+      std::fprintf(stderr, "mha: no backend selected: %s\n", environment_error_.c_str());
     }
   }
 }
@@ -223,42 +223,45 @@ const Backend* Registry::best_usable() const {
   return best;
 }
 
-const Registry::Selection* Registry::make_selection(const char* name) {
-  Selection selection{nullptr, {}};
+const Backend* Registry::resolve(const char* name, std::string* error) const {
   if (std::strcmp(name, "auto") == 0) {
-    selection.backend = best_usable();
-    if (selection.backend == nullptr) selection.error = "no usable backend: see mha-info";
-  } else {
-    const auto it = std::find_if(backends_.begin(), backends_.end(),
-                                 [&](const Backend& b) { return b.name == name; });
-    if (it == backends_.end()) {
-      selection.error =
-          std::string("backend '") + name + "' is unknown; usable backends: " + usable_names_;
-    } else if (!it->usable) {
-      selection.error = std::string("backend '") + name + "' is not usable: " + it->reason +
-                        "; usable backends: " + usable_names_;
-    } else {
-      selection.backend = &*it;
-    }
+    const Backend* best = best_usable();
+    if (best == nullptr) *error = "no usable backend: see mha-info";
+    return best;
   }
-  std::lock_guard<std::mutex> lock(selections_mutex_);
-  selections_.push_back(std::move(selection));
-  return &selections_.back();
+  // A name is quoted at most 64 characters long, so the list of usable
+  // backends always fits in the message.
+  const auto it = std::find_if(backends_.begin(), backends_.end(),
+                               [&](const Backend& b) { return b.name == name; });
+  char quoted[80];
+  std::snprintf(quoted, sizeof quoted, "backend '%.64s%s'", name,
+                std::strlen(name) > 64 ? "..." : "");
+  if (it == backends_.end()) {
+    *error = std::string(quoted) + " is unknown; usable backends: " + usable_names_;
+    return nullptr;
+  }
+  if (!it->usable) {
+    *error = std::string(quoted) + " is not usable: " + it->reason +
+             "; usable backends: " + usable_names_;
+    return nullptr;
+  }
+  return &*it;
 }
 
 const Backend* Registry::selected(const char** why) const {
-  const Selection* s = selection_.load(std::memory_order_acquire);
-  if (s->backend == nullptr && why != nullptr) *why = s->error.c_str();
-  return s->backend;
+  const Backend* backend = selected_.load(std::memory_order_acquire);
+  if (backend == nullptr && why != nullptr) *why = environment_error_.c_str();
+  return backend;
 }
 
 mha_status Registry::select(const char* name) {
-  const Selection* s = make_selection(name);
-  if (s->backend == nullptr) return fail(MHA_ERR_BACKEND_UNAVAILABLE, "%s", s->error.c_str());
-  selection_.store(s, std::memory_order_release);
+  std::string error;
+  const Backend* backend = resolve(name, &error);
+  if (backend == nullptr) return fail(MHA_ERR_BACKEND_UNAVAILABLE, "%s", error.c_str());
+  selected_.store(backend, std::memory_order_release);
   if (verbose_level() >= 1) {
     std::fprintf(stderr, "mha: selected backend %s (mha_select_backend(\"%s\"))\n",
-                 s->backend->name.c_str(), name);
+                 backend->name.c_str(), name);
   }
   return MHA_OK;
 }

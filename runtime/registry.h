@@ -6,8 +6,6 @@
 #include <mha/plugin_abi.h>
 
 #include <atomic>
-#include <deque>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -40,22 +38,20 @@ class Registry {
   const std::string& usable_names() const { return usable_names_; }
 
  private:
-  struct Selection {
-    const Backend* backend;
-    std::string error;
-  };
-
   Registry();
   void discover(const std::string& directory);
   void probe(Backend& backend, uint32_t cpu);
   const Backend* best_usable() const;
-  const Selection* make_selection(const char* name);
+  // The backend "auto" or a name stands for, or nullptr with *error set.
+  const Backend* resolve(const char* name, std::string* error) const;
 
   std::vector<Backend> backends_;
   std::string usable_names_;
-  std::atomic<const Selection*> selection_{nullptr};
-  std::mutex selections_mutex_;
-  std::deque<Selection> selections_;  // every selection ever made stays valid
+  // What calls use; nullptr only when MHA_BACKEND named something unusable
+  // (and no mha_select_backend succeeded since), with the reason in
+  // environment_error_, which is written once, before any call can read it.
+  std::atomic<const Backend*> selected_{nullptr};
+  std::string environment_error_;
 };
 
 }  // namespace mha::rt

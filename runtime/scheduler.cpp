@@ -63,19 +63,28 @@ void merge_row(int64_t n, const float* const* outs, const int64_t* strides, cons
                int64_t dv, float* dst, int64_t dst_stride, float* lse) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   float max_lse = kNegInf;
-  for (int64_t c = 0; c < n; ++c) max_lse = std::max(max_lse, lses[c]);
+  for (int64_t c = 0; c < n; ++c) {
+    if (std::isnan(lses[c])) {  // a NaN anywhere in the row makes the row NaN
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      for (int64_t d = 0; d < dv; ++d) dst[d * dst_stride] = nan;
+      if (lse != nullptr) *lse = nan;
+      return;
+    }
+    max_lse = std::max(max_lse, lses[c]);
+  }
   if (max_lse == kNegInf) {
     for (int64_t d = 0; d < dv; ++d) dst[d * dst_stride] = 0.0f;
     if (lse != nullptr) *lse = kNegInf;
     return;
   }
-  // dst accumulates the weighted parts in a fixed order; a part whose weight is
-  // 0 (LSE -inf) is skipped, so its zeros never meet an infinity.
+  // dst accumulates the weighted parts in a fixed order.  Only parts without
+  // any key (LSE -inf) are skipped: a part whose weight merely underflows still
+  // passes on a NaN of its values, as the same keys in one part would.
   float weights_sum = 0.0f;
   bool first = true;
   for (int64_t c = 0; c < n; ++c) {
+    if (lses[c] == kNegInf) continue;
     const float w = std::exp(lses[c] - max_lse);
-    if (w == 0.0f) continue;
     weights_sum += w;
     const float* src = outs[c];
     const int64_t stride = strides[c];

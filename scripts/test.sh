@@ -4,12 +4,16 @@
 #   scripts/test.sh                 all stages
 #   scripts/test.sh native asan     only these stages
 # Stages: native (Release, heavy tests included), asan (AddressSanitizer +
-# UndefinedBehaviorSanitizer, functional tests).
+# UndefinedBehaviorSanitizer, functional tests), tsan (ThreadSanitizer with
+# clang and LLVM's libomp, the concurrency tests), fuzz (the libFuzzer target
+# with clang, ASan and UBSan, 60 s on the seed corpus), leaks (valgrind over
+# build/native/bin/leak_check), isa-limits (mha-info and the backend-selection
+# tests under qemu-x86_64 -cpu Haswell and -cpu Nehalem, from build/native).
 # Build trees go to build/<stage>.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${MHA_JOBS:-2}
-all_stages=(native asan)
+all_stages=(native asan tsan fuzz leaks isa-limits aarch64)
 stages=("${@:-${all_stages[@]}}")
 
 section() { printf '\n=== %s ===\n' "$*"; }
@@ -32,6 +36,132 @@ stage_asan() {
   cmake --build build/asan -j"$jobs"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build/asan --output-on-failure -j"$jobs" -LE heavy
+}
+
+stage_tsan() {
+  scripts/install-deps.sh native sanitizers
+  # GCC's libgomp is not instrumented: clang and LLVM's libomp, whose OMPT tool
+  # (archer) tells TSan about OpenMP's synchronisation; accesses inside the
+  # uninstrumented libomp itself are ignored.  Only what the concurrency tests
+  # need (no benchmarks, no tools); no concurrency test calls the module, the
+  # one part of libmha that uses BLIS (and with it libgomp).
+  configure build/tsan -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+    -DMHA_SANITIZE=thread -DMHA_BUILD_BENCH=OFF -DMHA_BUILD_TOOLS=OFF
+  cmake --build build/tsan -j"$jobs" --target test_concurrency
+  local archer
+  archer=$(clang -print-file-name=libarcher.so)
+  [ -f "$archer" ] || archer=$(ls /usr/lib/llvm-*/lib/libarcher.so 2>/dev/null | head -n1)
+  [ -f "$archer" ] || { echo "tsan: libarcher.so (libomp-dev) not found" >&2; return 1; }
+  OMP_TOOL_LIBRARIES=$archer \
+    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ignore_noninstrumented_modules=1" \
+    ctest --test-dir build/tsan --output-on-failure -L concurrency
+}
+
+stage_fuzz() {
+  scripts/install-deps.sh native sanitizers
+  configure build/fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+    -DMHA_BUILD_FUZZER=ON -DMHA_SANITIZE=address,undefined \
+    -DMHA_BUILD_TESTS=OFF -DMHA_BUILD_BENCH=OFF -DMHA_BUILD_TOOLS=OFF
+  cmake --build build/fuzz -j"$jobs" --target attention_fuzzer
+  # New inputs go to a scratch corpus; fuzz/corpus (the seeds) is only read.
+  rm -rf build/fuzz/corpus build/fuzz/findings
+  mkdir -p build/fuzz/corpus build/fuzz/findings
+  ASAN_OPTIONS=abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    build/fuzz/bin/attention_fuzzer -max_total_time=60 -timeout=30 -max_len=512 \
+    -print_final_stats=1 -artifact_prefix=build/fuzz/findings/ build/fuzz/corpus fuzz/corpus
+}
+
+stage_leaks() {
+  scripts/install-deps.sh native sanitizers
+  configure build/native
+  cmake --build build/native -j"$jobs" --target leak_check
+  # The one known "possibly lost" block: the TLS vector (DTV) of an OpenMP pool
+  # thread, which is still alive at exit.
+  cat >build/leaks.supp <<'SUPP'
+{
+   openmp-pool-thread-tls
+   Memcheck:Leak
+   match-leak-kinds: possible
+   fun:calloc
+   ...
+   fun:_dl_allocate_tls
+   ...
+   fun:pthread_create*
+}
+SUPP
+  valgrind --leak-check=full --errors-for-leak-kinds=definite,possible --error-exitcode=1 \
+    --suppressions=build/leaks.supp build/native/bin/leak_check
+}
+
+# Under qemu-x86_64 -cpu <model>: the runtime must report what the model lacks,
+# pick the best remaining backend, and refuse named unusable ones -- no SIGILL.
+qemu_cpu() {  # qemu_cpu <model> <program> <args...>, without TCG's warnings about the model
+  local cpu=$1; shift
+  qemu-x86_64 -cpu "$cpu" "$@" 2> >(grep -v "TCG doesn't support requested feature" >&2)
+}
+
+stage_isa-limits() {
+  if [ "$(uname -m)" != x86_64 ]; then echo "isa-limits: x86-64 only, skipped"; return 0; fi
+  scripts/install-deps.sh native sanitizers
+  configure build/native
+  cmake --build build/native -j"$jobs" --target mha-info test_backend_selection
+  local cpu expect_best unusable
+  for cpu in Haswell Nehalem; do
+    case $cpu in
+      Haswell) expect_best=avx2; unusable="avx512" ;;
+      Nehalem) expect_best=scalar; unusable="avx512 avx2" ;;
+    esac
+    echo "--- qemu-x86_64 -cpu $cpu: mha-info --json"
+    (unset MHA_BACKEND MHA_PLUGIN_DIR
+     qemu_cpu "$cpu" build/native/bin/mha-info --json >"build/isa-limits.$cpu.json")
+    python3 - "build/isa-limits.$cpu.json" "$expect_best" $unusable <<'PY'
+import json, sys
+path, best, unusable = sys.argv[1], sys.argv[2], sys.argv[3:]
+info = json.load(open(path))
+backends = {b["name"]: b for b in info["backends"]}
+errors = []
+for name in unusable:
+    b = backends.get(name)
+    if b is None:
+        errors.append(f"{name} is not listed")
+    elif b["usable"]:
+        errors.append(f"{name} is reported usable")
+    elif "lacks" not in b["reason"]:
+        errors.append(f"{name}: the reason does not say what the CPU lacks: {b['reason']!r}")
+for name in ["scalar", best]:
+    if not backends.get(name, {}).get("usable"):
+        errors.append(f"{name} should be usable")
+if info.get("selected") != best:
+    errors.append(f"auto selected {info.get('selected')!r}, expected {best!r}")
+for name in unusable:
+    print(f"  {name}: not usable: {backends.get(name, {}).get('reason')}")
+print(f"  selected: {info.get('selected')}")
+if errors:
+    print("isa-limits: " + "; ".join(errors), file=sys.stderr)
+    sys.exit(1)
+PY
+    echo "--- qemu-x86_64 -cpu $cpu: backend-selection tests"
+    local backend
+    for backend in auto scalar avx2 avx512 neon; do
+      (unset OMP_NUM_THREADS MHA_NUM_THREADS MHA_PLUGIN_DIR
+       export MHA_BACKEND=$backend MHA_TEST_REQUESTED_BACKEND=$backend
+       qemu_cpu "$cpu" build/native/bin/test_backend_selection --gtest_filter='BackendEnv.*' \
+         --gtest_brief=1)
+    done
+    (unset MHA_BACKEND MHA_PLUGIN_DIR
+     qemu_cpu "$cpu" build/native/bin/test_backend_selection --gtest_filter='BackendSelection.*' \
+       --gtest_brief=1)
+  done
+}
+
+# The whole functional suite for aarch64 (scalar and neon), cross-compiled and
+# run under qemu-aarch64.  Adds dpkg's arm64 architecture for the arm64 BLIS,
+# Google Benchmark, xsimd and GoogleTest packages.
+stage_aarch64() {
+  scripts/install-deps.sh native cross
+  configure build/aarch64 -DCMAKE_TOOLCHAIN_FILE=cmake/toolchains/aarch64-linux-gnu.cmake
+  cmake --build build/aarch64 -j"$jobs"
+  ctest --test-dir build/aarch64 --output-on-failure -j"$jobs" -LE heavy
 }
 
 mkdir -p build

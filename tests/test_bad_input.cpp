@@ -502,7 +502,7 @@ TEST_F(BadInput, SizeOverflow) {
 }
 
 TEST_F(BadInput, Overlap) {
-  const int64_t out_elems = Problem::B * Problem::H * Problem::Lq * Problem::Dv;
+  constexpr int64_t out_elems = Problem::B * Problem::H * Problem::Lq * Problem::Dv;
   expect_failures({
       {"out == q", [](Problem& p) { p.out.data = p.qb.data(); }, MHA_ERR_OVERLAP, {"out"}},
       {"out starts on q's last element",
@@ -512,7 +512,7 @@ TEST_F(BadInput, Overlap) {
        MHA_ERR_OVERLAP,
        {"out"}},
       {"out ends on q's first element",
-       [out_elems](Problem& p) {
+       [](Problem& p) {
          // q moves into out's buffer, after all but the last element of out.
          p.q.data = p.outb.data() + out_elems - 1;
        },
@@ -746,6 +746,353 @@ TEST(BadCalls, StatusNames) {
     EXPECT_EQ(std::string(name).rfind("MHA_ERR_", 0), 0u) << name;
   }
   EXPECT_NE(mha_status_name(static_cast<mha_status>(15)), nullptr);  // unknown, in range
+}
+
+// ------------------------------------------------------------------ more bad calls
+// Every other public entry point, with the same three checks: the specific
+// status, a message naming the argument at fault, and outputs untouched.
+
+TEST_F(BadInput, Dropout) {
+  std::vector<BadCase> cases;
+  for (const float p : {-0.5f, -1e-9f, 1.0f, 1.5f, kNaN, kInf, -kInf}) {
+    cases.push_back({"dropout_p " + std::to_string(p),
+                     [p](Problem& pr) { pr.params.dropout_p = p; },
+                     MHA_ERR_INVALID_VALUE,
+                     {"dropout_p"}});
+  }
+  expect_failures(cases);
+}
+
+// A valid mha_merge_partials call (two parts of [B, H, Lq, Dv]) that each
+// case breaks in one way.  Every buffer is checked afterwards, since a broken
+// descriptor may point out or lse into another.
+struct MergeProblem {
+  static constexpr int64_t B = 2, H = 3, Lq = 4, Dv = 5;
+  static constexpr int64_t kSlack = 4;
+  std::vector<float> parts_b, part_lses_b, out_b, lse_b;
+  mha_tensor outs[2]{}, lses[2]{}, out{}, lse{};
+  int32_t n = 2;
+  const mha_tensor* outs_p = outs;
+  const mha_tensor* lses_p = lses;
+  mha_tensor* out_p = &out;
+  mha_tensor* lse_p = &lse;
+
+  MergeProblem()
+      : parts_b(static_cast<size_t>(kSlack * 2 * B * H * Lq * Dv)),
+        part_lses_b(static_cast<size_t>(kSlack * 2 * B * H * Lq)),
+        out_b(static_cast<size_t>(kSlack * B * H * Lq * Dv), Arena::sentinel()),
+        lse_b(static_cast<size_t>(kSlack * B * H * Lq), Arena::sentinel()) {
+    Rng rng(9);
+    for (float& x : parts_b) x = rng.uniform();
+    for (float& x : part_lses_b) x = rng.uniform(-2.0f, 2.0f);
+    for (int c = 0; c < 2; ++c) {
+      outs[c] = describe(parts_b.data() + c * B * H * Lq * Dv, MHA_DTYPE_F32, {B, H, Lq, Dv});
+      lses[c] = describe(part_lses_b.data() + c * B * H * Lq, MHA_DTYPE_F32, {B, H, Lq});
+    }
+    out = describe(out_b.data(), MHA_DTYPE_F32, {B, H, Lq, Dv});
+    lse = describe(lse_b.data(), MHA_DTYPE_F32, {B, H, Lq});
+  }
+  MergeProblem(const MergeProblem&) = delete;
+  MergeProblem& operator=(const MergeProblem&) = delete;
+
+  mha_status call() { return mha_merge_partials(n, outs_p, lses_p, out_p, lse_p); }
+  std::vector<std::vector<float>> buffers() const { return {parts_b, part_lses_b, out_b, lse_b}; }
+};
+
+struct BadMerge {
+  std::string what;
+  std::function<void(MergeProblem&)> breaks;
+  mha_status expected;
+  std::vector<std::string> names;
+};
+
+void expect_merge_failures(const std::vector<BadMerge>& cases) {
+  {
+    MergeProblem good;
+    ASSERT_EQ(good.call(), MHA_OK) << mha_last_error();
+    for (int64_t i = 0; i < MergeProblem::B * MergeProblem::H * MergeProblem::Lq; ++i) {
+      ASSERT_TRUE(std::isfinite(good.lse_b[static_cast<size_t>(i)])) << "lse not written";
+    }
+  }
+  for (const auto& bad : cases) {
+    SCOPED_TRACE(bad.what);
+    MergeProblem p;
+    bad.breaks(p);
+    const auto before = p.buffers();
+    const mha_status status = p.call();
+    const std::string message = mha_last_error();
+    EXPECT_EQ(status, bad.expected) << "got " << mha_status_name(status) << " (want "
+                                    << mha_status_name(bad.expected) << "): " << message;
+    EXPECT_FALSE(message.empty());
+    bool named = bad.names.empty();
+    for (const auto& name : bad.names) named = named || mentions(message, name);
+    EXPECT_TRUE(named) << "message \"" << message << "\" does not name the argument";
+    const auto after = p.buffers();
+    for (size_t n = 0; n < before.size(); ++n) {
+      EXPECT_EQ(0, std::memcmp(before[n].data(), after[n].data(), before[n].size() * 4))
+          << "a failed call modified buffer " << n << " (parts, part lses, out, lse)";
+    }
+  }
+}
+
+TEST(BadMergePartials, Catalogue) {
+  using P = MergeProblem;
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  expect_merge_failures({
+      {"n = 0", [](P& p) { p.n = 0; }, MHA_ERR_INVALID_SIZE, {"n"}},
+      {"n = -1", [](P& p) { p.n = -1; }, MHA_ERR_INVALID_SIZE, {"n"}},
+      {"n = INT32_MIN",
+       [](P& p) { p.n = std::numeric_limits<int32_t>::min(); },
+       MHA_ERR_INVALID_SIZE,
+       {"n"}},
+      {"outs NULL", [](P& p) { p.outs_p = nullptr; }, MHA_ERR_NULL_POINTER, {"outs"}},
+      {"lses NULL", [](P& p) { p.lses_p = nullptr; }, MHA_ERR_NULL_POINTER, {"lses"}},
+      {"out NULL", [](P& p) { p.out_p = nullptr; }, MHA_ERR_NULL_POINTER, {"out"}},
+      {"out->data NULL", [](P& p) { p.out.data = nullptr; }, MHA_ERR_NULL_POINTER, {"out"}},
+      {"outs[1].data NULL", [](P& p) { p.outs[1].data = nullptr; }, MHA_ERR_NULL_POINTER, {"outs"}},
+      {"lses[0].data NULL", [](P& p) { p.lses[0].data = nullptr; }, MHA_ERR_NULL_POINTER, {"lses"}},
+      {"lse->data NULL", [](P& p) { p.lse.data = nullptr; }, MHA_ERR_NULL_POINTER, {"lse"}},
+      {"out 3-D", [](P& p) { p.out.ndim = 3; }, MHA_ERR_INVALID_SIZE, {"out"}},
+      {"out 5-D", [](P& p) { p.out.ndim = 5; }, MHA_ERR_INVALID_SIZE, {"out"}},
+      {"outs[0] 3-D", [](P& p) { p.outs[0].ndim = 3; }, MHA_ERR_INVALID_SIZE, {"outs"}},
+      {"lses[1] 4-D",
+       [](P& p) {
+         p.lses[1] = describe(p.part_lses_b.data(), MHA_DTYPE_F32, {P::B, P::H, P::Lq, 1});
+       },
+       MHA_ERR_INVALID_SIZE,
+       {"lses"}},
+      {"lse 2-D", [](P& p) { p.lse.ndim = 2; }, MHA_ERR_INVALID_SIZE, {"lse"}},
+      {"lse 0-D", [](P& p) { p.lse.ndim = 0; }, MHA_ERR_INVALID_SIZE, {"lse"}},
+      {"out size 0", [](P& p) { p.out.shape[3] = 0; }, MHA_ERR_INVALID_SIZE, {"out"}},
+      {"outs[1] size -1", [](P& p) { p.outs[1].shape[0] = -1; }, MHA_ERR_INVALID_SIZE, {"outs"}},
+      {"lses[0] size 0", [](P& p) { p.lses[0].shape[2] = 0; }, MHA_ERR_INVALID_SIZE, {"lses"}},
+      {"out dtype i32", [](P& p) { p.out.dtype = MHA_DTYPE_I32; }, MHA_ERR_INVALID_DTYPE, {"out"}},
+      {"out dtype 0", [](P& p) { p.out.dtype = 0; }, MHA_ERR_INVALID_DTYPE, {"out"}},
+      {"outs[1] dtype bool",
+       [](P& p) { p.outs[1].dtype = MHA_DTYPE_BOOL; },
+       MHA_ERR_INVALID_DTYPE,
+       {"outs"}},
+      {"lses[0] dtype 99", [](P& p) { p.lses[0].dtype = 99; }, MHA_ERR_INVALID_DTYPE, {"lses"}},
+      {"lses[1] dtype f16",
+       [](P& p) { p.lses[1].dtype = MHA_DTYPE_F16; },
+       MHA_ERR_INVALID_DTYPE,
+       {"lses"}},
+      {"lse dtype i64", [](P& p) { p.lse.dtype = MHA_DTYPE_I64; }, MHA_ERR_INVALID_DTYPE, {"lse"}},
+      {"outs[1] Lq + 1",
+       [](P& p) { p.outs[1].shape[2] = P::Lq + 1; },
+       MHA_ERR_SHAPE_MISMATCH,
+       {"outs"}},
+      {"outs[0] Dv - 1",
+       [](P& p) { p.outs[0].shape[3] = P::Dv - 1; },
+       MHA_ERR_SHAPE_MISMATCH,
+       {"outs"}},
+      {"lses[1] heads", [](P& p) { p.lses[1].shape[1] = 1; }, MHA_ERR_SHAPE_MISMATCH, {"lses"}},
+      {"lses[0] batch", [](P& p) { p.lses[0].shape[0] = 1; }, MHA_ERR_SHAPE_MISMATCH, {"lses"}},
+      {"lse Lq", [](P& p) { p.lse.shape[2] = P::Lq - 1; }, MHA_ERR_SHAPE_MISMATCH, {"lse"}},
+      {"out negative stride",
+       [](P& p) { p.out.strides[2] = -P::Dv; },
+       MHA_ERR_INVALID_STRIDES,
+       {"out"}},
+      {"outs[1] negative stride",
+       [](P& p) { p.outs[1].strides[3] = -1; },
+       MHA_ERR_INVALID_STRIDES,
+       {"outs"}},
+      {"lses[0] negative stride",
+       [](P& p) { p.lses[0].strides[0] = -1; },
+       MHA_ERR_INVALID_STRIDES,
+       {"lses"}},
+      {"lse negative stride",
+       [](P& p) { p.lse.strides[1] = -4; },
+       MHA_ERR_INVALID_STRIDES,
+       {"lse"}},
+      {"out stride overflows",
+       [](P& p) { p.out.strides[0] = kMax; },
+       MHA_ERR_SIZE_OVERFLOW,
+       {"out"}},
+      {"outs[0] stride overflows",
+       [](P& p) { p.outs[0].strides[1] = kMax / 2; },
+       MHA_ERR_SIZE_OVERFLOW,
+       {"outs"}},
+      {"out == outs[0]", [](P& p) { p.out.data = p.outs[0].data; }, MHA_ERR_OVERLAP, {"out"}},
+      {"out ends on outs[1]'s first element",
+       [](P& p) {
+         p.out.data = static_cast<float*>(p.outs[1].data) - (P::B * P::H * P::Lq * P::Dv - 1);
+       },
+       MHA_ERR_OVERLAP,
+       {"out"}},
+      {"out over lses[1]", [](P& p) { p.out.data = p.lses[1].data; }, MHA_ERR_OVERLAP, {"out"}},
+      {"lse over outs[1]",
+       [](P& p) { p.lse.data = static_cast<float*>(p.outs[1].data) + 7; },
+       MHA_ERR_OVERLAP,
+       {"lse"}},
+      {"lse over lses[0]", [](P& p) { p.lse.data = p.lses[0].data; }, MHA_ERR_OVERLAP, {"lse"}},
+      {"lse inside out",
+       [](P& p) { p.lse.data = p.out_b.data() + 3; },
+       MHA_ERR_OVERLAP,
+       {"out", "lse"}},
+      {"out zero stride", [](P& p) { p.out.strides[2] = 0; }, MHA_ERR_OVERLAP, {"out"}},
+      {"out rows overlap", [](P& p) { p.out.strides[2] = P::Dv - 1; }, MHA_ERR_OVERLAP, {"out"}},
+      {"lse zero stride", [](P& p) { p.lse.strides[0] = 0; }, MHA_ERR_OVERLAP, {"lse"}},
+  });
+}
+
+TEST(BadMergePartials, ValidCornerCases) {
+  // Not errors: one part, no lse, parts that overlap each other (inputs may).
+  MergeProblem one;
+  one.n = 1;
+  ASSERT_EQ(one.call(), MHA_OK) << mha_last_error();
+  EXPECT_EQ(0, std::memcmp(one.out_b.data(), one.parts_b.data(),
+                           MergeProblem::B * MergeProblem::H * MergeProblem::Lq * MergeProblem::Dv *
+                               sizeof(float)))
+      << "one part merges to itself";
+  MergeProblem no_lse;
+  no_lse.lse_p = nullptr;
+  EXPECT_EQ(no_lse.call(), MHA_OK) << mha_last_error();
+  MergeProblem shared;
+  shared.outs[1] = shared.outs[0];
+  shared.lses[1] = shared.lses[0];
+  EXPECT_EQ(shared.call(), MHA_OK) << mha_last_error();
+}
+
+// mha_tensor_init: each failure names the parameter at fault.
+TEST(BadCalls, TensorInitNamesTheArgument) {
+  float data[64] = {};
+  const int64_t shape[4] = {2, 3, 4, 2};
+  const int64_t zero_shape[4] = {2, 3, 0, 2};
+  const int64_t neg_strides[4] = {24, 8, 2, -1};
+  const int64_t huge[4] = {int64_t{1} << 32, int64_t{1} << 32, 1, 1};
+  struct Bad {
+    const char* what;
+    std::function<mha_status(mha_tensor*)> call;
+    mha_status expected;
+    const char* name;
+  };
+  const Bad cases[] = {
+      {"tensor NULL",
+       [&](mha_tensor*) {
+         return mha_tensor_init(nullptr, data, MHA_DTYPE_F32, 4, shape, nullptr);
+       },
+       MHA_ERR_NULL_POINTER, "tensor"},
+      {"shape NULL",
+       [&](mha_tensor* t) { return mha_tensor_init(t, data, MHA_DTYPE_F32, 2, nullptr, nullptr); },
+       MHA_ERR_NULL_POINTER, "shape"},
+      {"ndim 0",
+       [&](mha_tensor* t) { return mha_tensor_init(t, data, MHA_DTYPE_F32, 0, shape, nullptr); },
+       MHA_ERR_INVALID_SIZE, "ndim"},
+      {"ndim INT32_MIN",
+       [&](mha_tensor* t) {
+         return mha_tensor_init(t, data, MHA_DTYPE_F32, std::numeric_limits<int32_t>::min(), shape,
+                                nullptr);
+       },
+       MHA_ERR_INVALID_SIZE, "ndim"},
+      {"ndim MHA_MAX_DIMS + 1",
+       [&](mha_tensor* t) {
+         return mha_tensor_init(t, data, MHA_DTYPE_F32, MHA_MAX_DIMS + 1, shape, nullptr);
+       },
+       MHA_ERR_INVALID_SIZE, "ndim"},
+      {"dtype invalid",
+       [&](mha_tensor* t) {
+         return mha_tensor_init(t, data, MHA_DTYPE_INVALID, 4, shape, nullptr);
+       },
+       MHA_ERR_INVALID_DTYPE, "dtype"},
+      {"shape[2] = 0",
+       [&](mha_tensor* t) {
+         return mha_tensor_init(t, data, MHA_DTYPE_F32, 4, zero_shape, nullptr);
+       },
+       MHA_ERR_INVALID_SIZE, "shape"},
+      {"strides[3] = -1",
+       [&](mha_tensor* t) {
+         return mha_tensor_init(t, data, MHA_DTYPE_F32, 4, shape, neg_strides);
+       },
+       MHA_ERR_INVALID_STRIDES, "strides"},
+      {"element count overflows",
+       [&](mha_tensor* t) { return mha_tensor_init(t, data, MHA_DTYPE_F32, 4, huge, nullptr); },
+       MHA_ERR_SIZE_OVERFLOW, "shape"},
+  };
+  for (const auto& bad : cases) {
+    SCOPED_TRACE(bad.what);
+    mha_tensor t;
+    std::memset(&t, 0x5A, sizeof t);
+    mha_tensor before;
+    std::memcpy(&before, &t, sizeof t);
+    EXPECT_EQ(bad.call(&t), bad.expected) << mha_last_error();
+    const std::string message = mha_last_error();
+    EXPECT_TRUE(mentions(message, bad.name)) << "\"" << message << "\" does not name " << bad.name;
+    EXPECT_EQ(0, std::memcmp(&t, &before, sizeof t)) << "a failed mha_tensor_init wrote the tensor";
+  }
+}
+
+TEST(BadCalls, BackendInfoNamesTheArgument) {
+  const int32_t count = mha_backend_count();
+  for (const int32_t index : {-1, count, count + 1, std::numeric_limits<int32_t>::max(),
+                              std::numeric_limits<int32_t>::min()}) {
+    SCOPED_TRACE(index);
+    mha_backend_info info;
+    std::memset(&info, 0x3C, sizeof info);
+    mha_backend_info before;
+    std::memcpy(&before, &info, sizeof info);
+    EXPECT_EQ(mha_backend_get_info(index, &info), MHA_ERR_INVALID_VALUE);
+    const std::string message = mha_last_error();
+    EXPECT_TRUE(mentions(message, "index")) << message;
+    EXPECT_NE(message.find(std::to_string(index)), std::string::npos) << message;
+    EXPECT_EQ(0, std::memcmp(&info, &before, sizeof info)) << "info written on failure";
+  }
+  EXPECT_EQ(mha_backend_get_info(0, nullptr), MHA_ERR_NULL_POINTER);
+  EXPECT_TRUE(mentions(mha_last_error(), "info")) << mha_last_error();
+  EXPECT_EQ(mha_backend_get_info(-1, nullptr), MHA_ERR_NULL_POINTER);  // both wrong: NULL first
+}
+
+TEST(BadCalls, SelectBackendRefusals) {
+  ASSERT_EQ(mha_select_backend("scalar"), MHA_OK) << mha_last_error();
+  const std::string long_name(5000, 'x');
+  for (const std::string& name :
+       {std::string(""), std::string("AUTO"), std::string("Scalar"), std::string("scalar "),
+        std::string(" auto"), std::string("avx2\n"), std::string("../scalar"),
+        std::string("libmha-backend-scalar.so"), long_name}) {
+    SCOPED_TRACE("name \"" + name.substr(0, 40) + "\"");
+    EXPECT_EQ(mha_select_backend(name.c_str()), MHA_ERR_BACKEND_UNAVAILABLE);
+    const std::string message = mha_last_error();
+    EXPECT_NE(message.find("'" + name.substr(0, 32)), std::string::npos)
+        << "the message does not quote the name: " << message.substr(0, 200);
+    EXPECT_TRUE(mentions(message, "scalar")) << "usable backends not listed: " << message;
+    ASSERT_NE(mha_selected_backend(), nullptr);
+    EXPECT_STREQ(mha_selected_backend(), "scalar") << "a failed selection changed the choice";
+  }
+  EXPECT_EQ(mha_select_backend(nullptr), MHA_ERR_NULL_POINTER);
+  EXPECT_TRUE(mentions(mha_last_error(), "name")) << mha_last_error();
+  ASSERT_NE(mha_selected_backend(), nullptr);
+  EXPECT_STREQ(mha_selected_backend(), "scalar");
+  ASSERT_EQ(mha_select_backend("auto"), MHA_OK);
+}
+
+TEST(BadCalls, ThreadCountRefusalsNameN) {
+  ASSERT_EQ(mha_set_num_threads(3), MHA_OK);
+  for (const int32_t n : {-1, -4096, 4097, 100000, std::numeric_limits<int32_t>::max(),
+                          std::numeric_limits<int32_t>::min()}) {
+    SCOPED_TRACE(n);
+    EXPECT_EQ(mha_set_num_threads(n), MHA_ERR_INVALID_VALUE);
+    const std::string message = mha_last_error();
+    EXPECT_TRUE(mentions(message, "n")) << message;
+    EXPECT_NE(message.find(std::to_string(n)), std::string::npos) << message;
+    EXPECT_EQ(mha_get_num_threads(), 3) << "a refused thread count changed the setting";
+  }
+  ASSERT_EQ(mha_set_num_threads(4096), MHA_OK);  // the documented maximum is accepted
+  EXPECT_EQ(mha_get_num_threads(), 4096);
+  ASSERT_EQ(mha_set_num_threads(0), MHA_OK);
+}
+
+TEST(BadCalls, ErrorsAreClearedBySuccess) {
+  // mha_last_error() describes the last failed call on this thread, and a
+  // successful call clears it: a stale message would blame the wrong argument.
+  EXPECT_EQ(mha_set_num_threads(-1), MHA_ERR_INVALID_VALUE);
+  EXPECT_STRNE(mha_last_error(), "");
+  ASSERT_EQ(mha_set_num_threads(0), MHA_OK);
+  EXPECT_STREQ(mha_last_error(), "");
+  EXPECT_EQ(mha_merge_partials(0, nullptr, nullptr, nullptr, nullptr), MHA_ERR_INVALID_SIZE);
+  EXPECT_STRNE(mha_last_error(), "");
+  mha_backend_info info{};
+  ASSERT_EQ(mha_backend_get_info(0, &info), MHA_OK);
+  EXPECT_STREQ(mha_last_error(), "");
 }
 
 }  // namespace

@@ -47,6 +47,7 @@ class DecodeKernel {
     uint32_t* row_key;  // [rows]: dropout hash of each row
     float* k_pack;      // [KT][Dp]
     float* v_pack;      // [KT][Dvp]
+    uint8_t* removed;   // [KT]: keys a mask removed from the current row
   };
 
  public:
@@ -54,7 +55,7 @@ class DecodeKernel {
     const int64_t rows = (p.heads / p.kv_heads) * max_queries;
     const int64_t dp = round_up(p.d, W), dvp = round_up(p.dv, W);
     return ScratchCarver::bytes(
-        {rows * dp, rows * dvp, rows * KTP, rows, rows, rows, rows, KT * dp, KT * dvp});
+        {rows * dp, rows * dvp, rows * KTP, rows, rows, rows, rows, KT * dp, KT * dvp, KT / 4 + 1});
   }
 
   static void run(const mha_kernel_problem& p, const mha_work_item& item, void* scratch) {
@@ -72,6 +73,7 @@ class DecodeKernel {
     rows.row_key = reinterpret_cast<uint32_t*>(carve.floats(rows.count));
     rows.k_pack = carve.floats(KT * dp);
     rows.v_pack = carve.floats(KT * dvp);
+    rows.removed = reinterpret_cast<uint8_t*>(carve.floats(KT / 4 + 1));
 
     const int64_t b = item.b;
     const int64_t kvh = mha_kernel::kv_head_of(p, item.h_begin);
@@ -110,6 +112,7 @@ class DecodeKernel {
         v_rows = rows.v_pack;
         v_stride = dvp;
       }
+      int v_finite = -1;  // not checked yet
       for (int64_t r = 0; r < rows.count; ++r) {
         const int64_t h = item.h_begin + r / nq, i = item.q_begin + r % nq;
         float* s = rows.scores + r * KTP;
@@ -117,9 +120,22 @@ class DecodeKernel {
         if (p.mask_kind != MHA_MASK_NONE) apply_mask(p, b, h, i, j0, keys, s);
         const int64_t hidden_from = static_cast<int64_t>(rows.last_key[r]) + 1 - j0;
         for (int64_t j = std::max<int64_t>(hidden_from, 0); j < keys; ++j) s[j] = kNegInf;
+        // A key a mask removed must not pass on a NaN or infinity of its V row
+        // through 0 · V: rows with removed keys check the tile once.
+        const bool masked = p.mask_kind != MHA_MASK_NONE || hidden_from < keys;
+        if (masked && v_finite < 0) v_finite = rows_finite(v_rows, v_stride, keys, dvp) ? 1 : 0;
+        const bool guarded = masked && v_finite == 0;
+        if (guarded) {
+          for (int j = 0; j < keys; ++j) rows.removed[j] = s[j] == kNegInf;
+        }
         const float alpha = update_softmax(s, keys, rows.row_max[r], rows.row_sum[r]);
         if (p.dropout_p > 0.0f) apply_dropout(p.dropout_p, rows.row_key[r], j0, keys, s);
-        accumulate_pv(s, keys, alpha, v_rows, v_stride, dvp, rows.acc + r * dvp);
+        if (guarded) {
+          accumulate_pv_guarded(s, rows.removed, keys, alpha, v_rows, v_stride, dvp,
+                                rows.acc + r * dvp);
+        } else {
+          accumulate_pv(s, keys, alpha, v_rows, v_stride, dvp, rows.acc + r * dvp);
+        }
       }
     }
     write_rows(p, item, rows, nq);
@@ -209,6 +225,29 @@ class DecodeKernel {
         for (int c = 0; c < nc; ++c) o[c] = xsimd::fma(pj, B::load_unaligned(v + c * W), o[c]);
       }
       for (int c = 0; c < nc; ++c) o[c].store_aligned(acc + c0 + c * W);
+    }
+  }
+
+  static bool rows_finite(const float* v_rows, int64_t v_stride, int keys, int64_t dvp) {
+    B poison(0.0f);  // v - v is 0 for finite v, NaN for NaN and infinities
+    for (int j = 0; j < keys; ++j) {
+      for (int64_t x = 0; x < dvp; x += W) {
+        const B v = B::load_unaligned(v_rows + j * v_stride + x);
+        poison += v - v;
+      }
+    }
+    return xsimd::all(poison == poison);
+  }
+
+  // P·V of one row skipping removed keys: the rare path of V with non-finite values.
+  static void accumulate_pv_guarded(const float* probs, const uint8_t* removed, int keys,
+                                    float alpha, const float* v_rows, int64_t v_stride, int64_t dvp,
+                                    float* acc) {
+    for (int64_t x = 0; x < dvp; ++x) acc[x] *= alpha;
+    for (int j = 0; j < keys; ++j) {
+      if (removed[j]) continue;
+      const float* v = v_rows + j * v_stride;
+      for (int64_t x = 0; x < dvp; ++x) acc[x] += probs[j] * v[x];
     }
   }
 

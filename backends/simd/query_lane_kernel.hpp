@@ -45,6 +45,7 @@ class QueryLaneKernel {
     float* row_max;     // [QT], base-2 units
     float* row_sum;     // [QT]
     float* alpha;       // [QT]: rescale factor of the current key tile
+    uint8_t* removed;   // [KT][QT]: keys a mask removed, when V holds non-finite values
     float* tile_sum;    // [QT]: sums of a fused tile until it is known to be valid
     float* last_key;    // [QT]: last visible key, relative to the item's first key
     uint32_t* row_key;  // [QT]: dropout hash of each query's row
@@ -55,8 +56,8 @@ class QueryLaneKernel {
  public:
   static size_t scratch_bytes(const mha_kernel_problem& p) {
     const int64_t dvp = round_up(p.dv, W);
-    return ScratchCarver::bytes(
-        {p.d * QT, int64_t{KT} * QT, QT * dvp, QT, QT, QT, QT, QT, QT, KT * p.d, KT * dvp});
+    return ScratchCarver::bytes({p.d * QT, int64_t{KT} * QT, QT * dvp, QT, QT, QT, QT, QT, QT,
+                                 KT * p.d, KT * dvp, int64_t{KT} * QT / 4});
   }
 
   static void run(const mha_kernel_problem& p, const mha_work_item& item, void* scratch) {
@@ -74,6 +75,7 @@ class QueryLaneKernel {
     t.row_key = reinterpret_cast<uint32_t*>(carve.floats(QT));
     t.k_pack = carve.floats(KT * p.d);
     t.v_pack = carve.floats(KT * dvp);
+    t.removed = reinterpret_cast<uint8_t*>(carve.floats(int64_t{KT} * QT / 4));
     for (int64_t h = item.h_begin; h < item.h_end; ++h) {
       for (int64_t q0 = item.q_begin; q0 < item.q_end; q0 += QT) {
         query_tile(p, item, t, h, q0, std::min<int64_t>(QT, item.q_end - q0));
@@ -149,17 +151,6 @@ class QueryLaneKernel {
       // score exceeds the maximum by more than kMaxGrowth (2^16 cannot
       // overflow), which the epilogue checks.  Otherwise, and on the first
       // tile, the two-pass path: scores, masks, new maximum, rescale.
-      const bool maskless = p.mask_kind == MHA_MASK_NONE && j0 + keys - 1 <= min_last;
-      const bool fused = maskless && lanes_have_maximum &&
-                         compute_scores<true>(t, k_rows, k_stride, p.d, nqv, keys);
-      if (!fused) {
-        compute_scores<false>(t, k_rows, k_stride, p.d, nqv, keys);
-        if (p.mask_kind != MHA_MASK_NONE) apply_mask(p, t, b, h, q0, nq, nqv, j0, keys);
-        if (j0 + keys - 1 > min_last) apply_visibility(t, nqv, j0 - item.k_begin, keys);
-        lanes_have_maximum = update_softmax(t, nqv, keys);
-      }
-      if (p.dropout_p > 0.0f) apply_dropout(p, t, nqv, j0, keys);
-
       const float* v_rows = mha_kernel::v_row(p, b, kvh, j0);
       int64_t v_stride = p.v_strides[2];
       if (!v_direct) {
@@ -167,7 +158,28 @@ class QueryLaneKernel {
         v_rows = t.v_pack;
         v_stride = dvp;
       }
-      accumulate_pv(t, v_rows, v_stride, dvp, nq, keys);
+      const bool maskless = p.mask_kind == MHA_MASK_NONE && j0 + keys - 1 <= min_last;
+      const bool fused = maskless && lanes_have_maximum &&
+                         compute_scores<true>(t, k_rows, k_stride, p.d, nqv, keys);
+      // A key a mask removed must not pass on a NaN or infinity of its V row
+      // through 0 · V; such tiles (rare) take the guarded P·V.
+      bool guarded = false;
+      if (!fused) {
+        compute_scores<false>(t, k_rows, k_stride, p.d, nqv, keys);
+        if (p.mask_kind != MHA_MASK_NONE) apply_mask(p, t, b, h, q0, nq, nqv, j0, keys);
+        if (j0 + keys - 1 > min_last) apply_visibility(t, nqv, j0 - item.k_begin, keys);
+        guarded = !maskless && !rows_finite(v_rows, v_stride, keys, dvp);
+        if (guarded) {
+          for (int64_t x = 0; x < int64_t{keys} * QT; ++x) t.removed[x] = t.scores[x] == kNegInf;
+        }
+        lanes_have_maximum = update_softmax(t, nqv, keys);
+      }
+      if (p.dropout_p > 0.0f) apply_dropout(p, t, nqv, j0, keys);
+      if (guarded) {
+        accumulate_pv_guarded(t, v_rows, v_stride, dvp, nq, keys);
+      } else {
+        accumulate_pv(t, v_rows, v_stride, dvp, nq, keys);
+      }
     }
     write_rows(p, item, t, h, q0, nq);
   }
@@ -447,6 +459,35 @@ class QueryLaneKernel {
                                                                t.acc + r0 * dvp + c0 * W, dvp);
           });
         });
+      }
+    }
+  }
+
+  // True when every value of the tile's V rows is finite.
+  static bool rows_finite(const float* v_rows, int64_t v_stride, int keys, int64_t dvp) {
+    B poison(0.0f);  // v - v is 0 for finite v, NaN for NaN and infinities
+    for (int j = 0; j < keys; ++j) {
+      for (int64_t x = 0; x < dvp; x += W) {
+        const B v = B::load_unaligned(v_rows + j * v_stride + x);
+        poison += v - v;
+      }
+    }
+    return xsimd::all(poison == poison);
+  }
+
+  // P·V skipping the keys the masks removed (t.removed), for tiles whose V
+  // holds NaN or infinities.  Plain loops: this is the rare path.
+  static void accumulate_pv_guarded(const Tile& t, const float* v_rows, int64_t v_stride,
+                                    int64_t dvp, int64_t nq, int keys) {
+    for (int64_t r = 0; r < nq; ++r) {
+      float* o = t.acc + r * dvp;
+      const float a = t.alpha[r];
+      for (int64_t x = 0; x < dvp; ++x) o[x] *= a;
+      for (int j = 0; j < keys; ++j) {
+        if (t.removed[j * QT + r]) continue;
+        const float pj = t.scores[j * QT + r];
+        const float* v = v_rows + j * v_stride;
+        for (int64_t x = 0; x < dvp; ++x) o[x] += pj * v[x];
       }
     }
   }

@@ -111,7 +111,9 @@ typedef struct mha_attention_params {
    * NumPy: rank 2 to 4, shapes such as [Lq,Lk], [B,1,Lq,Lk], [1,H,Lq,Lk],
    * [B,H,Lq,Lk] or [B,1,1,Lk].  BOOL: true = the key takes part (the opposite
    * of PyTorch's key_padding_mask).  F32: added to the scaled scores (-inf
-   * removes the key).  NULL: no mask. */
+   * removes the key: its value row is never used, garbage there cannot leak
+   * in; a NaN score plus -inf stays NaN, as in IEEE arithmetic and PyTorch).
+   * NULL: no mask. */
   const mha_tensor* mask;
 
   /* Optional output: the natural log of each row's softmax denominator of the

@@ -1,0 +1,639 @@
+// libFuzzer target over the C API.
+//
+// The fuzzer's bytes choose a problem -- shapes (dims up to 9, head sizes up to
+// 40, and sometimes a key range long enough for split-KV), memory layouts
+// ([B,H,L,D], [B,L,H,D], others, padded rows, zero strides that broadcast an
+// input, arbitrary strides on dimensions of size 1), a mask (bool, or additive
+// with -inf, NaN, +inf, ±1e4), valid lengths (per batch or per query, i32 or
+// i64, sometimes out of range), the causal mode, the scale, whether the LSE is
+// wanted, the backend and the thread count -- and the data, with NaN, ±Inf,
+// zeros and subnormals planted anywhere (row padding included).  Some inputs
+// then break the call in one way that must be refused; some split the keys
+// into parts and merge them with mha_merge_partials.
+//
+// A call that must be valid has to succeed and match the float64 reference
+// within mha_test::tolerance (NaN where the reference has NaN, the same
+// infinities), write nothing but out and lse, and leave the inputs alone.  A
+// call that must be refused has to return an error and leave every buffer as
+// it was.  Anything else aborts with a description of the case.
+#include <fuzzer/FuzzedDataProvider.h>
+#include <mha/mha.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "reference.h"
+#include "test_util.h"
+
+namespace {
+
+using mha_test::Reference;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr double kInfD = std::numeric_limits<double>::infinity();
+constexpr int64_t kGuard = 16;  // sentinel floats on either side of out and lse
+
+std::string g_case;  // a description of the current case, for reports
+
+[[noreturn]] void finding(const std::string& what) {
+  std::fprintf(stderr, "\n==== attention_fuzzer finding: %s\n     case: %s\n", what.c_str(),
+               g_case.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+// Appends to the description of the current case.
+__attribute__((format(printf, 1, 2))) void note(const char* format, ...) {
+  char text[200];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(text, sizeof text, format, args);
+  va_end(args);
+  g_case += text;
+}
+
+// ------------------------------------------------------------------ layouts
+
+// Memory orders of a 4-D tensor, outermost axis first.
+constexpr int kOrders[][4] = {
+    {0, 1, 2, 3},  // [B, H, L, D]
+    {0, 2, 1, 3},  // [B, L, H, D]: the projections' natural layout
+    {2, 0, 1, 3},  // [L, B, H, D]
+    {1, 0, 2, 3},  // [H, B, L, D]
+    {0, 1, 3, 2},  // [B, H, D, L]: features outer (a transposed K)
+};
+constexpr int kOrderCount = sizeof kOrders / sizeof kOrders[0];
+
+struct Layout {
+  int64_t shape[4] = {1, 1, 1, 1};
+  int64_t strides[4] = {0, 0, 0, 0};
+  int64_t extent = 1;  // elements from the first to one past the last reachable
+};
+
+// Strides for `shape` in memory order `order`, each innermost run followed by
+// `pad` unused elements; `zero` axes get stride 0 (inputs only); size-1 axes
+// may get an arbitrary stride, which is never stepped along.
+Layout make_layout(const int64_t shape[4], int order, int64_t pad, unsigned zero_mask,
+                   bool odd_unit_strides) {
+  Layout l;
+  int64_t running = 1;
+  for (int n = 3; n >= 0; --n) {
+    const int axis = kOrders[order][n];
+    l.shape[axis] = shape[axis];
+    l.strides[axis] = running;
+    running *= shape[axis] + (n == 3 ? pad : 0);
+  }
+  for (int axis = 0; axis < 4; ++axis) {
+    if (zero_mask & (1u << axis)) l.strides[axis] = 0;
+    if (odd_unit_strides && shape[axis] == 1) l.strides[axis] = int64_t{1} << 40;
+  }
+  l.extent = 1;
+  for (int axis = 0; axis < 4; ++axis) {
+    if (shape[axis] > 1) l.extent += (shape[axis] - 1) * l.strides[axis];
+  }
+  return l;
+}
+
+mha_tensor describe4(void* data, mha_dtype dtype, const Layout& l) {
+  return mha_test::describe(data, dtype, {l.shape[0], l.shape[1], l.shape[2], l.shape[3]},
+                            {l.strides[0], l.strides[1], l.strides[2], l.strides[3]});
+}
+
+// ------------------------------------------------------------------ the backend
+
+const std::vector<std::string>& usable_backends() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> list;
+    for (const auto& b : mha_test::list_backends()) {
+      if (b.usable) list.push_back(b.name);
+    }
+    if (list.empty()) {
+      std::fprintf(stderr, "attention_fuzzer: no usable backend\n");
+      std::abort();
+    }
+    return list;
+  }();
+  return names;
+}
+
+void use_backend(const std::string& name) {
+  static std::string current;
+  if (name == current) return;  // every selection is kept by the runtime: select only changes
+  if (mha_select_backend(name.c_str()) != MHA_OK) {
+    finding("mha_select_backend(\"" + name + "\") failed: " + mha_last_error());
+  }
+  current = name;
+}
+
+// ------------------------------------------------------------------ values
+
+float special_value(uint8_t which) {
+  static const float kSpecials[] = {
+      kNaN,   kInf,    -kInf, 0.0f,  -0.0f,
+      1e-40f, -3e-39f, 1e3f,  -1e3f, std::numeric_limits<float>::min()};
+  return kSpecials[which % (sizeof kSpecials / sizeof kSpecials[0])];
+}
+
+bool is_subnormal(float x) {
+  return x != 0.0f && std::fabs(x) < std::numeric_limits<float>::min();
+}
+
+// ------------------------------------------------------------------ comparisons
+
+bool same_value(double got, double want, double tol) {
+  if (std::isnan(want)) return std::isnan(got);
+  if (std::isinf(want)) return got == want;
+  return std::fabs(got - want) <= tol;
+}
+
+// Compares out (any strides) and lse with the reference.  `lenient_inf`: v
+// holds infinities and the logits are large, so a weight that is tiny in
+// float64 may be 0 in fp32, and 0 * inf makes NaN where the reference has an
+// infinity (or the reverse): non-finite disagreements are then accepted.
+void compare(const mha_tensor& out, const float* lse, const int64_t lse_strides[3],
+             const Reference& ref, bool lenient_inf) {
+  const double tol = mha_test::tolerance(ref);
+  const int64_t B = ref.batch, H = ref.heads, Lq = ref.lq, Dv = ref.dv;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < Lq; ++i) {
+        const size_t row = static_cast<size_t>((b * H + h) * Lq + i);
+        const bool dead = ref.lse[row] == -kInfD;
+        for (int64_t c = 0; c < Dv; ++c) {
+          const float got =
+              static_cast<const float*>(out.data)[b * out.strides[0] + h * out.strides[1] +
+                                                  i * out.strides[2] + c * out.strides[3]];
+          const double want = ref.out[row * static_cast<size_t>(Dv) + static_cast<size_t>(c)];
+          if (dead && got != 0.0f) {
+            char text[200];
+            std::snprintf(text, sizeof text,
+                          "out[%lld,%lld,%lld,%lld] = %g in a row no key takes part in "
+                          "(must be 0)",
+                          static_cast<long long>(b), static_cast<long long>(h),
+                          static_cast<long long>(i), static_cast<long long>(c),
+                          static_cast<double>(got));
+            finding(text);
+          }
+          if (lenient_inf && (!std::isfinite(want) || !std::isfinite(got))) continue;
+          if (!same_value(static_cast<double>(got), want, tol)) {
+            char text[240];
+            std::snprintf(text, sizeof text,
+                          "out[%lld,%lld,%lld,%lld] = %.9g, reference %.9g (tolerance %.3g, "
+                          "max |logit| %.3g)",
+                          static_cast<long long>(b), static_cast<long long>(h),
+                          static_cast<long long>(i), static_cast<long long>(c),
+                          static_cast<double>(got), want, tol, ref.max_abs_logit);
+            finding(text);
+          }
+        }
+        if (lse != nullptr) {
+          const double got = static_cast<double>(
+              lse[b * lse_strides[0] + h * lse_strides[1] + i * lse_strides[2]]);
+          const double want = ref.lse[row];
+          const double lse_tol = 1e-5 * std::max(1.0, std::fabs(want)) +
+                                 4.0 * std::ldexp(1.0, -24) * ref.max_abs_logit;
+          if (!same_value(got, want, lse_tol)) {
+            char text[200];
+            std::snprintf(text, sizeof text, "lse[%lld,%lld,%lld] = %.9g, reference %.9g",
+                          static_cast<long long>(b), static_cast<long long>(h),
+                          static_cast<long long>(i), got, want);
+            finding(text);
+          }
+        }
+      }
+}
+
+// A float buffer with sentinel guards around `payload` elements.
+struct Guarded {
+  std::vector<float> all;
+  explicit Guarded(int64_t payload)
+      : all(static_cast<size_t>(payload + 2 * kGuard), mha_test::Arena::sentinel()) {}
+  float* base() { return all.data() + kGuard; }
+};
+
+// Elements of `g` that `t` does not reach and that changed since `before`.
+int64_t changed_outside(const Guarded& g, const mha_tensor& t, const std::vector<float>& before) {
+  std::vector<char> reached(g.all.size(), 0);
+  const int64_t start = static_cast<const float*>(t.data) - g.all.data();
+  mha_test::for_each_offset(
+      t, [&](int64_t offset) { reached[static_cast<size_t>(start + offset)] = 1; });
+  int64_t changed = 0;
+  for (size_t n = 0; n < g.all.size(); ++n) {
+    if (!reached[n] && std::memcmp(&g.all[n], &before[n], sizeof(float)) != 0) ++changed;
+  }
+  return changed;
+}
+
+template <typename T>
+bool same_bytes(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+
+// ------------------------------------------------------------------ one case
+
+int run_case(FuzzedDataProvider& fdp) {
+  g_case.clear();
+  const auto& backends = usable_backends();
+  const std::string backend = backends[fdp.ConsumeIntegral<uint8_t>() % backends.size()];
+  const int32_t threads = fdp.ConsumeIntegralInRange<int32_t>(1, 4);
+  use_backend(backend);
+  if (mha_set_num_threads(threads) != MHA_OK) finding("mha_set_num_threads failed");
+  g_case = "backend " + backend;
+  note(" threads %d", threads);
+
+  // ---- shapes
+  const int64_t B = fdp.ConsumeIntegralInRange<int64_t>(1, 3);
+  const int64_t Hkv = fdp.ConsumeIntegralInRange<int64_t>(1, 3);
+  const int64_t H = Hkv * fdp.ConsumeIntegralInRange<int64_t>(1, 3);
+  const int length_kind = fdp.ConsumeIntegralInRange<int>(0, 15);
+  int64_t Lq = fdp.ConsumeIntegralInRange<int64_t>(1, 9);
+  int64_t Lk = fdp.ConsumeIntegralInRange<int64_t>(1, 9);
+  if (length_kind >= 10) Lk = fdp.ConsumeIntegralInRange<int64_t>(10, 140);  // several key tiles
+  if (length_kind == 15) {  // long enough for the runtime to split the keys (split-KV)
+    Lk = fdp.ConsumeIntegralInRange<int64_t>(1024, 1300);
+    Lq = std::min<int64_t>(Lq, 3);
+  }
+  const int64_t D = fdp.ConsumeIntegralInRange<int64_t>(1, 40);
+  const int64_t Dv = fdp.ConsumeIntegralInRange<int64_t>(1, 40);
+  note(" B=%lld H=%lld Hkv=%lld Lq=%lld Lk=%lld D=%lld Dv=%lld", static_cast<long long>(B),
+       static_cast<long long>(H), static_cast<long long>(Hkv), static_cast<long long>(Lq),
+       static_cast<long long>(Lk), static_cast<long long>(D), static_cast<long long>(Dv));
+
+  // mode 0: one call; 1: the keys split into parts, merged by mha_merge_partials
+  const bool merge_mode = fdp.ConsumeIntegralInRange<int>(0, 7) == 0 && Lk >= 2;
+
+  // ---- layouts
+  const int64_t q_shape[4] = {B, H, Lq, D}, k_shape[4] = {B, Hkv, Lk, D},
+                v_shape[4] = {B, Hkv, Lk, Dv}, o_shape[4] = {B, H, Lq, Dv};
+  auto input_layout = [&](const int64_t shape[4], const char* name) {
+    const int order = fdp.ConsumeIntegralInRange<int>(0, kOrderCount - 1);
+    const int64_t pad = fdp.ConsumeIntegralInRange<int64_t>(0, 3);
+    // Zero strides broadcast an input: rarely, and never the sequence axis of
+    // k and v in merge mode (the parts are slices along it).
+    unsigned zero =
+        fdp.ConsumeIntegralInRange<int>(0, 3) == 0 ? fdp.ConsumeIntegral<uint8_t>() & 15u : 0u;
+    if (merge_mode) zero &= ~4u;
+    const bool odd = fdp.ConsumeBool();
+    note(" %s(order %d pad %lld zero-strides %x%s)", name, order, static_cast<long long>(pad), zero,
+         odd ? " odd-unit-strides" : "");
+    return make_layout(shape, order, pad, zero, odd);
+  };
+  const Layout lq_layout = input_layout(q_shape, "q");
+  const Layout lk_layout = input_layout(k_shape, "k");
+  const Layout lv_layout = input_layout(v_shape, "v");
+  const int out_order = fdp.ConsumeIntegralInRange<int>(0, kOrderCount - 1);
+  const int64_t out_pad = fdp.ConsumeIntegralInRange<int64_t>(0, 2);
+  const Layout lo_layout = make_layout(o_shape, out_order, out_pad, 0u, fdp.ConsumeBool());
+  note(" out(order %d pad %lld)", out_order, static_cast<long long>(out_pad));
+
+  // ---- data
+  mha_test::Rng rng(fdp.ConsumeIntegral<uint64_t>());
+  static const float kAmps[] = {0.5f, 1.0f, 3.0f, 30.0f};
+  const float qk_amp = kAmps[fdp.ConsumeIntegralInRange<int>(0, 3)];
+  std::vector<float> qb(static_cast<size_t>(lq_layout.extent)),
+      kb(static_cast<size_t>(lk_layout.extent)), vb(static_cast<size_t>(lv_layout.extent));
+  for (float& x : qb) x = rng.uniform(-qk_amp, qk_amp);
+  for (float& x : kb) x = rng.uniform(-qk_amp, qk_amp);
+  for (float& x : vb) x = rng.uniform();
+  note(" q/k amplitude %g", static_cast<double>(qk_amp));
+
+  // ---- mask
+  const int mask_kind = merge_mode ? 0 : fdp.ConsumeIntegralInRange<int>(0, 2);
+  std::vector<uint8_t> mask_bool;
+  std::vector<float> mask_f32;
+  mha_tensor mask{};
+  if (mask_kind != 0) {
+    const int32_t rank = fdp.ConsumeIntegralInRange<int32_t>(2, 4);
+    const int64_t full[4] = {B, H, Lq, Lk};
+    std::vector<int64_t> shape;
+    for (int axis = 4 - rank; axis < 4; ++axis) shape.push_back(fdp.ConsumeBool() ? full[axis] : 1);
+    std::vector<int64_t> strides = mha_test::c_strides(shape);
+    const int64_t count = mha_test::element_count(shape);
+    if (fdp.ConsumeIntegralInRange<int>(0, 3) == 0) {  // broadcast one axis by a zero stride
+      strides[fdp.ConsumeIntegralInRange<size_t>(0, shape.size() - 1)] = 0;
+    }
+    const int density = fdp.ConsumeIntegralInRange<int>(0, 4);  // 0: all keys masked ... 4: none
+    if (mask_kind == 1) {
+      mask_bool.resize(static_cast<size_t>(count));
+      for (auto& m : mask_bool) {
+        m = rng.integer(0, 3) < density ? static_cast<uint8_t>(rng.integer(1, 255)) : 0;
+      }
+      mask = mha_test::describe(mask_bool.data(), MHA_DTYPE_BOOL, shape, strides);
+    } else {
+      static const float kMaskValues[] = {0.0f, 0.5f, -1.0f, 2.0f, -kInf, 1e4f, -1e4f, kNaN, kInf};
+      const int chaos = fdp.ConsumeIntegralInRange<int>(0, 8);  // values drawn from [0, chaos]
+      mask_f32.resize(static_cast<size_t>(count));
+      for (auto& m : mask_f32) {
+        m = rng.integer(0, 3) < density ? kMaskValues[rng.integer(0, std::min(chaos, 3))]
+                                        : kMaskValues[rng.integer(0, chaos)];
+      }
+      mask = mha_test::describe(mask_f32.data(), MHA_DTYPE_F32, shape, strides);
+    }
+    note(" mask %s rank %d density %d/4", mask_kind == 1 ? "bool" : "f32", rank, density);
+  }
+
+  // ---- valid lengths (a slack buffer: a broken shape must not make a
+  // refusing runtime read outside it)
+  const int lens_kind = merge_mode ? 0 : fdp.ConsumeIntegralInRange<int>(0, 2);
+  const bool lens_i64 = fdp.ConsumeBool();
+  bool expect_invalid = false;
+  std::vector<int32_t> lens32(static_cast<size_t>(2 * (B + 1) * (Lq + 1)), 0);
+  std::vector<int64_t> lens64(lens32.size(), 0);
+  mha_tensor lens{};
+  if (lens_kind != 0) {
+    const int64_t count = lens_kind == 1 ? B : B * Lq;
+    const bool transposed = lens_kind == 2 && fdp.ConsumeBool();
+    const bool out_of_range = fdp.ConsumeIntegralInRange<int>(0, 15) == 0;
+    for (int64_t n = 0; n < count; ++n) {
+      const int64_t len = rng.integer(0, Lk);
+      lens32[static_cast<size_t>(n)] = static_cast<int32_t>(len);
+      lens64[static_cast<size_t>(n)] = len;
+    }
+    if (out_of_range) {
+      const int64_t bad = fdp.ConsumeBool() ? Lk + 1 : -1;
+      const size_t at = fdp.ConsumeIntegralInRange<size_t>(0, static_cast<size_t>(count - 1));
+      lens32[at] = static_cast<int32_t>(bad);
+      lens64[at] = bad;
+      expect_invalid = true;
+    }
+    void* data = lens_i64 ? static_cast<void*>(lens64.data()) : static_cast<void*>(lens32.data());
+    const mha_dtype dtype = lens_i64 ? MHA_DTYPE_I64 : MHA_DTYPE_I32;
+    if (lens_kind == 1) {
+      lens = mha_test::describe(data, dtype, {B});
+    } else {
+      lens = transposed ? mha_test::describe(data, dtype, {B, Lq}, {1, B})
+                        : mha_test::describe(data, dtype, {B, Lq});
+    }
+    note(" valid_lens %s%s%s",
+         lens_kind == 1 ? "per-batch" : (transposed ? "per-query/T" : "per-query"),
+         lens_i64 ? "/i64" : "/i32", out_of_range ? "/out-of-range" : "");
+  }
+
+  // ---- parameters
+  mha_attention_params params;
+  mha_attention_params_init(&params);
+  int32_t causal = merge_mode ? 0 : fdp.ConsumeIntegralInRange<int32_t>(0, 2);
+  if (!merge_mode && fdp.ConsumeIntegralInRange<int>(0, 31) == 0) {
+    causal = fdp.ConsumeBool() ? 3 : -1;
+    expect_invalid = true;
+  }
+  params.causal = causal;
+  if (fdp.ConsumeBool()) {
+    static const float kScales[] = {1e-3f, 0.01f, 0.125f, 0.5f, 1.0f, 2.0f, 10.0f,
+                                    1e3f,  -0.5f, -1e3f,  0.0f, kNaN, kInf};
+    const int which = fdp.ConsumeIntegralInRange<int>(0, 12);
+    params.has_scale = 1;
+    params.scale = kScales[which];
+    if (which >= 10) expect_invalid = true;
+    note(" scale %g", static_cast<double>(params.scale));
+  }
+  note(" causal %d", causal);
+  if (mask_kind != 0) params.mask = &mask;
+  if (lens_kind != 0) params.valid_lens = &lens;
+  const bool want_lse = merge_mode || fdp.ConsumeBool();
+  const int64_t lse_pad = fdp.ConsumeIntegralInRange<int64_t>(0, 1);
+
+  // ---- specials planted in the data (padding included)
+  const int specials =
+      fdp.ConsumeIntegralInRange<int>(0, 3) == 0 ? fdp.ConsumeIntegralInRange<int>(1, 6) : 0;
+  bool v_has_inf = false;
+  for (int n = 0; n < specials; ++n) {
+    const int target = fdp.ConsumeIntegralInRange<int>(0, 2);
+    std::vector<float>& buf = target == 0 ? qb : (target == 1 ? kb : vb);
+    const size_t at = fdp.ConsumeIntegral<uint32_t>() % buf.size();
+    buf[at] = special_value(fdp.ConsumeIntegral<uint8_t>());
+    note(" %c[%zu] = %g", "qkv"[target], at, static_cast<double>(buf[at]));
+  }
+  {
+    // With an infinity in q or k, a subnormal there can flush differently in
+    // fp32 (a pre-scaled q) than in float64: 0 * inf is NaN but 1e-40 * inf
+    // is inf.  Such pairs are not compared; make them zeros instead.
+    bool qk_inf = false;
+    for (const float x : qb) qk_inf = qk_inf || std::isinf(x);
+    for (const float x : kb) qk_inf = qk_inf || std::isinf(x);
+    if (qk_inf) {
+      for (float& x : qb) x = is_subnormal(x) ? 0.0f : x;
+      for (float& x : kb) x = is_subnormal(x) ? 0.0f : x;
+    }
+    for (const float x : vb) v_has_inf = v_has_inf || std::isinf(x);
+  }
+
+  mha_tensor q = describe4(qb.data(), MHA_DTYPE_F32, lq_layout);
+  mha_tensor k = describe4(kb.data(), MHA_DTYPE_F32, lk_layout);
+  mha_tensor v = describe4(vb.data(), MHA_DTYPE_F32, lv_layout);
+
+  // ---- outputs
+  Guarded out_buf(lo_layout.extent);
+  mha_tensor out = describe4(out_buf.base(), MHA_DTYPE_F32, lo_layout);
+  const int64_t lse_strides[3] = {H * (Lq + lse_pad), Lq + lse_pad, 1};
+  Guarded lse_buf(B * H * (Lq + lse_pad) + 2);
+  mha_tensor lse = mha_test::describe(lse_buf.base(), MHA_DTYPE_F32, {B, H, Lq},
+                                      {lse_strides[0], lse_strides[1], lse_strides[2]});
+  if (want_lse) params.lse = &lse;
+
+  // ---- merge mode: the keys in parts, each its own call, merged
+  if (merge_mode) {
+    const int32_t parts =
+        static_cast<int32_t>(std::min<int64_t>(Lk, fdp.ConsumeIntegralInRange<int>(2, 4)));
+    std::vector<int64_t> cuts = {0, Lk};
+    while (static_cast<int32_t>(cuts.size()) < parts + 1) {
+      const int64_t cut = fdp.ConsumeIntegralInRange<int64_t>(1, Lk - 1);
+      if (std::find(cuts.begin(), cuts.end(), cut) == cuts.end()) {
+        cuts.push_back(cut);
+      } else if (fdp.remaining_bytes() == 0) {
+        break;
+      }
+    }
+    std::sort(cuts.begin(), cuts.end());
+    const int32_t n = static_cast<int32_t>(cuts.size()) - 1;
+    note(" merged from %d parts", n);
+    std::vector<std::vector<float>> part_out(static_cast<size_t>(n)),
+        part_lse(static_cast<size_t>(n));
+    std::vector<mha_tensor> outs(static_cast<size_t>(n)), lses(static_cast<size_t>(n));
+    for (int32_t c = 0; c < n; ++c) {
+      const int64_t a = cuts[static_cast<size_t>(c)], len = cuts[static_cast<size_t>(c) + 1] - a;
+      mha_tensor kc = k, vc = v;
+      kc.data = kb.data() + a * k.strides[2];
+      vc.data = vb.data() + a * v.strides[2];
+      kc.shape[2] = vc.shape[2] = len;
+      part_out[static_cast<size_t>(c)].assign(static_cast<size_t>(B * H * Lq * Dv), kNaN);
+      part_lse[static_cast<size_t>(c)].assign(static_cast<size_t>(B * H * Lq), kNaN);
+      outs[static_cast<size_t>(c)] = mha_test::describe(part_out[static_cast<size_t>(c)].data(),
+                                                        MHA_DTYPE_F32, {B, H, Lq, Dv});
+      lses[static_cast<size_t>(c)] =
+          mha_test::describe(part_lse[static_cast<size_t>(c)].data(), MHA_DTYPE_F32, {B, H, Lq});
+      mha_attention_params pp = params;
+      pp.lse = &lses[static_cast<size_t>(c)];
+      const mha_status s = mha_attention(&q, &kc, &vc, &outs[static_cast<size_t>(c)], &pp);
+      if (s != MHA_OK && !expect_invalid) {
+        finding(std::string("a part's valid call failed: ") + mha_last_error());
+      }
+      if (s != MHA_OK) return 0;
+    }
+    if (expect_invalid) finding("an invalid scale was accepted");
+    const std::vector<float> out_before = out_buf.all, lse_before = lse_buf.all;
+    const mha_status s = mha_merge_partials(n, outs.data(), lses.data(), &out, &lse);
+    if (s != MHA_OK) finding(std::string("a valid mha_merge_partials failed: ") + mha_last_error());
+    if (changed_outside(out_buf, out, out_before) != 0) finding("merge wrote outside out");
+    if (changed_outside(lse_buf, lse, lse_before) != 0) finding("merge wrote outside lse");
+    mha_attention_params rp = params;
+    rp.lse = nullptr;
+    const Reference ref = mha_test::reference_attention(q, k, v, &rp);
+    compare(out, static_cast<const float*>(lse.data), lse_strides, ref,
+            v_has_inf && ref.max_abs_logit > 40.0);
+    return 0;
+  }
+
+  // ---- at most one way of breaking the call
+  const bool broken = fdp.ConsumeIntegralInRange<int>(0, 3) == 0;
+  if (broken) {
+    const int how = fdp.ConsumeIntegralInRange<int>(0, 19);
+    bool applied = true;
+    switch (how) {
+      case 0:
+        q.dtype = MHA_DTYPE_I32;
+        break;
+      case 1:
+        out.dtype = MHA_DTYPE_BOOL;
+        break;
+      case 2:
+        k.shape[0] = B + 1;
+        break;
+      case 3:
+        v.shape[2] = Lk + 1;
+        break;
+      case 4:
+        out.strides[3] = -1;
+        break;
+      case 5:
+        q.ndim = 3;
+        break;
+      case 6:
+        params.struct_size = 12345;
+        break;
+      case 7:
+        out.data = q.data;
+        break;
+      case 8: {
+        int axis = -1;
+        for (const int a : {2, 1, 0, 3}) {
+          if (axis < 0 && out.shape[a] > 1) axis = a;
+        }
+        if (axis < 0)
+          applied = false;
+        else
+          out.strides[axis] = 0;
+        break;
+      }
+      case 9:
+        if (mask_kind == 0)
+          applied = false;
+        else
+          mask.shape[mask.ndim - 1] = Lk + 1;
+        break;
+      case 10:
+        if (lens_kind == 0)
+          applied = false;
+        else
+          lens.shape[0] = B + 1;
+        break;
+      case 11:
+        if (!want_lse)
+          applied = false;
+        else
+          lse.shape[2] = Lq + 1;
+        break;
+      case 12:
+        k.data = nullptr;
+        break;
+      case 13:
+        k.shape[1] = v.shape[1] = H + 1;
+        break;
+      case 14:
+        if (mask_kind == 0)
+          applied = false;
+        else
+          mask.dtype = MHA_DTYPE_I32;
+        break;
+      case 15:
+        if (!want_lse)
+          applied = false;
+        else
+          lse.data = out.data;
+        break;
+      case 16:
+        params.dropout_p = 1.5f;
+        break;
+      case 17: {
+        int axis = -1;
+        for (const int a : {0, 2, 3}) {
+          if (axis < 0 && k.shape[a] > 1) axis = a;
+        }
+        if (axis < 0)
+          applied = false;
+        else
+          k.strides[axis] = std::numeric_limits<int64_t>::max();
+        break;
+      }
+      case 18:
+        q.shape[3] = D + 1;
+        break;
+      default:
+        params.has_scale = 1;
+        params.scale = 0.0f;
+        break;
+    }
+    if (applied) {
+      expect_invalid = true;
+      note(" broken by #%d", how);
+    }
+  }
+
+  // ---- the call
+  const std::vector<float> q_before = qb, k_before = kb, v_before = vb, mf_before = mask_f32;
+  const std::vector<uint8_t> mb_before = mask_bool;
+  const std::vector<int32_t> l32_before = lens32;
+  const std::vector<int64_t> l64_before = lens64;
+  const std::vector<float> out_before = out_buf.all, lse_before = lse_buf.all;
+  Reference ref;
+  if (!expect_invalid) ref = mha_test::reference_attention(q, k, v, &params);
+
+  const mha_status status = mha_attention(&q, &k, &v, &out, &params);
+  const std::string message = mha_last_error();
+
+  if (!same_bytes(qb, q_before) || !same_bytes(kb, k_before) || !same_bytes(vb, v_before) ||
+      !same_bytes(mask_f32, mf_before) || !same_bytes(mask_bool, mb_before) ||
+      !same_bytes(lens32, l32_before) || !same_bytes(lens64, l64_before)) {
+    finding("an input was modified");
+  }
+  if (expect_invalid) {
+    if (status == MHA_OK) finding("an invalid call was accepted");
+    if (message.empty()) finding("a refused call left no message");
+    if (!same_bytes(out_buf.all, out_before)) finding("a refused call modified out");
+    if (!same_bytes(lse_buf.all, lse_before)) finding("a refused call modified lse");
+    return 0;
+  }
+  if (status != MHA_OK) finding("a valid call failed: " + message);
+  if (changed_outside(out_buf, out, out_before) != 0) finding("written outside out");
+  if (want_lse && changed_outside(lse_buf, lse, lse_before) != 0) finding("written outside lse");
+  if (!want_lse && !same_bytes(lse_buf.all, lse_before)) finding("lse written though not wanted");
+  compare(out, want_lse ? static_cast<const float*>(lse.data) : nullptr, lse_strides, ref,
+          v_has_inf && ref.max_abs_logit > 40.0);
+  return 0;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  FuzzedDataProvider fdp(data, size);
+  return run_case(fdp);
+}
