@@ -27,6 +27,7 @@
 #include <gtest/gtest.h>
 #include <mha/mha.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstring>
@@ -544,6 +545,41 @@ TEST_P(NonFinite, MinusInfiniteLogitsRemoveKeys) {
       p.label = std::string(g.name) + " additive mask all -inf";
       const Result r = run(p);
       expect_row(r, 0, 0, 0, RowIs::Zero);
+    }
+  }
+}
+
+TEST_P(NonFinite, MinusInfiniteLogitHidesNonFiniteValue) {
+  // Rule 2 without any mask: k = -inf in feature 0 against q > 0 there makes
+  // a logit of -inf, a key that takes no part, so the NaN or infinity in its
+  // v row must not reach the output -- in a row that has other keys (finite
+  // result) and in one where every logit is -inf (zeros, LSE -inf).  No mask
+  // is involved, so the kernels' masked-tile guards do not see these keys.
+  for (const auto& g : kGeometries) {
+    for (const bool all : {false, true}) {
+      for (const float bad : {kNaN, kInf}) {
+        Problem p = make(g, 49);
+        for (int64_t b = 0; b < g.B; ++b)
+          for (int64_t h = 0; h < g.H; ++h)
+            for (int64_t i = 0; i < g.Lq; ++i) p.Q(b, h, i, 0) = 0.1f + std::fabs(p.Q(b, h, i, 0));
+        const std::vector<int64_t> planted = key_positions(g.Lk);
+        for (int64_t j = 0; j < g.Lk; ++j) {
+          const bool hit = all || std::find(planted.begin(), planted.end(), j) != planted.end();
+          if (!hit) continue;
+          p.K(0, 0, j, 0) = -kInf;
+        }
+        for (const int64_t j : planted) {
+          for (int64_t c = 0; c < g.D; ++c) p.V(0, 0, j, c) = bad;
+        }
+        p.label = std::string(g.name) + (all ? " every logit -inf" : " some logits -inf") +
+                  (std::isnan(bad) ? ", their v NaN" : ", their v inf");
+        const Result r = run(p);
+        const int64_t group = g.H / g.Hkv;  // query heads of KV head 0: 0 .. group-1
+        for (int64_t b = 0; b < g.B; ++b)
+          for (int64_t h = 0; h < g.H; ++h)
+            for (int64_t i = 0; i < g.Lq; ++i)
+              expect_row(r, b, h, i, all && b == 0 && h < group ? RowIs::Zero : RowIs::Finite);
+      }
     }
   }
 }

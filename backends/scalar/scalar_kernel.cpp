@@ -148,13 +148,14 @@ int attend(const mha_kernel_problem* problem, const mha_work_item* item, void* s
         const int64_t row_h = h - item->h_begin, row_i = i0 + r - item->q_begin;
         float* out = item->out + row_h * item->out_strides[0] + row_i * item->out_strides[1];
         const float sum = w.row_sum[r];
-        const float inv = sum > 0.0f || sum != sum ? 1.0f / sum : 0.0f;
+        const bool empty = sum == 0.0f;  // no key took part
+        const float inv = empty ? 0.0f : 1.0f / sum;
         for (int64_t d = 0; d < p.dv; ++d) {
-          out[d * item->out_strides[2]] = w.acc[r * p.dv + d] * inv;
+          out[d * item->out_strides[2]] = empty ? 0.0f : w.acc[r * p.dv + d] * inv;
         }
         if (item->lse != nullptr) {
           item->lse[row_h * item->lse_strides[0] + row_i * item->lse_strides[1]] =
-              sum > 0.0f || sum != sum ? w.row_max[r] + std::log(sum) : kNegInf;
+              empty ? kNegInf : w.row_max[r] + std::log(sum);
         }
       }
     }

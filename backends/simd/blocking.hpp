@@ -19,6 +19,9 @@ struct Blocking {
   static constexpr int kPvVectors = 4;
   static constexpr int kQueryTile = 64;
   static constexpr int kKeyTile = 96;
+  // Decoding streams K and V from memory: long tiles mean fewer switches
+  // between the two streams (each restarts the hardware prefetcher's ramp).
+  static constexpr int kDecodeKeyTile = 384;
 };
 
 // 16 ymm registers: 2 x 6 = 12 accumulators + 2 + 1 for the scores and
@@ -31,6 +34,7 @@ struct Blocking<xsimd::fma3<xsimd::avx2>> {
   static constexpr int kPvVectors = 2;
   static constexpr int kQueryTile = 64;
   static constexpr int kKeyTile = 96;
+  static constexpr int kDecodeKeyTile = 384;
 };
 
 }  // namespace mha_simd

@@ -30,9 +30,7 @@ template <class Arch>
 class DecodeKernel {
   using B = xsimd::batch<float, Arch>;
   static constexpr int W = static_cast<int>(B::size);
-  // Decoding streams K and V from memory: long tiles mean fewer switches
-  // between the two streams (each restarts the hardware prefetcher's ramp).
-  static constexpr int KT = 4 * Blocking<Arch>::kKeyTile;
+  static constexpr int KT = Blocking<Arch>::kDecodeKeyTile;
   static constexpr int KTP = (KT + W - 1) / W * W;
   static constexpr int kMaxVectorsInRegisters = 8;
 
@@ -120,9 +118,11 @@ class DecodeKernel {
         if (p.mask_kind != MHA_MASK_NONE) apply_mask(p, b, h, i, j0, keys, s);
         const int64_t hidden_from = static_cast<int64_t>(rows.last_key[r]) + 1 - j0;
         for (int64_t j = std::max<int64_t>(hidden_from, 0); j < keys; ++j) s[j] = kNegInf;
-        // A key a mask removed must not pass on a NaN or infinity of its V row
-        // through 0 · V: rows with removed keys check the tile once.
-        const bool masked = p.mask_kind != MHA_MASK_NONE || hidden_from < keys;
+        // A key a mask or a -inf logit removed must not pass on a NaN or
+        // infinity of its V row through 0 · V: rows with removed keys check
+        // the tile once.
+        const bool masked =
+            p.mask_kind != MHA_MASK_NONE || hidden_from < keys || has_minus_inf(s, keys);
         if (masked && v_finite < 0) v_finite = rows_finite(v_rows, v_stride, keys, dvp) ? 1 : 0;
         const bool guarded = masked && v_finite == 0;
         if (guarded) {
@@ -228,6 +228,15 @@ class DecodeKernel {
     }
   }
 
+  static bool has_minus_inf(const float* s, int keys) {
+    auto found = B(0.0f) != B(0.0f);
+    int j = 0;
+    for (; j + W <= keys; j += W) found = found || B::load_aligned(s + j) == B(kNegInf);
+    bool any = xsimd::any(found);
+    for (; j < keys; ++j) any = any || s[j] == kNegInf;
+    return any;
+  }
+
   static bool rows_finite(const float* v_rows, int64_t v_stride, int keys, int64_t dvp) {
     B poison(0.0f);  // v - v is 0 for finite v, NaN for NaN and infinities
     for (int j = 0; j < keys; ++j) {
@@ -261,7 +270,9 @@ class DecodeKernel {
       const int64_t row_h = r / nq, row_i = r % nq;
       float* out = item.out + row_h * item.out_strides[0] + row_i * item.out_strides[1];
       const float* acc = rows.acc + r * dvp;
-      for (int64_t x = 0; x < p.dv; ++x) out[x * item.out_strides[2]] = acc[x] * inv;
+      for (int64_t x = 0; x < p.dv; ++x) {
+        out[x * item.out_strides[2]] = empty ? 0.0f : acc[x] * inv;
+      }
       if (item.lse != nullptr) {
         item.lse[row_h * item.lse_strides[0] + row_i * item.lse_strides[1]] =
             empty ? kNegInf : rows.row_max[r] * kLn2 + std::log(sum);

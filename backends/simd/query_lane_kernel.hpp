@@ -86,8 +86,31 @@ class QueryLaneKernel {
  private:
   static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+  // A logit of -inf (from the data, not a mask) is a key that takes no part,
+  // so its V row must not reach the output either; the fast path cannot tell
+  // such a weight from an underflowed one.  A tile whose output came out
+  // non-finite is therefore computed again, carefully: two-pass softmax and
+  // P·V skipping every -inf logit.  Finite data never pays for it.
   static void query_tile(const mha_kernel_problem& p, const mha_work_item& item, const Tile& t,
                          int64_t h, int64_t q0, int64_t nq) {
+    accumulate_tile(p, item, t, h, q0, nq, /*careful=*/false);
+    if (!acc_finite(t, nq, round_up(p.dv, W))) {
+      accumulate_tile(p, item, t, h, q0, nq, /*careful=*/true);
+    }
+    write_rows(p, item, t, h, q0, nq);
+  }
+
+  static bool acc_finite(const Tile& t, int64_t nq, int64_t dvp) {
+    B poison(0.0f);  // a - a is 0 for finite a, NaN for NaN and infinities
+    for (int64_t x = 0; x < nq * dvp; x += W) {
+      const B a = B::load_aligned(t.acc + x);
+      poison += a - a;
+    }
+    return xsimd::all(poison == poison);
+  }
+
+  static void accumulate_tile(const mha_kernel_problem& p, const mha_work_item& item,
+                              const Tile& t, int64_t h, int64_t q0, int64_t nq, bool careful) {
     const int64_t b = item.b;
     const int64_t kvh = mha_kernel::kv_head_of(p, h);
     const int64_t dvp = round_up(p.dv, W);
@@ -159,16 +182,17 @@ class QueryLaneKernel {
         v_stride = dvp;
       }
       const bool maskless = p.mask_kind == MHA_MASK_NONE && j0 + keys - 1 <= min_last;
-      const bool fused = maskless && lanes_have_maximum &&
+      const bool fused = maskless && !careful && lanes_have_maximum &&
                          compute_scores<true>(t, k_rows, k_stride, p.d, nqv, keys);
-      // A key a mask removed must not pass on a NaN or infinity of its V row
-      // through 0 · V; such tiles (rare) take the guarded P·V.
+      // A key a mask or a -inf logit removed must not pass on a NaN or
+      // infinity of its V row through 0 · V; such tiles (rare) take the
+      // guarded P·V.
       bool guarded = false;
       if (!fused) {
         compute_scores<false>(t, k_rows, k_stride, p.d, nqv, keys);
         if (p.mask_kind != MHA_MASK_NONE) apply_mask(p, t, b, h, q0, nq, nqv, j0, keys);
         if (j0 + keys - 1 > min_last) apply_visibility(t, nqv, j0 - item.k_begin, keys);
-        guarded = !maskless && !rows_finite(v_rows, v_stride, keys, dvp);
+        guarded = (careful || !maskless) && !rows_finite(v_rows, v_stride, keys, dvp);
         if (guarded) {
           for (int64_t x = 0; x < int64_t{keys} * QT; ++x) t.removed[x] = t.scores[x] == kNegInf;
         }
@@ -181,7 +205,6 @@ class QueryLaneKernel {
         accumulate_pv(t, v_rows, v_stride, dvp, nq, keys);
       }
     }
-    write_rows(p, item, t, h, q0, nq);
   }
 
   // qt[x][r] = Q[q0 + r][x] · scale · log2(e); whole W x W blocks go through
@@ -503,7 +526,9 @@ class QueryLaneKernel {
       const int64_t row_h = h - item.h_begin, row_i = q0 + r - item.q_begin;
       float* out = item.out + row_h * item.out_strides[0] + row_i * item.out_strides[1];
       const float* acc = t.acc + r * dvp;
-      if (item.out_strides[2] == 1) {
+      if (empty) {
+        for (int64_t x = 0; x < p.dv; ++x) out[x * item.out_strides[2]] = 0.0f;
+      } else if (item.out_strides[2] == 1) {
         int64_t x = 0;
         for (; x + W <= p.dv; x += W) (B::load_aligned(acc + x) * B(inv)).store_unaligned(out + x);
         for (; x < p.dv; ++x) out[x] = acc[x] * inv;
