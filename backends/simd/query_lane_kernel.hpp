@@ -109,8 +109,8 @@ class QueryLaneKernel {
     return xsimd::all(poison == poison);
   }
 
-  static void accumulate_tile(const mha_kernel_problem& p, const mha_work_item& item,
-                              const Tile& t, int64_t h, int64_t q0, int64_t nq, bool careful) {
+  static void accumulate_tile(const mha_kernel_problem& p, const mha_work_item& item, const Tile& t,
+                              int64_t h, int64_t q0, int64_t nq, bool careful) {
     const int64_t b = item.b;
     const int64_t kvh = mha_kernel::kv_head_of(p, h);
     const int64_t dvp = round_up(p.dv, W);
