@@ -18,6 +18,7 @@ struct Reference {
   std::vector<double> lse;   // [B, H, Lq]; -inf for rows where no key takes part
   double max_abs_out = 0;    // max |out| over all rows
   double max_abs_logit = 0;  // max |scaled score + additive mask| over keys that take part
+  double max_abs_value = 0;  // max finite |v| over keys that take part
 };
 
 // Same arguments and semantics as mha_attention (params may be nullptr).
@@ -26,7 +27,10 @@ Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mh
                               const mha_attention_params* params);
 
 // The tolerance of decisions.md:
-//   1e-5 * max(1, max|ref|) + 4 * 2^-24 * max|logit|
+//   1e-5 * max(1, max|ref|) + 4 * 2^-24 * max|logit| * max(1, max|v|)
+// The second term is what rounding the logits to fp32 costs; it perturbs the
+// weights relatively, so the output moves by that much times |v| (the
+// decision's form, written for |v| <= 1, is the same there).
 double tolerance(const Reference& ref);
 
 // Largest |out - ref| over all elements; out is an F32 [B, H, Lq, Dv] descriptor.
