@@ -20,10 +20,24 @@ constexpr double kSerialFlops = 4.0e5;
 // depend on the thread count) with chunks of at least kMinChunk keys.
 constexpr int64_t kTargetItems = 64;
 constexpr int64_t kMinChunk = 512;
+constexpr int64_t kMaxHeadsPerItem = 8;
 static_assert(kTargetItems <= kMaxChunks, "a row never has more chunks than kTargetItems");
 
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
+}
+
+// Short sequences (one query tile per head) leave an item too little work to
+// hide the misses on its inputs: an item then takes several heads, and the
+// kernel fetches the next head's rows while it computes one.  Only while
+// enough items remain to balance the threads; never a thread-dependent choice.
+int64_t heads_per_short_item(const mha_kernel_problem& p, const mha_plugin& plugin) {
+  if (p.lq > plugin.query_tile) return 1;
+  int64_t best = 1;
+  for (int64_t g = 2; g <= kMaxHeadsPerItem && g <= p.heads; ++g) {
+    if (p.heads % g == 0 && p.batch * (p.heads / g) >= kTargetItems) best = g;
+  }
+  return best;
 }
 
 }  // namespace
@@ -42,7 +56,7 @@ WorkPlan plan_work(const mha_kernel_problem& p, const mha_plugin& plugin) {
   const bool decode = plugin.vector_floats > 1 && few_queries && p.lk >= 2 * plugin.key_tile;
   plan.layout = decode ? MHA_LAYOUT_DECODE : MHA_LAYOUT_QUERY_LANES;
   plan.batch = p.batch;
-  plan.heads_per_item = decode ? p.heads / p.kv_heads : 1;
+  plan.heads_per_item = decode ? p.heads / p.kv_heads : heads_per_short_item(p, plugin);
   plan.head_groups = p.heads / plan.heads_per_item;
   plan.q_tile = decode ? p.lq : std::min<int64_t>(p.lq, plugin.query_tile);
   plan.q_tiles = ceil_div(p.lq, plan.q_tile);

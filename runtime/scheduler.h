@@ -17,7 +17,8 @@ namespace mha::rt {
 struct WorkPlan {
   int32_t layout;  // mha_kernel_layout
   int64_t batch;
-  int64_t heads_per_item;  // 1, or the query heads sharing a KV head (decode)
+  int64_t heads_per_item;  // the query heads sharing a KV head (decode), several heads
+                           // (short sequences), or 1
   int64_t head_groups;     // heads / heads_per_item
   int64_t q_tile, q_tiles;
   int64_t chunk_len, chunks;  // key chunks; chunks > 1 means split-KV with a merge

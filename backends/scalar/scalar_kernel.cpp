@@ -26,6 +26,7 @@ struct Workspace {
   float* q;           // [kRows][D], pre-scaled
   float* scores;      // [kRows][kKeys]
   float* acc;         // [kRows][Dv]
+  float* tile_acc;    // [Dv]: one row's sum over the current key tile
   float* row_max;     // [kRows]
   float* row_sum;     // [kRows]
   int64_t* last;      // [kRows]
@@ -38,7 +39,8 @@ Workspace carve(void* scratch, int64_t d, int64_t dv) {
   w.q = f;
   w.scores = w.q + kRows * d;
   w.acc = w.scores + kRows * kKeys;
-  w.row_max = w.acc + kRows * dv;
+  w.tile_acc = w.acc + kRows * dv;
+  w.row_max = w.tile_acc + dv + (dv % 2);  // keeps `last` 8-byte aligned
   w.row_sum = w.row_max + kRows;
   w.last = reinterpret_cast<int64_t*>(w.row_sum + kRows + (kRows % 2));
   w.row_key = reinterpret_cast<uint32_t*>(w.last + kRows);
@@ -46,7 +48,7 @@ Workspace carve(void* scratch, int64_t d, int64_t dv) {
 }
 
 size_t scratch_bytes(const mha_kernel_problem* p, int64_t /*max_queries*/) {
-  const int64_t floats = kRows * (p->d + kKeys + p->dv + 3);
+  const int64_t floats = kRows * (p->d + kKeys + p->dv + 3) + p->dv + 1;
   return static_cast<size_t>(floats) * sizeof(float) + kRows * (sizeof(int64_t) + 4) + 64;
 }
 
@@ -86,6 +88,9 @@ void score_tile(const mha_kernel_problem& p, const Workspace& w, int64_t b, int6
 }
 
 // Online softmax: fold one tile of scores into the running max, sum and output.
+// A tile's products are summed apart and then added to the row, so rounding
+// grows with the tile width plus the number of tiles, not with the number of
+// keys (which matters when many keys are alike).
 void accumulate_tile(const mha_kernel_problem& p, const Workspace& w, int64_t b, int64_t kvh,
                      int64_t rows, int64_t j0, int64_t keys) {
   const bool dropout = p.dropout_p > 0.0f;
@@ -106,17 +111,21 @@ void accumulate_tile(const mha_kernel_problem& p, const Workspace& w, int64_t b,
     } else if (new_max != new_max) {
       w.row_max[r] = new_max;
     }
+    for (int64_t d = 0; d < p.dv; ++d) w.tile_acc[d] = 0.0f;
+    float tile_sum = 0.0f;
     for (int64_t jj = 0; jj < keys; ++jj) {
       if (s[jj] == kNegInf) continue;
       float weight = std::exp(s[jj] - w.row_max[r]);
-      w.row_sum[r] += weight;  // the softmax's sum: before dropout
+      tile_sum += weight;  // the softmax's sum: before dropout
       if (dropout) {
         if (!mha_dropout::keep(w.row_key[r], j0 + jj, drop_below)) continue;
         weight *= keep_scale;
       }
       const float* v = mha_kernel::v_row(p, b, kvh, j0 + jj);
-      for (int64_t d = 0; d < p.dv; ++d) acc[d] += weight * v[d * p.v_strides[3]];
+      for (int64_t d = 0; d < p.dv; ++d) w.tile_acc[d] += weight * v[d * p.v_strides[3]];
     }
+    w.row_sum[r] += tile_sum;
+    for (int64_t d = 0; d < p.dv; ++d) acc[d] += w.tile_acc[d];
   }
 }
 

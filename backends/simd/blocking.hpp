@@ -22,6 +22,8 @@ struct Blocking {
   // Decoding streams K and V from memory: long tiles mean fewer switches
   // between the two streams (each restarts the hardware prefetcher's ramp).
   static constexpr int kDecodeKeyTile = 384;
+  // Decode P·V: a run's and the tile's sums of 8 vectors of Dv = 16 registers.
+  static constexpr int kDecodePvVectors = 8;
 };
 
 // 16 ymm registers: 2 x 6 = 12 accumulators + 2 + 1 for the scores and
@@ -35,6 +37,7 @@ struct Blocking<xsimd::fma3<xsimd::avx2>> {
   static constexpr int kQueryTile = 64;
   static constexpr int kKeyTile = 96;
   static constexpr int kDecodeKeyTile = 384;
+  static constexpr int kDecodePvVectors = 4;
 };
 
 }  // namespace mha_simd

@@ -32,7 +32,6 @@ class DecodeKernel {
   static constexpr int W = static_cast<int>(B::size);
   static constexpr int KT = Blocking<Arch>::kDecodeKeyTile;
   static constexpr int KTP = (KT + W - 1) / W * W;
-  static constexpr int kMaxVectorsInRegisters = 8;
 
   struct Rows {
     int64_t count;
@@ -212,19 +211,33 @@ class DecodeKernel {
     }
   }
 
+  // acc = acc · alpha + Σ_j p_j · V_j.  Summed in two levels -- runs of kRun
+  // keys from zero, then the runs into the tile's total -- so that rounding
+  // grows with kRun + keys / kRun rather than with the number of keys (which
+  // matters when many keys are alike and their rounding errors do not cancel).
   static void accumulate_pv(const float* probs, int keys, float alpha, const float* v_rows,
                             int64_t v_stride, int64_t dvp, float* acc) {
-    for (int64_t c0 = 0; c0 < dvp; c0 += kMaxVectorsInRegisters * W) {
-      const int nc = static_cast<int>(std::min<int64_t>(kMaxVectorsInRegisters, (dvp - c0) / W));
-      B o[kMaxVectorsInRegisters];
-      const B a(alpha);
-      for (int c = 0; c < nc; ++c) o[c] = B::load_aligned(acc + c0 + c * W) * a;
-      for (int j = 0; j < keys; ++j) {
-        const B pj(probs[j]);
-        const float* v = v_rows + j * v_stride + c0;
-        for (int c = 0; c < nc; ++c) o[c] = xsimd::fma(pj, B::load_unaligned(v + c * W), o[c]);
+    constexpr int kRun = 32;
+    constexpr int NC = Blocking<Arch>::kDecodePvVectors;
+    for (int64_t c0 = 0; c0 < dvp; c0 += NC * W) {
+      const int nc = static_cast<int>(std::min<int64_t>(NC, (dvp - c0) / W));
+      B total[NC];
+      for (int c = 0; c < nc; ++c) total[c] = B(0.0f);
+      for (int j0 = 0; j0 < keys; j0 += kRun) {
+        const int end = std::min(keys, j0 + kRun);
+        B o[NC];
+        for (int c = 0; c < nc; ++c) o[c] = B(0.0f);
+        for (int j = j0; j < end; ++j) {
+          const B pj(probs[j]);
+          const float* v = v_rows + j * v_stride + c0;
+          for (int c = 0; c < nc; ++c) o[c] = xsimd::fma(pj, B::load_unaligned(v + c * W), o[c]);
+        }
+        for (int c = 0; c < nc; ++c) total[c] += o[c];
       }
-      for (int c = 0; c < nc; ++c) o[c].store_aligned(acc + c0 + c * W);
+      const B a(alpha);
+      for (int c = 0; c < nc; ++c) {
+        xsimd::fma(B::load_aligned(acc + c0 + c * W), a, total[c]).store_aligned(acc + c0 + c * W);
+      }
     }
   }
 

@@ -140,27 +140,22 @@ class QueryLaneKernel {
     }
     for (int64_t x = 0; x < nq * dvp; x += W) B(0.0f).store_aligned(t.acc + x);
 
-    // Items come in descending query tiles of one head (the runtime's order):
-    // the next one most likely needs the Q rows just before this tile.
-    RowsToPrefetch next_q, out_rows;
-    if (q0 >= QT && p.q_strides[3] == 1) {
-      next_q = {mha_kernel::q_row(p, b, h, q0 - QT), p.q_strides[2], QT, p.d, false};
-    }
-    if (item.out_strides[2] == 1) {
-      out_rows = {item.out + (h - item.h_begin) * item.out_strides[0] +
-                      (q0 - item.q_begin) * item.out_strides[1],
-                  item.out_strides[1], nq, p.dv, true};
-    }
+    PrefetchQueue prefetch;
+    queue_next_rows(p, item, h, q0, nq, prefetch);
     const int64_t key_tiles = (max_last + 1 - item.k_begin + KT - 1) / KT;
+    {
+      constexpr int QV = Blk::kScoreQueryVectors, NK = Blk::kScoreKeys;
+      constexpr int R = Blk::kPvRows, C = Blk::kPvVectors;
+      const int64_t blocks_per_key_tile =
+          (nqv + QV - 1) / QV * ((KT + NK - 1) / NK) + (nq + R - 1) / R * ((dvp / W + C - 1) / C);
+      prefetch.pace(key_tiles * blocks_per_key_tile);
+    }
 
     const bool k_direct = p.k_strides[3] == 1;
     const bool v_direct = p.v_strides[3] == 1 && p.dv % W == 0;
     bool lanes_have_maximum = false;
     for (int64_t j0 = item.k_begin; j0 <= max_last; j0 += KT) {
       const int keys = static_cast<int>(std::min<int64_t>(KT, max_last + 1 - j0));
-      const int64_t tile_index = (j0 - item.k_begin) / KT;
-      next_q.fetch_slice(tile_index, key_tiles);
-      out_rows.fetch_slice(tile_index, key_tiles);
       const float* k_rows = mha_kernel::k_row(p, b, kvh, j0);
       int64_t k_stride = p.k_strides[2];
       if (!k_direct) {
@@ -183,13 +178,13 @@ class QueryLaneKernel {
       }
       const bool maskless = p.mask_kind == MHA_MASK_NONE && j0 + keys - 1 <= min_last;
       const bool fused = maskless && !careful && lanes_have_maximum &&
-                         compute_scores<true>(t, k_rows, k_stride, p.d, nqv, keys);
+                         compute_scores<true>(t, k_rows, k_stride, p.d, nqv, keys, prefetch);
       // A key a mask or a -inf logit removed must not pass on a NaN or
       // infinity of its V row through 0 · V; such tiles (rare) take the
       // guarded P·V.
       bool guarded = false;
       if (!fused) {
-        compute_scores<false>(t, k_rows, k_stride, p.d, nqv, keys);
+        compute_scores<false>(t, k_rows, k_stride, p.d, nqv, keys, prefetch);
         if (p.mask_kind != MHA_MASK_NONE) apply_mask(p, t, b, h, q0, nq, nqv, j0, keys);
         if (j0 + keys - 1 > min_last) apply_visibility(t, nqv, j0 - item.k_begin, keys);
         guarded = (careful || !maskless) && !rows_finite(v_rows, v_stride, keys, dvp);
@@ -202,8 +197,43 @@ class QueryLaneKernel {
       if (guarded) {
         accumulate_pv_guarded(t, v_rows, v_stride, dvp, nq, keys);
       } else {
-        accumulate_pv(t, v_rows, v_stride, dvp, nq, keys);
+        accumulate_pv(t, v_rows, v_stride, dvp, nq, keys, prefetch);
       }
+    }
+  }
+
+  // What comes next, to fetch while this tile computes: this tile's output
+  // rows; then, after the last tile of a head in an item of several heads
+  // (short sequences), the next head's Q, K and V; otherwise the Q rows just
+  // before this tile, which the runtime's order (descending query tiles of
+  // one head) most likely hands this thread next.
+  static void queue_next_rows(const mha_kernel_problem& p, const mha_work_item& item, int64_t h,
+                              int64_t q0, int64_t nq, PrefetchQueue& prefetch) {
+    const int64_t b = item.b;
+    if (item.out_strides[2] == 1) {
+      prefetch.add(item.out + (h - item.h_begin) * item.out_strides[0] +
+                       (q0 - item.q_begin) * item.out_strides[1],
+                   item.out_strides[1], nq, p.dv, true);
+    }
+    if (q0 + nq >= item.q_end && h + 1 < item.h_end) {
+      if (p.q_strides[3] == 1) {
+        prefetch.add(mha_kernel::q_row(p, b, h + 1, item.q_begin), p.q_strides[2],
+                     std::min<int64_t>(QT, item.q_end - item.q_begin), p.d, false);
+      }
+      const int64_t kvh = mha_kernel::kv_head_of(p, h + 1);
+      if (kvh != mha_kernel::kv_head_of(p, h)) {
+        const int64_t keys = std::min<int64_t>(KT, item.k_end - item.k_begin);
+        if (p.k_strides[3] == 1) {
+          prefetch.add(mha_kernel::k_row(p, b, kvh, item.k_begin), p.k_strides[2], keys, p.d,
+                       false);
+        }
+        if (p.v_strides[3] == 1) {
+          prefetch.add(mha_kernel::v_row(p, b, kvh, item.k_begin), p.v_strides[2], keys, p.dv,
+                       false);
+        }
+      }
+    } else if (q0 >= QT && p.q_strides[3] == 1) {
+      prefetch.add(mha_kernel::q_row(p, b, h, q0 - QT), p.q_strides[2], QT, p.d, false);
     }
   }
 
@@ -305,7 +335,7 @@ class QueryLaneKernel {
   // nothing of the tile is kept (row_sum is untouched, alpha is 1 otherwise).
   template <bool kFused>
   static bool compute_scores(const Tile& t, const float* k_rows, int64_t k_stride, int64_t d,
-                             int nqv, int keys) {
+                             int nqv, int keys, PrefetchQueue& prefetch) {
     constexpr int QV = Blk::kScoreQueryVectors, NK = Blk::kScoreKeys;
     if constexpr (kFused) {
       for (int v = 0; v < nqv; ++v) B(0.0f).store_aligned(t.tile_sum + v * W);
@@ -314,6 +344,7 @@ class QueryLaneKernel {
     for (int v0 = 0; v0 < nqv; v0 += QV) {
       const int nv = std::min(QV, nqv - v0);
       for (int j = 0; j < keys; j += NK) {
+        prefetch.step();
         const int nk = std::min(NK, keys - j);
         with_count<QV>(nv, [&](auto NV) {
           with_count<NK>(nk, [&](auto NKc) {
@@ -445,16 +476,23 @@ class QueryLaneKernel {
   }
 
   // acc[r][c] = acc[r][c] · alpha[r] + Σ_j P[j][r] · V[j][c] for NR rows and
-  // NC vectors of Dv; the rescale rides on the accumulator load.
+  // NC vectors of Dv.  The tile's sum starts from its first product and the
+  // old accumulator joins at the end (one FMA, the rescale riding on it): the
+  // rounding of a row grows with the tile width plus the number of tiles, not
+  // with the number of keys.
   template <int NR, int NC>
   static void pv_block(const float* probs, const float* alpha, const float* v_rows,
                        int64_t v_stride, int keys, float* acc, int64_t acc_stride) {
     B o[NR][NC];
-    for (int r = 0; r < NR; ++r) {
-      const B a(alpha[r]);
-      for (int c = 0; c < NC; ++c) o[r][c] = B::load_aligned(acc + r * acc_stride + c * W) * a;
+    {
+      B vv[NC];
+      for (int c = 0; c < NC; ++c) vv[c] = B::load_unaligned(v_rows + c * W);
+      for (int r = 0; r < NR; ++r) {
+        const B pr(probs[r]);
+        for (int c = 0; c < NC; ++c) o[r][c] = pr * vv[c];
+      }
     }
-    for (int j = 0; j < keys; ++j) {
+    for (int j = 1; j < keys; ++j) {
       B vv[NC];
       for (int c = 0; c < NC; ++c) vv[c] = B::load_unaligned(v_rows + j * v_stride + c * W);
       for (int r = 0; r < NR; ++r) {
@@ -463,17 +501,22 @@ class QueryLaneKernel {
       }
     }
     for (int r = 0; r < NR; ++r) {
-      for (int c = 0; c < NC; ++c) o[r][c].store_aligned(acc + r * acc_stride + c * W);
+      const B a(alpha[r]);
+      for (int c = 0; c < NC; ++c) {
+        float* out = acc + r * acc_stride + c * W;
+        xsimd::fma(B::load_aligned(out), a, o[r][c]).store_aligned(out);
+      }
     }
   }
 
   static void accumulate_pv(const Tile& t, const float* v_rows, int64_t v_stride, int64_t dvp,
-                            int64_t nq, int keys) {
+                            int64_t nq, int keys, PrefetchQueue& prefetch) {
     constexpr int R = Blk::kPvRows, C = Blk::kPvVectors;
     const int vectors = static_cast<int>(dvp / W);
     for (int64_t r0 = 0; r0 < nq; r0 += R) {
       const int nr = static_cast<int>(std::min<int64_t>(R, nq - r0));
       for (int c0 = 0; c0 < vectors; c0 += C) {
+        prefetch.step();
         const int nc = std::min(C, vectors - c0);
         with_count<R>(nr, [&](auto NR) {
           with_count<C>(nc, [&](auto NC) {

@@ -63,30 +63,57 @@ inline void pack_rows(const float* src, int64_t row_stride, int64_t col_stride, 
   }
 }
 
-// Rows a tile will touch soon (the next query tile's Q, this tile's output),
-// fetched one slice per key tile so that their cache misses overlap the
-// arithmetic instead of stalling the packing or the final stores.
-struct RowsToPrefetch {
-  const float* first = nullptr;  // nullptr: nothing to fetch
-  int64_t row_stride = 0;        // in floats
-  int64_t rows = 0;
-  int64_t row_floats = 0;
-  bool for_write = false;
+// Rows a query tile will touch soon -- the next tile's Q (or the next head's
+// Q, K and V), this tile's output -- fetched a few cache lines at a time
+// between micro-kernel calls, so that their misses overlap the arithmetic
+// instead of stalling the packing or the final stores, and never queue up in
+// a burst that would hold back the micro-kernels' own loads.
+class PrefetchQueue {
+ public:
+  void add(const float* first, int64_t row_stride, int64_t rows, int64_t row_floats,
+           bool for_write) {
+    if (first == nullptr || rows <= 0 || row_floats <= 0 || count_ == kMaxRanges) return;
+    const int64_t lines_per_row = (row_floats * 4 + 63) / 64;
+    ranges_[count_++] = {reinterpret_cast<const char*>(first), row_stride * 4, rows, lines_per_row,
+                         for_write};
+    lines_left_ += rows * lines_per_row;
+  }
 
-  void fetch_slice(int64_t slice, int64_t slices) const {
-    if (first == nullptr || slice >= slices) return;
-    const int64_t begin = rows * slice / slices, end = rows * (slice + 1) / slices;
-    for (int64_t r = begin; r < end; ++r) {
-      const char* row = reinterpret_cast<const char*>(first + r * row_stride);
-      for (int64_t byte = 0; byte < row_floats * 4; byte += 64) {
-        if (for_write) {
-          __builtin_prefetch(row + byte, 1, 3);
-        } else {
-          __builtin_prefetch(row + byte, 0, 3);
-        }
+  // Spreads what was added over about `steps` calls of step().
+  void pace(int64_t steps) { per_step_ = steps > 0 ? (lines_left_ + steps - 1) / steps : 0; }
+
+  void step() {
+    for (int64_t n = 0; n < per_step_ && lines_left_ > 0; ++n) {
+      const Range& r = ranges_[range_];
+      const char* line = r.first + row_ * r.row_bytes + line_ * 64;
+      if (r.for_write) {
+        __builtin_prefetch(line, 1, 3);
+      } else {
+        __builtin_prefetch(line, 0, 3);
       }
+      --lines_left_;
+      if (++line_ < r.lines_per_row) continue;
+      line_ = 0;
+      if (++row_ < r.rows) continue;
+      row_ = 0;
+      ++range_;
     }
   }
+
+ private:
+  struct Range {
+    const char* first;
+    int64_t row_bytes;
+    int64_t rows;
+    int64_t lines_per_row;
+    bool for_write;
+  };
+  static constexpr int kMaxRanges = 4;
+  Range ranges_[kMaxRanges] = {};
+  int count_ = 0;
+  int range_ = 0;
+  int64_t row_ = 0, line_ = 0;
+  int64_t lines_left_ = 0, per_step_ = 0;
 };
 
 }  // namespace mha_simd
