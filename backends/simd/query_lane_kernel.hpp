@@ -35,6 +35,7 @@ class QueryLaneKernel {
   using Blk = Blocking<Arch>;
   static constexpr int QT = Blk::kQueryTile;
   static constexpr int KT = Blk::kKeyTile;
+  static constexpr int kWarmUpKeys = 4 * Blk::kScoreKeys;
   static_assert(QT % (W * Blk::kScoreQueryVectors) == 0, "query tile must hold whole blocks");
   static_assert(KT % Blk::kScoreKeys == 0, "key tile must hold whole key groups");
 
@@ -154,8 +155,13 @@ class QueryLaneKernel {
     const bool k_direct = p.k_strides[3] == 1;
     const bool v_direct = p.v_strides[3] == 1 && p.dv % W == 0;
     bool lanes_have_maximum = false;
-    for (int64_t j0 = item.k_begin; j0 <= max_last; j0 += KT) {
-      const int keys = static_cast<int>(std::min<int64_t>(KT, max_last + 1 - j0));
+    int keys = 0;
+    for (int64_t j0 = item.k_begin; j0 <= max_last; j0 += keys) {
+      // Without a mask the first tile is short: it sets the running maximum
+      // with the two-pass path, and the fused path takes over from the next
+      // key on instead of from the next full tile.
+      const int span = j0 == item.k_begin && p.mask_kind == MHA_MASK_NONE ? kWarmUpKeys : KT;
+      keys = static_cast<int>(std::min<int64_t>(span, max_last + 1 - j0));
       const float* k_rows = mha_kernel::k_row(p, b, kvh, j0);
       int64_t k_stride = p.k_strides[2];
       if (!k_direct) {
