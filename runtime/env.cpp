@@ -24,7 +24,7 @@ int verbose_level() {
   static const int level = [] {
     const char* text = std::getenv("MHA_VERBOSE");
     if (text == nullptr) return 0;
-    return std::atoi(text);
+    return static_cast<int>(std::strtol(text, nullptr, 10));
   }();
   return level;
 }

@@ -63,6 +63,7 @@ extern "C" mha_status mha_merge_partials(int32_t n, const mha_tensor* outs, cons
     inputs.push_back(lse);
     labels.emplace_back("lse");
     std::vector<const char*> names;
+    names.reserve(labels.size());
     for (const auto& label : labels) names.push_back(label.c_str());
     const int count = static_cast<int>(inputs.size());
     if (mha_status s = check_no_overlap(*out, "out", inputs.data(), names.data(), count);

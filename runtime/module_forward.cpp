@@ -312,11 +312,8 @@ void weights_row(const WeightsPath& w, int64_t b, int64_t h, int64_t i, float* r
       }
     }
     row[j] = logit;
-    if (logit != logit) {
-      row_max = logit;  // NaN (from NaN inputs) poisons the row, as in the kernels
-    } else if (logit > row_max) {
-      row_max = logit;
-    }
+    // NaN (from NaN inputs) poisons the row, as in the kernels.
+    if (logit != logit || logit > row_max) row_max = logit;
   }
   if (row_max == -kInf) {  // no key takes part
     std::fill(row, row + lk, 0.0f);

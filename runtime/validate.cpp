@@ -160,7 +160,6 @@ int64_t dtype_size(int32_t dtype) {
     case MHA_DTYPE_F32:
       return 4;
     case MHA_DTYPE_F16:
-      return 2;
     case MHA_DTYPE_BF16:
       return 2;
     case MHA_DTYPE_BOOL:

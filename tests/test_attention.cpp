@@ -242,6 +242,7 @@ Outcome run_case(const Case& c) {
   const Reference ref = reference_attention(q, k, v, &params);
 
   std::vector<std::vector<float>> input_before;
+  input_before.reserve(inputs.size());
   for (const auto& arena : inputs) input_before.push_back(arena.all());
   const std::vector<uint8_t> mask_bool_before = mask_bool;
   const std::vector<float> mask_f32_before = mask_f32;

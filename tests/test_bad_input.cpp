@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <mha/mha.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstring>
@@ -941,9 +942,8 @@ TEST(BadMergePartials, ValidCornerCases) {
   MergeProblem one;
   one.n = 1;
   ASSERT_EQ(one.call(), MHA_OK) << mha_last_error();
-  EXPECT_EQ(0, std::memcmp(one.out_b.data(), one.parts_b.data(),
-                           MergeProblem::B * MergeProblem::H * MergeProblem::Lq * MergeProblem::Dv *
-                               sizeof(float)))
+  const int64_t rows = MergeProblem::B * MergeProblem::H * MergeProblem::Lq * MergeProblem::Dv;
+  EXPECT_TRUE(std::equal(one.out_b.begin(), one.out_b.begin() + rows, one.parts_b.begin()))
       << "one part merges to itself";
   MergeProblem no_lse;
   no_lse.lse_p = nullptr;

@@ -239,6 +239,7 @@ TEST_F(Concurrency, ManyCallerThreadsOnEachBackend) {
     const auto& expected = expected_->at(backend);
     Tally tally;
     std::vector<std::thread> callers;
+    callers.reserve(kCallers);
     for (int t = 0; t < kCallers; ++t) {
       callers.emplace_back([&, t] {
         Output o;
@@ -356,6 +357,7 @@ TEST_F(Concurrency, SelectionAndThreadCountChangeDuringCalls) {
   });
   Tally tally;
   std::vector<std::thread> callers;
+  callers.reserve(kCallers);
   for (int t = 0; t < kCallers - 2; ++t) {
     callers.emplace_back([&, t] {
       Output o;
@@ -395,6 +397,7 @@ TEST_F(Concurrency, ErrorMessagesBelongToTheirThread) {
   std::mutex mutex;
   std::string first;
   std::vector<std::thread> threads;
+  threads.reserve(kCallers);
   for (int t = 0; t < kCallers; ++t) {
     threads.emplace_back([&, t] {
       for (int n = 0; n < 300; ++n) {

@@ -420,6 +420,7 @@ Outcome run_case(const ModuleCase& c) {
   outcome.ref = reference_module(w.ref, ri);
 
   std::vector<std::vector<float>> inputs_before;
+  inputs_before.reserve(arenas.size());
   for (const auto& a : arenas) inputs_before.push_back(a.all());
   const auto kpm_bool_before = kpm_bool, am_bool_before = am_bool;
   const auto kpm_f32_before = kpm_f32, am_f32_before = am_f32;
@@ -852,6 +853,7 @@ TEST_P(Module, ConcurrentCallersShareOneModule) {
     for (int t = 0; t < kCallers; ++t)
       ASSERT_EQ(forward(t, serial[static_cast<size_t>(t)], weights), MHA_OK);
     std::vector<std::thread> threads;
+    threads.reserve(kCallers);
     std::vector<mha_status> status(kCallers, MHA_ERR_INTERNAL);
     for (int t = 0; t < kCallers; ++t) {
       threads.emplace_back([&, t] {
@@ -1075,7 +1077,9 @@ TEST(ModuleConfig, BadConfigurationsAreRefused) {
        "config->dropout = nan"},
       {int64_t{1} << 40, 1, 0, 0, 0, 0.0f, MHA_ERR_SIZE_OVERFLOW, "overflow"},
   };
-  mha_module* const sentinel = reinterpret_cast<mha_module*>(static_cast<uintptr_t>(64));
+  // A pointer that is not a module, to see that a failed create leaves it alone.
+  alignas(64) static char not_a_module[64];
+  mha_module* const sentinel = reinterpret_cast<mha_module*>(not_a_module);
   for (const Bad& b : cases) {
     mha_module_config c;
     mha_module_config_init(&c);
@@ -1108,7 +1112,7 @@ TEST(ModuleWeights, WrongWeightsAreRefused) {
   ASSERT_EQ(mha_module_create(&c, &m.m), MHA_OK);
   std::vector<float> data(3 * 8 * 8, 0.25f);
   std::vector<int32_t> ints(64);
-  const auto t = [&](std::vector<int64_t> shape) {
+  const auto t = [&](const std::vector<int64_t>& shape) {
     return describe(data.data(), MHA_DTYPE_F32, shape);
   };
   mha_tensor w = t({24, 8});
@@ -1323,7 +1327,8 @@ TEST(ModuleCpp, RaiiMoveAndErrors) {
   std::vector<float> bias = {1, 2, 3, 4, 5, 6, 7, 8};
   a.set_weight("out_proj.bias", mha::Tensor(bias.data(), {8}));
   mha::Module b(std::move(a));
-  EXPECT_EQ(a.get(), nullptr);
+  EXPECT_EQ(a.get(), nullptr);  // NOLINT(bugprone-use-after-move,clang-analyzer-cplusplus.Move):
+                                // the moved-from state is what is tested
   std::vector<float> x(2 * 3 * 8, 0.5f), o(2 * 3 * 8, 0.0f);
   mha::Tensor xt(x.data(), {2, 3, 8});
   mha::Tensor ot(o.data(), {2, 3, 8});
@@ -1472,7 +1477,7 @@ TEST(ModuleTool, Write) {
     Rng rng(t.name[0]);
     std::vector<std::pair<std::string, mha_tools::NpyArray>> files;
     tool_weights(t, rng, &files);
-    for (const auto& [key, array] : files) write_file(weights_dir + "/" + key + ".npy", array);
+    for (const auto& [key, array] : files) write_file(weights_dir + "/" + (key + ".npy"), array);
     if (t.name[0] == 'a') {
       std::FILE* f = std::fopen((weights_dir + "/config.json").c_str(), "w");
       ASSERT_NE(f, nullptr);

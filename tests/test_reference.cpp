@@ -115,7 +115,7 @@ TEST(Reference, CausalTopLeft) {
     mha_attention_params p = default_params();
     p.causal = MHA_CAUSAL_TOP_LEFT;
     const Reference ref = reference_attention(probe.tq, probe.tk, probe.tv, &p);
-    probe.expect_prefix(ref, [&](int64_t i) { return std::min(i + 1, lk); });
+    probe.expect_prefix(ref, [lk = lk](int64_t i) { return std::min(i + 1, lk); });
   }
 }
 
@@ -125,7 +125,8 @@ TEST(Reference, CausalBottomRightIncludingFullyMaskedRows) {
     mha_attention_params p = default_params();
     p.causal = MHA_CAUSAL_BOTTOM_RIGHT;
     const Reference ref = reference_attention(probe.tq, probe.tk, probe.tv, &p);
-    probe.expect_prefix(ref, [&](int64_t i) { return std::max<int64_t>(0, i + lk - lq + 1); });
+    probe.expect_prefix(
+        ref, [lq = lq, lk = lk](int64_t i) { return std::max<int64_t>(0, i + lk - lq + 1); });
   }
 }
 

@@ -159,12 +159,19 @@ class Arena {
     return reached;
   }
 
+  // The bits of a float: NaN payloads and the sign of zero count.
+  static uint32_t bits_of(float x) {
+    uint32_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    return bits;
+  }
+
   // Number of elements outside `t`'s elements whose bits differ from `before`.
   int64_t changed_outside(const mha_tensor& t, const std::vector<float>& before) const {
     const std::vector<char> reached = reached_by(t);
     int64_t changed = 0;
     for (size_t i = 0; i < data_.size(); ++i) {
-      if (!reached[i] && std::memcmp(&data_[i], &before[i], sizeof(float)) != 0) ++changed;
+      if (!reached[i] && bits_of(data_[i]) != bits_of(before[i])) ++changed;
     }
     return changed;
   }

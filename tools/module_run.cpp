@@ -390,7 +390,7 @@ int run_module_command(const ModuleOptions& o) {
       Timing timing;
       timing.median_ms = n % 2 == 1 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
       timing.min_ms = sorted.front();
-      const double d = static_cast<double>(e / heads);
+      const double d = static_cast<double>(e) / static_cast<double>(heads);
       const double projections =
           2.0 * static_cast<double>(e) *
           static_cast<double>(batch * lq * (weights.config.query_dim + e) +
