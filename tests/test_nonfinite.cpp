@@ -584,6 +584,31 @@ TEST_P(NonFinite, MinusInfiniteLogitHidesNonFiniteValue) {
   }
 }
 
+TEST_P(NonFinite, MaskIsAddedToMinusInfiniteLogit) {
+  // Rule 3 meets rule 4: a score of -inf (k = -inf against q > 0) plus an
+  // additive mask entry of +inf or NaN is NaN, which poisons the row -- the
+  // mask is added before the key counts as removed (fuzzer finding: the
+  // scalar backend skipped the addition for such scores).
+  for (const auto& g : kGeometries) {
+    for (const float entry : {kInf, kNaN}) {
+      Problem p = make(g, 53);
+      for (int64_t b = 0; b < g.B; ++b)
+        for (int64_t h = 0; h < g.H; ++h)
+          for (int64_t i = 0; i < g.Lq; ++i) p.Q(b, h, i, 0) = 0.1f + std::fabs(p.Q(b, h, i, 0));
+      p.K(0, 0, 0, 0) = -kInf;
+      p.use_additive_mask();
+      p.MF(0, 0, 0) = entry;
+      p.label =
+          std::string(g.name) + (std::isnan(entry) ? " NaN" : " +inf") + " mask on a -inf logit";
+      const Result r = run(p);
+      // The mask is shared by the heads: for the heads of KV head 0 the entry
+      // meets the -inf logit, for the others a finite one (NaN either way).
+      for (int64_t h = 0; h < g.H; ++h) expect_row(r, 0, h, 0, RowIs::AllNaN);
+      if (g.Lq > 1) expect_row(r, 0, 0, 1, RowIs::Finite);
+    }
+  }
+}
+
 TEST_P(NonFinite, PlusInfiniteMaskMakesRowNaN) {
   for (const auto& g : kGeometries) {
     Problem p = make(g, 45);

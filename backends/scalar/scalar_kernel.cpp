@@ -77,10 +77,14 @@ void score_tile(const mha_kernel_problem& p, const Workspace& w, int64_t b, int6
     if (p.mask_kind == MHA_MASK_NONE) continue;
     const int64_t row = mha_kernel::mask_row_offset(p, b, h, i0 + r);
     for (int64_t jj = 0; jj < keys; ++jj) {
+      // A key past the causal or valid-length limit takes no part, whatever
+      // the mask holds; for the others the additive mask is added even to a
+      // score of -inf (-inf + NaN or +inf is NaN, as in the reference).
+      if (j0 + jj > w.last[r]) continue;
       const int64_t at = row + (j0 + jj) * p.mask_strides[3];
       if (p.mask_kind == MHA_MASK_BOOL) {
         if (static_cast<const uint8_t*>(p.mask)[at] == 0) s[jj] = kNegInf;
-      } else if (s[jj] != kNegInf) {
+      } else {
         s[jj] += static_cast<const float*>(p.mask)[at];
       }
     }
