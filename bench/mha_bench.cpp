@@ -43,6 +43,7 @@
 
 #include "blis_unfused.h"
 #include "peak.h"
+#include "usable_backends.h"
 
 // bench/module_bench.cpp
 void register_module_benchmarks(double (*fma_peak)(const std::string& isa, int threads));
@@ -423,18 +424,7 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
 
   // Usable backends, best first as "auto" would pick them.
-  struct Backend {
-    std::string name;
-    int32_t priority;
-  };
-  std::vector<Backend> backends;
-  for (int32_t i = 0; i < mha_backend_count(); ++i) {
-    mha_backend_info info;
-    if (mha_backend_get_info(i, &info) == MHA_OK && info.usable)
-      backends.push_back({info.name, info.priority});
-  }
-  std::stable_sort(backends.begin(), backends.end(),
-                   [](const Backend& a, const Backend& b) { return a.priority > b.priority; });
+  const std::vector<std::string> backends = mha_bench::usable_backends_best_first();
 
   // The peak loop of each usable backend's ISA; never one the runtime did not
   // declare usable on this CPU.
@@ -446,11 +436,11 @@ int main(int argc, char** argv) {
 #if defined(MHA_BENCH_HAVE_NEON_PEAK)
   known.push_back(&mha_bench::kFmaNeon);
 #endif
-  for (const Backend& b : backends) {
+  for (const std::string& b : backends) {
     for (const FmaLoop* loop : known) {
-      if (b.name == loop->isa) {
-        g_loops[b.name] = loop;
-        if (g_widest_isa.empty()) g_widest_isa = b.name;
+      if (b == loop->isa) {
+        g_loops[b] = loop;
+        if (g_widest_isa.empty()) g_widest_isa = b;
       }
     }
   }
@@ -472,15 +462,14 @@ int main(int argc, char** argv) {
         ->Unit(benchmark::kMillisecond)
         ->Iterations(kReadPasses);
   }
-  for (const Backend& b : backends) {
+  for (const std::string& b : backends) {
     for (const Shape& s : kShapes) {
       for (int n : threads) {
-        auto* bm =
-            benchmark::RegisterBenchmark(name_of("attention/" + b.name + "/" + s.name, n).c_str(),
-                                         bm_attention, b.name, s, n)
-                ->UseRealTime()
-                ->Unit(s.unit);
-        if (b.name == "scalar" && s.heavy) bm->Iterations(1);
+        auto* bm = benchmark::RegisterBenchmark(name_of("attention/" + b + "/" + s.name, n).c_str(),
+                                                bm_attention, b, s, n)
+                       ->UseRealTime()
+                       ->Unit(s.unit);
+        if (b == "scalar" && s.heavy) bm->Iterations(1);
       }
     }
   }
@@ -496,7 +485,7 @@ int main(int argc, char** argv) {
   }
 
   std::string names;
-  for (const Backend& b : backends) names += (names.empty() ? "" : " ") + b.name;
+  for (const std::string& b : backends) names += (names.empty() ? "" : " ") + b;
   benchmark::AddCustomContext("mha_version", mha_version());
   benchmark::AddCustomContext("mha_cpu_features", mha_cpu_features());
   benchmark::AddCustomContext("mha_usable_backends", names);

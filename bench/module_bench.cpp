@@ -38,6 +38,8 @@
 #include <thread>
 #include <vector>
 
+#include "usable_backends.h"
+
 using ModulePeakFn = double (*)(const std::string& isa, int threads);
 
 namespace {
@@ -209,34 +211,21 @@ void bm_module(benchmark::State& st, const std::string& backend, const ModuleSha
 // Registers module/<backend>/<shape>/threads:<n> for every usable backend, on
 // 1 thread and on every core.  fma_peak may be nullptr (no pct_peak then).
 void register_module_benchmarks(ModulePeakFn fma_peak = nullptr) {
-  struct Backend {
-    std::string name;
-    int32_t priority;
-  };
-  std::vector<Backend> backends;
-  for (int32_t i = 0; i < mha_backend_count(); ++i) {
-    mha_backend_info info;
-    if (mha_backend_get_info(i, &info) == MHA_OK && info.usable)
-      backends.push_back({info.name, info.priority});
-  }
-  std::stable_sort(backends.begin(), backends.end(),
-                   [](const Backend& a, const Backend& b) { return a.priority > b.priority; });
+  const std::vector<std::string> backends = mha_bench::usable_backends_best_first();
   if (backends.empty()) return;
-  const std::string widest = backends.front().name;
+  const std::string& widest = backends.front();
   int all = omp_get_num_procs();
   if (all < 1) all = static_cast<int>(std::thread::hardware_concurrency());
   std::vector<int> threads{1};
   if (all > 1) threads.push_back(all);
-  for (const Backend& b : backends) {
+  for (const std::string& b : backends) {
     for (const ModuleShape& s : kModuleShapes) {
       for (int n : threads) {
-        const std::string name =
-            "module/" + b.name + "/" + s.name + "/threads:" + std::to_string(n);
-        auto* bm =
-            benchmark::RegisterBenchmark(name.c_str(), bm_module, b.name, s, n, widest, fma_peak)
-                ->UseRealTime()
-                ->Unit(s.unit);
-        if (b.name == "scalar" && !s.d2l) bm->Iterations(1);  // seconds per call
+        const std::string name = "module/" + b + "/" + s.name + "/threads:" + std::to_string(n);
+        auto* bm = benchmark::RegisterBenchmark(name.c_str(), bm_module, b, s, n, widest, fma_peak)
+                       ->UseRealTime()
+                       ->Unit(s.unit);
+        if (b == "scalar" && !s.d2l) bm->Iterations(1);  // seconds per call
       }
     }
   }

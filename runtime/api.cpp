@@ -21,19 +21,6 @@ using namespace mha::rt;
 
 namespace {
 
-template <typename Body>
-mha_status guarded(Body&& body) noexcept {
-  try {
-    return body();
-  } catch (const std::bad_alloc&) {
-    return fail(MHA_ERR_OUT_OF_MEMORY, "out of memory");
-  } catch (const std::exception& e) {
-    return fail(MHA_ERR_INTERNAL, "internal error: %s", e.what());
-  } catch (...) {
-    return fail(MHA_ERR_INTERNAL, "internal error");
-  }
-}
-
 void log_call(const Backend& backend, const AttentionCall& call, const WorkPlan& plan,
               int32_t threads, double ms) {
   const mha_kernel_problem& p = call.problem;

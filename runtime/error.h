@@ -3,6 +3,9 @@
 
 #include <mha/mha.h>
 
+#include <exception>
+#include <new>
+
 namespace mha::rt {
 
 // Records a formatted message for the calling thread and returns status, so a
@@ -12,5 +15,20 @@ mha_status fail(mha_status status, const char* format, ...) __attribute__((forma
 void clear_error();
 const char* last_error();
 const char* status_name(mha_status status);
+
+// Runs an entry point's body so that no exception crosses the C API: out of
+// memory and anything else thrown become a status and a message.
+template <typename Body>
+mha_status guarded(Body&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return fail(MHA_ERR_OUT_OF_MEMORY, "out of memory");
+  } catch (const std::exception& e) {
+    return fail(MHA_ERR_INTERNAL, "internal error: %s", e.what());
+  } catch (...) {
+    return fail(MHA_ERR_INTERNAL, "internal error");
+  }
+}
 
 }  // namespace mha::rt

@@ -18,19 +18,6 @@ using namespace mha::rt;
 
 namespace {
 
-template <typename Body>
-mha_status guarded(Body&& body) noexcept {
-  try {
-    return body();
-  } catch (const std::bad_alloc&) {
-    return fail(MHA_ERR_OUT_OF_MEMORY, "out of memory");
-  } catch (const std::exception& e) {
-    return fail(MHA_ERR_INTERNAL, "internal error: %s", e.what());
-  } catch (...) {
-    return fail(MHA_ERR_INTERNAL, "internal error");
-  }
-}
-
 long long ll(int64_t x) {
   return static_cast<long long>(x);
 }

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "backend_param.h"
 #include "reference.h"
 #include "test_util.h"
 
@@ -319,38 +320,7 @@ Outcome run_case(const Case& c) {
 
 // ------------------------------------------------------------------ fixture
 
-class Attention : public ::testing::TestWithParam<std::string> {
- protected:
-  void SetUp() override {
-    const std::string& name = GetParam();
-    const auto backends = list_backends();
-    const BackendEntry* entry = find_backend(backends, name);
-    ASSERT_NE(entry, nullptr) << "backend " << name << " disappeared";
-    if (!entry->usable) {
-      GTEST_SKIP() << "backend '" << name << "' is not usable on this machine: " << entry->reason;
-    }
-    ASSERT_EQ(mha_select_backend(name.c_str()), MHA_OK) << mha_last_error();
-    const char* selected = mha_selected_backend();
-    ASSERT_NE(selected, nullptr) << mha_last_error();
-    ASSERT_EQ(std::string(selected), name);
-    ASSERT_EQ(mha_set_num_threads(0), MHA_OK);
-  }
-  void TearDown() override { mha_set_num_threads(0); }
-};
-
-std::vector<std::string> backend_names() {
-  std::vector<std::string> names;
-  for (const auto& entry : list_backends()) names.push_back(entry.name);
-  return names;
-}
-
-std::string param_name(const ::testing::TestParamInfo<std::string>& info) {
-  std::string name = info.param;
-  for (char& ch : name) {
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  }
-  return name;
-}
+class Attention : public BackendTest {};
 
 // Which backends exist and which of them can run, printed once per binary.
 TEST(Backends, AtLeastScalarIsUsable) {
@@ -864,7 +834,8 @@ TEST_P(Attention, ScoresGrowingAlongTheKeys) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, Attention, ::testing::ValuesIn(backend_names()), param_name);
+INSTANTIATE_TEST_SUITE_P(Backends, Attention, ::testing::ValuesIn(backend_names()),
+                         backend_param_name);
 
 // ------------------------------------------------------------------ heavy (ctest label "heavy")
 
@@ -880,7 +851,7 @@ TEST_P(AttentionHeavy, Long4096) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, AttentionHeavy, ::testing::ValuesIn(backend_names()),
-                         param_name);
+                         backend_param_name);
 
 }  // namespace
 }  // namespace mha_test

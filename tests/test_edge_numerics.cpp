@@ -19,6 +19,7 @@
 #include <xmmintrin.h>
 #endif
 
+#include "backend_param.h"
 #include "reference.h"
 #include "test_util.h"
 
@@ -130,31 +131,7 @@ Outcome run(const Problem& p, bool subnormal_bound = false) {
   return o;
 }
 
-class EdgeNumerics : public ::testing::TestWithParam<std::string> {
- protected:
-  void SetUp() override {
-    const auto backends = list_backends();
-    const BackendEntry* entry = find_backend(backends, GetParam());
-    ASSERT_NE(entry, nullptr);
-    if (!entry->usable) GTEST_SKIP() << GetParam() << " is not usable here: " << entry->reason;
-    ASSERT_EQ(mha_select_backend(GetParam().c_str()), MHA_OK) << mha_last_error();
-    ASSERT_EQ(mha_set_num_threads(0), MHA_OK);
-  }
-};
-
-std::vector<std::string> backend_names() {
-  std::vector<std::string> names;
-  for (const auto& entry : list_backends()) names.push_back(entry.name);
-  return names;
-}
-
-std::string param_name(const ::testing::TestParamInfo<std::string>& info) {
-  std::string name = info.param;
-  for (char& ch : name) {
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  }
-  return name;
-}
+class EdgeNumerics : public BackendTest {};
 
 // The shapes every case runs in: prefill (query lanes), decode (heads sharing
 // a KV head), and split-KV (a long key range merged by LSE).
@@ -336,9 +313,10 @@ TEST_P(EdgeNumericsHeavy, Of65536QueriesOverFewKeys) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, EdgeNumerics, ::testing::ValuesIn(backend_names()), param_name);
+INSTANTIATE_TEST_SUITE_P(Backends, EdgeNumerics, ::testing::ValuesIn(backend_names()),
+                         backend_param_name);
 INSTANTIATE_TEST_SUITE_P(Backends, EdgeNumericsHeavy, ::testing::ValuesIn(backend_names()),
-                         param_name);
+                         backend_param_name);
 
 }  // namespace
 }  // namespace mha_test

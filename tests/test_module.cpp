@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend_param.h"
 #include "module_reference.h"
 #include "test_util.h"
 #if defined(MHA_TEST_MODULE_TOOL)
@@ -479,35 +480,7 @@ bool kernel_dropout_available() {
 
 // ------------------------------------------------------------------ fixture
 
-class Module : public ::testing::TestWithParam<std::string> {
- protected:
-  void SetUp() override {
-    const std::string& name = GetParam();
-    const auto backends = list_backends();
-    const BackendEntry* entry = find_backend(backends, name);
-    ASSERT_NE(entry, nullptr) << "backend " << name << " disappeared";
-    if (!entry->usable) {
-      GTEST_SKIP() << "backend '" << name << "' is not usable on this machine: " << entry->reason;
-    }
-    ASSERT_EQ(mha_select_backend(name.c_str()), MHA_OK) << mha_last_error();
-    ASSERT_EQ(mha_set_num_threads(0), MHA_OK);
-  }
-  void TearDown() override { mha_set_num_threads(0); }
-};
-
-std::vector<std::string> backend_names() {
-  std::vector<std::string> names;
-  for (const auto& entry : list_backends()) names.push_back(entry.name);
-  return names;
-}
-
-std::string param_name(const ::testing::TestParamInfo<std::string>& info) {
-  std::string name = info.param;
-  for (char& ch : name) {
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  }
-  return name;
-}
+class Module : public BackendTest {};
 
 // ------------------------------------------------------------------ the cases
 
@@ -974,7 +947,8 @@ TEST_P(Module, DropoutFusedPath) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, Module, ::testing::ValuesIn(backend_names()), param_name);
+INSTANTIATE_TEST_SUITE_P(Backends, Module, ::testing::ValuesIn(backend_names()),
+                         backend_param_name);
 
 // ------------------------------------------------------------------ positional encoding
 

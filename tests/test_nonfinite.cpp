@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "backend_param.h"
 #include "reference.h"
 #include "test_util.h"
 
@@ -273,31 +274,7 @@ std::vector<int64_t> key_positions(int64_t lk) {
 
 // ------------------------------------------------------------------ fixture
 
-class NonFinite : public ::testing::TestWithParam<std::string> {
- protected:
-  void SetUp() override {
-    const auto backends = list_backends();
-    const BackendEntry* entry = find_backend(backends, GetParam());
-    ASSERT_NE(entry, nullptr);
-    if (!entry->usable) GTEST_SKIP() << GetParam() << " is not usable here: " << entry->reason;
-    ASSERT_EQ(mha_select_backend(GetParam().c_str()), MHA_OK) << mha_last_error();
-    ASSERT_EQ(mha_set_num_threads(0), MHA_OK);
-  }
-};
-
-std::vector<std::string> backend_names() {
-  std::vector<std::string> names;
-  for (const auto& entry : list_backends()) names.push_back(entry.name);
-  return names;
-}
-
-std::string param_name(const ::testing::TestParamInfo<std::string>& info) {
-  std::string name = info.param;
-  for (char& ch : name) {
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  }
-  return name;
-}
+class NonFinite : public BackendTest {};
 
 // ------------------------------------------------------------------ NaN
 
@@ -739,7 +716,8 @@ TEST(NonFiniteMerge, NaNAndEmptyParts) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, NonFinite, ::testing::ValuesIn(backend_names()), param_name);
+INSTANTIATE_TEST_SUITE_P(Backends, NonFinite, ::testing::ValuesIn(backend_names()),
+                         backend_param_name);
 
 }  // namespace
 }  // namespace mha_test
