@@ -97,6 +97,12 @@ mha_status mha_tensor_init(mha_tensor* tensor, void* data, mha_dtype dtype, int3
       }
     }
   }
+  for (int32_t d = 0; d < ndim; ++d) {
+    if (shape[d] > MHA_MAX_EXTENT) {
+      return fail(MHA_ERR_INVALID_SIZE, "shape[%d] = %lld exceeds MHA_MAX_EXTENT = 2^40", d,
+                  static_cast<long long>(shape[d]));
+    }
+  }
   *tensor = t;
   return MHA_OK;
 }

@@ -2,6 +2,7 @@
 // and the checks of a forward call.  The computation is in module_forward.cpp.
 #include <mha/mha.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include "module_internal.h"
 #include "registry.h"
 #include "validate.h"
+#include "versioned.h"
 
 using namespace mha::rt;
 
@@ -34,12 +36,6 @@ std::string shape_text(const mha_tensor& t) {
 // ---------------------------------------------------------------- configuration
 
 mha_status check_config(const mha_module_config* c) {
-  if (c == nullptr) return fail(MHA_ERR_NULL_POINTER, "config is NULL");
-  if (c->struct_size != sizeof(mha_module_config)) {
-    return fail(MHA_ERR_INVALID_PARAMS,
-                "config->struct_size is %u; this library knows %zu (call mha_module_config_init)",
-                c->struct_size, sizeof(mha_module_config));
-  }
   if (c->embed_dim <= 0) {
     return fail(MHA_ERR_INVALID_SIZE, "config->embed_dim = %lld; it must be positive",
                 ll(c->embed_dim));
@@ -86,6 +82,23 @@ mha_status check_config(const mha_module_config* c) {
     }
   }
   if (total > INT64_MAX / 16) return fail(MHA_ERR_SIZE_OVERFLOW, "the weights are too large");
+  if (c->embed_dim > MHA_MAX_EXTENT || c->num_heads > MHA_MAX_EXTENT) {
+    return fail(MHA_ERR_INVALID_SIZE, "config->%s = %lld exceeds MHA_MAX_EXTENT = 2^40",
+                c->embed_dim > MHA_MAX_EXTENT ? "embed_dim" : "num_heads",
+                ll(std::max(c->embed_dim, c->num_heads)));
+  }
+  if (c->embed_dim / c->num_heads > MHA_MAX_HEAD_DIM) {
+    return fail(MHA_ERR_INVALID_SIZE,
+                "config->embed_dim / config->num_heads = %lld (the head size) exceeds "
+                "MHA_MAX_HEAD_DIM = %d",
+                ll(c->embed_dim / c->num_heads), MHA_MAX_HEAD_DIM);
+  }
+  for (const auto& d : dims) {
+    if (d.value > MHA_MAX_EXTENT) {
+      return fail(MHA_ERR_INVALID_SIZE, "config->%s = %lld exceeds MHA_MAX_EXTENT = 2^40", d.name,
+                  ll(d.value));
+    }
+  }
   return MHA_OK;
 }
 
@@ -202,15 +215,17 @@ mha_status check_forward(mha_module* module, const mha_tensor* query, const mha_
                          const mha_tensor* value, const mha_tensor* out,
                          const mha_module_forward_params* params, ModuleCall* call) {
   if (module == nullptr) return fail(MHA_ERR_NULL_POINTER, "module is NULL");
-  mha_module_forward_params defaults;
+  mha_module_forward_params defaults, given;
+  mha_module_forward_params_init(&defaults);
   if (params == nullptr) {
-    mha_module_forward_params_init(&defaults);
     params = &defaults;
-  } else if (params->struct_size != sizeof(mha_module_forward_params)) {
-    return fail(MHA_ERR_INVALID_PARAMS,
-                "params->struct_size is %u; this library knows %zu (call "
-                "mha_module_forward_params_init)",
-                params->struct_size, sizeof(mha_module_forward_params));
+  } else {
+    if (mha_status s = read_versioned(params, defaults, kModuleForwardParamsSizes, "params",
+                                      "mha_module_forward_params_init", &given);
+        s != MHA_OK) {
+      return s;
+    }
+    params = &given;
   }
   const mha_tensor* tensors[4] = {query, key, value, out};
   const char* names[4] = {"query", "key", "value", "out"};
@@ -362,6 +377,15 @@ mha_status mha_module_create(const mha_module_config* config, mha_module** modul
   clear_error();
   return guarded([&] {
     if (module == nullptr) return fail(MHA_ERR_NULL_POINTER, "module is NULL");
+    if (config == nullptr) return fail(MHA_ERR_NULL_POINTER, "config is NULL");
+    mha_module_config defaults, given;
+    mha_module_config_init(&defaults);
+    if (mha_status s = read_versioned(config, defaults, kModuleConfigSizes, "config",
+                                      "mha_module_config_init", &given);
+        s != MHA_OK) {
+      return s;
+    }
+    config = &given;
     if (mha_status s = check_config(config); s != MHA_OK) return s;
     auto* m = new mha_module;
     const int64_t e = config->embed_dim;

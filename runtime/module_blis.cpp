@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cpu_features.h"
+#include "threads.h"
 
 namespace mha::rt {
 namespace {
@@ -114,7 +115,8 @@ void sgemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t
 
   rntm_t rntm;
   bli_rntm_init(&rntm);
-  bli_rntm_set_num_threads(threads < 1 ? 1 : threads, &rntm);
+  // BLIS threads with OpenMP, whose pool a forked child cannot use (threads.h).
+  bli_rntm_set_num_threads(threads < 1 || in_forked_child() ? 1 : threads, &rntm);
   bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, m, n, k, &alpha, const_cast<float*>(a), rsa,
                csa, const_cast<float*>(b), rsb, csb, &beta, dst, rsd, csd, nullptr, &rntm);
 

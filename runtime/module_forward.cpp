@@ -22,7 +22,6 @@
 // Scratch is per calling thread and reused: it grows to the largest call.
 #include <mha/mha.h>
 
-#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
@@ -352,12 +351,12 @@ void run_weights_path(const WeightsPath& w, int32_t threads) {
   auto* weights_out = static_cast<float*>(aw.data);
   const float inv_heads = 1.0f / static_cast<float>(heads);
 
-#pragma omp parallel for num_threads(team) schedule(dynamic, 1)
-  for (int64_t item = 0; item < items; ++item) {
+  auto no_preparation = [](int32_t /*thread*/) { return true; };
+  run_team(items, team, no_preparation, [&](int64_t item, int32_t thread) {
     const int64_t b = item / blocks;
     const int64_t i0 = (item % blocks) * kWeightsBlock;
     const int64_t rows = std::min(kWeightsBlock, lq - i0);
-    float* s = rows_scratch + per_thread * omp_get_thread_num();
+    float* s = rows_scratch + per_thread * thread;
     float* acc = s + kWeightsBlock * lk;
     if (c.average_weights) std::fill(acc, acc + rows * lk, 0.0f);
     for (int64_t h = 0; h < heads; ++h) {
@@ -390,7 +389,7 @@ void run_weights_path(const WeightsPath& w, int32_t threads) {
         for (int64_t j = 0; j < lk; ++j) dst[j * aw.strides[2]] = acc[r * lk + j] * inv_heads;
       }
     }
-  }
+  });
 }
 
 double ms_since(std::chrono::steady_clock::time_point t0) {

@@ -34,9 +34,9 @@ extern "C" mha_status mha_positional_encoding_add(mha_tensor* x) {
   }
   auto* data = static_cast<float*>(x->data);
   const int64_t s0 = x->strides[0], s1 = x->strides[1], s2 = x->strides[2];
-  const bool parallel = len * d >= 16384;
-#pragma omp parallel for num_threads(num_threads()) schedule(static) if (parallel)
-  for (int64_t i = 0; i < len; ++i) {
+  const int32_t team = len * d >= 16384 ? num_threads() : 1;
+  auto no_preparation = [](int32_t /*thread*/) { return true; };
+  run_team(len, team, no_preparation, [&](int64_t i, int32_t /*thread*/) {
     for (int64_t c = 0; c < d; ++c) {
       const double angle = static_cast<double>(i) / denominator[static_cast<size_t>(c / 2)];
       const double p = c % 2 == 0 ? std::sin(angle) : std::cos(angle);
@@ -45,6 +45,6 @@ extern "C" mha_status mha_positional_encoding_add(mha_tensor* x) {
         element = static_cast<float>(static_cast<double>(element) + p);
       }
     }
-  }
+  });
   return MHA_OK;
 }

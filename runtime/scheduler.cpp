@@ -1,7 +1,5 @@
 #include "scheduler.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -9,6 +7,7 @@
 
 #include "error.h"
 #include "scratch.h"
+#include "threads.h"
 
 namespace mha::rt {
 namespace {
@@ -21,10 +20,15 @@ constexpr double kSerialFlops = 4.0e5;
 constexpr int64_t kTargetItems = 64;
 constexpr int64_t kMinChunk = 512;
 constexpr int64_t kMaxHeadsPerItem = 8;
+// The decode layout keeps every query head of a KV-head group as a row of one
+// item; beyond this many rows (absurd groups) the query-lane layout serves.
+constexpr int64_t kMaxDecodeRows = 1024;
 static_assert(kTargetItems <= kMaxChunks, "a row never has more chunks than kTargetItems");
 
+// Every size here is at most MHA_MAX_EXTENT (2^40, checked by validation),
+// so no sum or quotient below can overflow; a - 1 + b never wraps.
 int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
+  return a / b + (a % b != 0 ? 1 : 0);
 }
 
 // Short sequences (one query tile per head) leave an item too little work to
@@ -53,7 +57,8 @@ WorkPlan plan_work(const mha_kernel_problem& p, const mha_plugin& plugin) {
   // KV head together.  It pays off only over many keys: with a short KV the
   // fixed cost of its horizontal reductions outweighs the idle lanes.
   const bool few_queries = p.lq * 4 <= plugin.vector_floats;
-  const bool decode = plugin.vector_floats > 1 && few_queries && p.lk >= 2 * plugin.key_tile;
+  const bool decode = plugin.vector_floats > 1 && few_queries && p.lk >= 2 * plugin.key_tile &&
+                      (p.heads / p.kv_heads) * p.lq <= kMaxDecodeRows;
   plan.layout = decode ? MHA_LAYOUT_DECODE : MHA_LAYOUT_QUERY_LANES;
   plan.batch = p.batch;
   plan.heads_per_item = decode ? p.heads / p.kv_heads : heads_per_short_item(p, plugin);
@@ -127,10 +132,13 @@ mha_status run_attention(const Backend& backend, AttentionCall& call, int32_t th
   float* partial_out = nullptr;
   float* partial_lse = nullptr;
   if (plan.chunks > 1) {
-    const size_t floats = static_cast<size_t>(n_items * rows_per_item * (p.dv + 1));
+    // Fewer than kTargetItems items, each a query tile of a head group: small.
+    const size_t floats = static_cast<size_t>(n_items * rows_per_item) *
+                          static_cast<size_t>(p.dv + 1);
     auto* buffer = static_cast<float*>(thread_scratch(ScratchSlot::kPartials, floats * 4));
     if (buffer == nullptr) {
-      return fail(MHA_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for split-KV partials",
+      return fail(MHA_ERR_OUT_OF_MEMORY,
+                  "cannot allocate %zu bytes for split-KV partials; the outputs are untouched",
                   floats * 4);
     }
     partial_out = buffer;
@@ -140,11 +148,16 @@ mha_status run_attention(const Backend& backend, AttentionCall& call, int32_t th
   const double flops = 4.0 * static_cast<double>(p.batch * p.heads * p.lq) *
                        static_cast<double>(p.lk) * static_cast<double>(p.d + p.dv) / 2.0;
   int32_t team = static_cast<int32_t>(std::min<int64_t>(threads, n_items));
-  if (flops < kSerialFlops || omp_in_parallel()) team = 1;
+  if (flops < kSerialFlops) team = 1;
 
   std::atomic<int> failed_item_code{0};
-  std::atomic<bool> out_of_memory{false};
-  auto run_item = [&](int64_t index) {
+  // Every thread takes its scratch before any item runs: if one cannot, no
+  // output has been touched and the call fails cleanly.
+  // (thread_scratch then hands each item the same, already grown, buffer.)
+  auto prepare = [&](int32_t /*thread*/) {
+    return thread_scratch(ScratchSlot::kKernel, scratch_bytes) != nullptr;
+  };
+  auto run_item = [&](int64_t index, int32_t /*thread*/) {
     // Items are ordered (batch, head group), then query tiles from the last
     // (the costliest under a causal mask) to the first, then key chunks: a
     // thread taking consecutive items reuses the same K and V, and the cheap
@@ -186,36 +199,28 @@ mha_status run_attention(const Backend& backend, AttentionCall& call, int32_t th
       }
     }
     void* scratch = thread_scratch(ScratchSlot::kKernel, scratch_bytes);
-    if (scratch == nullptr) {
-      out_of_memory.store(true, std::memory_order_relaxed);
-      return;
-    }
     if (int code = plugin.attend(&p, &item, scratch); code != 0) {
       int expected = 0;
       failed_item_code.compare_exchange_strong(expected, code);
     }
   };
 
-  if (team <= 1) {
-    for (int64_t i = 0; i < n_items; ++i) run_item(i);
-  } else {
-#pragma omp parallel for num_threads(team) schedule(dynamic, 1)
-    for (int64_t i = 0; i < n_items; ++i) run_item(i);
-  }
-
-  if (out_of_memory.load()) {
+  if (!run_team(n_items, team, prepare, run_item)) {
     return fail(MHA_ERR_OUT_OF_MEMORY,
-                "cannot allocate %zu bytes of kernel scratch; out is incomplete", scratch_bytes);
+                "cannot allocate %zu bytes of kernel scratch per thread (or start the threads); "
+                "the outputs are untouched",
+                scratch_bytes);
   }
   if (int code = failed_item_code.load(); code != 0) {
-    return fail(MHA_ERR_INTERNAL, "backend %s failed with code %d; out is incomplete",
+    return fail(MHA_ERR_INTERNAL,
+                "backend %s failed with code %d; the contents of out and lse are unspecified",
                 backend.name.c_str(), code);
   }
 
   if (plan.chunks > 1) {
     // One merge task per (batch, head group, query tile): its chunks are
     // consecutive items.
-    auto merge_group = [&](int64_t group_items) {
+    auto merge_group = [&](int64_t group_items, int32_t /*thread*/) {
       const int64_t first = group_items * plan.chunks;
       const int64_t tile_rank = group_items % plan.q_tiles;
       const int64_t group_index = group_items / plan.q_tiles;
@@ -244,13 +249,7 @@ mha_status run_attention(const Backend& backend, AttentionCall& call, int32_t th
         }
       }
     };
-    const int64_t groups = n_items / plan.chunks;
-    if (team <= 1) {
-      for (int64_t g = 0; g < groups; ++g) merge_group(g);
-    } else {
-#pragma omp parallel for num_threads(team) schedule(static)
-      for (int64_t g = 0; g < groups; ++g) merge_group(g);
-    }
+    run_team(n_items / plan.chunks, team, [](int32_t) { return true; }, merge_group);
   }
   return MHA_OK;
 }

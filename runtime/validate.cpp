@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "error.h"
+#include "versioned.h"
 
 namespace mha::rt {
 namespace {
@@ -216,6 +217,14 @@ mha_status check_tensor(const mha_tensor* t, const char* name, int32_t min_ndim,
       bytes > INT64_MAX - static_cast<int64_t>(reinterpret_cast<uintptr_t>(t->data) >> 1)) {
     return fail(MHA_ERR_SIZE_OVERFLOW, "%s: its byte extent overflows 64 bits", name);
   }
+  // Checked after the overflows, so that an extent that cannot even be
+  // represented is reported as such.
+  for (int32_t d = 0; d < t->ndim; ++d) {
+    if (t->shape[d] > MHA_MAX_EXTENT) {
+      return fail(MHA_ERR_INVALID_SIZE, "%s->shape[%d] = %lld exceeds MHA_MAX_EXTENT = 2^40", name,
+                  d, static_cast<long long>(t->shape[d]));
+    }
+  }
   return MHA_OK;
 }
 
@@ -237,15 +246,17 @@ mha_status check_no_overlap(const mha_tensor& output, const char* output_name,
 mha_status validate_attention(const mha_tensor* q, const mha_tensor* k, const mha_tensor* v,
                               const mha_tensor* out, const mha_attention_params* params,
                               AttentionCall* call) {
-  mha_attention_params defaults;
+  mha_attention_params defaults, given;
+  mha_attention_params_init(&defaults);
   if (params == nullptr) {
-    mha_attention_params_init(&defaults);
     params = &defaults;
-  } else if (params->struct_size != sizeof(mha_attention_params)) {
-    return fail(MHA_ERR_INVALID_PARAMS,
-                "params->struct_size is %u; this library knows %zu (call "
-                "mha_attention_params_init)",
-                params->struct_size, sizeof(mha_attention_params));
+  } else {
+    if (mha_status s = read_versioned(params, defaults, kAttentionParamsSizes, "params",
+                                      "mha_attention_params_init", &given);
+        s != MHA_OK) {
+      return s;
+    }
+    params = &given;
   }
 
   const mha_tensor* tensors[4] = {q, k, v, out};
@@ -279,6 +290,16 @@ mha_status validate_attention(const mha_tensor* q, const mha_tensor* k, const mh
   };
   for (const auto& a : agreements) {
     if (mha_status s = check_shape_equal(a.what, a.a, a.va, a.b, a.vb); s != MHA_OK) return s;
+  }
+  const struct {
+    const char* what;
+    int64_t value;
+  } head_sizes[] = {{"q->shape[3] (the head size D)", d}, {"v->shape[3] (the head size Dv)", dv}};
+  for (const auto& h : head_sizes) {
+    if (h.value > MHA_MAX_HEAD_DIM) {
+      return fail(MHA_ERR_INVALID_SIZE, "%s = %lld exceeds MHA_MAX_HEAD_DIM = %d", h.what,
+                  static_cast<long long>(h.value), MHA_MAX_HEAD_DIM);
+    }
   }
   if (heads % kv_heads != 0) {
     return fail(MHA_ERR_SHAPE_MISMATCH,

@@ -22,6 +22,23 @@ constexpr int64_t kRows = 16;  // query rows per block
 constexpr int64_t kKeys = 64;  // keys per tile
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// The units of the scores.  Natural: Q is multiplied by the scale, a score is
+// the logit.  A logit within the fp32 range can still make a row non-finite
+// (a dot product of Q·scale that overflows on the way), so a block whose
+// output came out non-finite is computed again in raw units: Q times the sign
+// of the scale (exact), scores are dot products, |scale| is applied to their
+// distance to the row maximum, and an additive mask joins divided by |scale|.
+struct Units {
+  bool raw;
+  float q_factor;
+  float abs_scale;
+  float mask(float m) const { return raw ? m / abs_scale : m; }
+  float weight(float distance) const { return std::exp(raw ? distance * abs_scale : distance); }
+  float lse(float row_max, float sum) const {
+    return (raw ? row_max * abs_scale : row_max) + std::log(sum);
+  }
+};
+
 struct Workspace {
   float* q;           // [kRows][D], pre-scaled
   float* scores;      // [kRows][kKeys]
@@ -58,8 +75,8 @@ inline float max_propagating_nan(float a, float b) {
 }
 
 // Scores of one key tile for one block of rows, with every mask applied.
-void score_tile(const mha_kernel_problem& p, const Workspace& w, int64_t b, int64_t h, int64_t kvh,
-                int64_t i0, int64_t rows, int64_t j0, int64_t keys) {
+void score_tile(const mha_kernel_problem& p, const Workspace& w, const Units& u, int64_t b,
+                int64_t h, int64_t kvh, int64_t i0, int64_t rows, int64_t j0, int64_t keys) {
   for (int64_t r = 0; r < rows; ++r) {
     float* s = w.scores + r * kKeys;
     const float* q = w.q + r * p.d;
@@ -85,7 +102,7 @@ void score_tile(const mha_kernel_problem& p, const Workspace& w, int64_t b, int6
       if (p.mask_kind == MHA_MASK_BOOL) {
         if (static_cast<const uint8_t*>(p.mask)[at] == 0) s[jj] = kNegInf;
       } else {
-        s[jj] += static_cast<const float*>(p.mask)[at];
+        s[jj] += u.mask(static_cast<const float*>(p.mask)[at]);
       }
     }
   }
@@ -95,8 +112,8 @@ void score_tile(const mha_kernel_problem& p, const Workspace& w, int64_t b, int6
 // A tile's products are summed apart and then added to the row, so rounding
 // grows with the tile width plus the number of tiles, not with the number of
 // keys (which matters when many keys are alike).
-void accumulate_tile(const mha_kernel_problem& p, const Workspace& w, int64_t b, int64_t kvh,
-                     int64_t rows, int64_t j0, int64_t keys) {
+void accumulate_tile(const mha_kernel_problem& p, const Workspace& w, const Units& u, int64_t b,
+                     int64_t kvh, int64_t rows, int64_t j0, int64_t keys) {
   const bool dropout = p.dropout_p > 0.0f;
   const uint32_t drop_below = mha_dropout::threshold(p.dropout_p);
   const float keep_scale = 1.0f / (1.0f - p.dropout_p);
@@ -108,7 +125,7 @@ void accumulate_tile(const mha_kernel_problem& p, const Workspace& w, int64_t b,
     float* acc = w.acc + r * p.dv;
     const float new_max = max_propagating_nan(w.row_max[r], tile_max);
     if (new_max > w.row_max[r]) {
-      const float alpha = std::exp(w.row_max[r] - new_max);  // 0 on the first tile
+      const float alpha = u.weight(w.row_max[r] - new_max);  // 0 on the first tile
       w.row_sum[r] *= alpha;
       for (int64_t d = 0; d < p.dv; ++d) acc[d] *= alpha;
       w.row_max[r] = new_max;
@@ -119,7 +136,7 @@ void accumulate_tile(const mha_kernel_problem& p, const Workspace& w, int64_t b,
     float tile_sum = 0.0f;
     for (int64_t jj = 0; jj < keys; ++jj) {
       if (s[jj] == kNegInf) continue;
-      float weight = std::exp(s[jj] - w.row_max[r]);
+      float weight = u.weight(s[jj] - w.row_max[r]);
       tile_sum += weight;  // the softmax's sum: before dropout
       if (dropout) {
         if (!mha_dropout::keep(w.row_key[r], j0 + jj, drop_below)) continue;
@@ -133,30 +150,45 @@ void accumulate_tile(const mha_kernel_problem& p, const Workspace& w, int64_t b,
   }
 }
 
+// One block of query rows over the item's keys, in the given units; returns
+// whether every row's accumulator came out finite.
+bool compute_block(const mha_kernel_problem& p, const mha_work_item& item, const Workspace& w,
+                   const Units& u, int64_t h, int64_t i0, int64_t rows) {
+  const int64_t b = item.b;
+  const int64_t kvh = mha_kernel::kv_head_of(p, h);
+  int64_t key_end = item.k_begin;
+  for (int64_t r = 0; r < rows; ++r) {
+    w.last[r] = std::min(last_visible_key(p, b, i0 + r), item.k_end - 1);
+    key_end = std::max(key_end, w.last[r] + 1);
+    const float* q = mha_kernel::q_row(p, b, h, i0 + r);
+    for (int64_t d = 0; d < p.d; ++d) w.q[r * p.d + d] = q[d * p.q_strides[3]] * u.q_factor;
+    w.row_max[r] = kNegInf;
+    w.row_key[r] = mha_dropout::row_key(p.dropout_seed, b, h, i0 + r, p.heads, p.lq);
+    w.row_sum[r] = 0.0f;
+    for (int64_t d = 0; d < p.dv; ++d) w.acc[r * p.dv + d] = 0.0f;
+  }
+  for (int64_t j0 = item.k_begin; j0 < key_end; j0 += kKeys) {
+    const int64_t keys = std::min(kKeys, key_end - j0);
+    score_tile(p, w, u, b, h, kvh, i0, rows, j0, keys);
+    accumulate_tile(p, w, u, b, kvh, rows, j0, keys);
+  }
+  for (int64_t x = 0; x < rows * p.dv; ++x) {
+    if (!std::isfinite(w.acc[x])) return false;
+  }
+  return true;
+}
+
 int attend(const mha_kernel_problem* problem, const mha_work_item* item, void* scratch) {
   const mha_kernel_problem& p = *problem;
   const Workspace w = carve(scratch, p.d, p.dv);
-  const int64_t b = item->b;
+  const Units natural{false, p.scale, std::fabs(p.scale)};
+  const Units raw{true, p.scale < 0.0f ? -1.0f : 1.0f, std::fabs(p.scale)};
   for (int64_t h = item->h_begin; h < item->h_end; ++h) {
-    const int64_t kvh = mha_kernel::kv_head_of(p, h);
     for (int64_t i0 = item->q_begin; i0 < item->q_end; i0 += kRows) {
       const int64_t rows = std::min(kRows, item->q_end - i0);
-      int64_t key_end = item->k_begin;
-      for (int64_t r = 0; r < rows; ++r) {
-        w.last[r] = std::min(last_visible_key(p, b, i0 + r), item->k_end - 1);
-        key_end = std::max(key_end, w.last[r] + 1);
-        const float* q = mha_kernel::q_row(p, b, h, i0 + r);
-        for (int64_t d = 0; d < p.d; ++d) w.q[r * p.d + d] = q[d * p.q_strides[3]] * p.scale;
-        w.row_max[r] = kNegInf;
-        w.row_key[r] = mha_dropout::row_key(p.dropout_seed, b, h, i0 + r, p.heads, p.lq);
-        w.row_sum[r] = 0.0f;
-        for (int64_t d = 0; d < p.dv; ++d) w.acc[r * p.dv + d] = 0.0f;
-      }
-      for (int64_t j0 = item->k_begin; j0 < key_end; j0 += kKeys) {
-        const int64_t keys = std::min(kKeys, key_end - j0);
-        score_tile(p, w, b, h, kvh, i0, rows, j0, keys);
-        accumulate_tile(p, w, b, kvh, rows, j0, keys);
-      }
+      const bool finite = compute_block(p, *item, w, natural, h, i0, rows);
+      if (!finite) compute_block(p, *item, w, raw, h, i0, rows);
+      const Units& u = finite ? natural : raw;
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t row_h = h - item->h_begin, row_i = i0 + r - item->q_begin;
         float* out = item->out + row_h * item->out_strides[0] + row_i * item->out_strides[1];
@@ -168,7 +200,7 @@ int attend(const mha_kernel_problem* problem, const mha_work_item* item, void* s
         }
         if (item->lse != nullptr) {
           item->lse[row_h * item->lse_strides[0] + row_i * item->lse_strides[1]] =
-              empty ? kNegInf : w.row_max[r] + std::log(sum);
+              empty ? kNegInf : u.lse(w.row_max[r], sum);
         }
       }
     }

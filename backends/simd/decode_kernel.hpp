@@ -40,7 +40,7 @@ class DecodeKernel {
     float* scores;      // [rows][KTP]
     float* row_max;     // [rows]
     float* row_sum;     // [rows]
-    float* last_key;    // [rows], absolute key index
+    int64_t* last_key;  // [rows], absolute key index
     uint32_t* row_key;  // [rows]: dropout hash of each row
     float* k_pack;      // [KT][Dp]
     float* v_pack;      // [KT][Dvp]
@@ -52,7 +52,7 @@ class DecodeKernel {
     const int64_t rows = (p.heads / p.kv_heads) * max_queries;
     const int64_t dp = round_up(p.d, W), dvp = round_up(p.dv, W);
     return ScratchCarver::bytes(
-        {rows * dp, rows * dvp, rows * KTP, rows, rows, rows, rows, KT * dp, KT * dvp, KT / 4 + 1});
+        {rows * dp, rows * dvp, rows * KTP, rows, rows, 2 * rows, rows, KT * dp, KT * dvp, KT / 4 + 1});
   }
 
   static void run(const mha_kernel_problem& p, const mha_work_item& item, void* scratch) {
@@ -66,21 +66,38 @@ class DecodeKernel {
     rows.scores = carve.floats(rows.count * KTP);
     rows.row_max = carve.floats(rows.count);
     rows.row_sum = carve.floats(rows.count);
-    rows.last_key = carve.floats(rows.count);
+    rows.last_key = reinterpret_cast<int64_t*>(carve.floats(2 * rows.count));
     rows.row_key = reinterpret_cast<uint32_t*>(carve.floats(rows.count));
     rows.k_pack = carve.floats(KT * dp);
     rows.v_pack = carve.floats(KT * dvp);
     rows.removed = reinterpret_cast<uint8_t*>(carve.floats(KT / 4 + 1));
 
+    // Scores in base-2 units; a row that came out non-finite (a -inf logit
+    // from the data, a logit past FLT_MAX / log2 e, NaN or infinite values)
+    // has the item computed again in raw units (ScoreUnits).
+    ScoreUnits units = ScoreUnits::base2(p.scale);
+    if (!compute(p, item, rows, nq, units)) {
+      units = ScoreUnits::raw_units(p.scale);
+      compute(p, item, rows, nq, units);
+    }
+    write_rows(p, item, rows, nq, units);
+  }
+
+ private:
+  // One pass over the item's keys; returns whether every row's accumulator is finite.
+  template <bool kRaw>
+  static bool compute_in(const mha_kernel_problem& p, const mha_work_item& item, const Rows& rows,
+                         int64_t nq, const ScoreUnits& units) {
+    const int64_t dp = round_up(p.d, W), dvp = round_up(p.dv, W);
     const int64_t b = item.b;
     const int64_t kvh = mha_kernel::kv_head_of(p, item.h_begin);
-    const float c = p.scale * kLog2e;
+    const float c = units.q_factor;
     int64_t max_last = item.k_begin - 1;
     for (int64_t r = 0; r < rows.count; ++r) {
       const int64_t h = item.h_begin + r / nq, i = item.q_begin + r % nq;
       const int64_t last = std::min(mha_kernel::last_visible_key(p, b, i), item.k_end - 1);
       max_last = std::max(max_last, last);
-      rows.last_key[r] = static_cast<float>(last);
+      rows.last_key[r] = last;
       rows.row_key[r] = mha_dropout::row_key(p.dropout_seed, b, h, i, p.heads, p.lq);
       const float* q = mha_kernel::q_row(p, b, h, i);
       float* dst = rows.q + r * dp;
@@ -114,8 +131,8 @@ class DecodeKernel {
         const int64_t h = item.h_begin + r / nq, i = item.q_begin + r % nq;
         float* s = rows.scores + r * KTP;
         row_scores(rows.q + r * dp, dp, k_rows, k_stride, keys, s);
-        if (p.mask_kind != MHA_MASK_NONE) apply_mask(p, b, h, i, j0, keys, s);
-        const int64_t hidden_from = static_cast<int64_t>(rows.last_key[r]) + 1 - j0;
+        if (p.mask_kind != MHA_MASK_NONE) apply_mask(p, b, h, i, j0, keys, s, units);
+        const int64_t hidden_from = rows.last_key[r] + 1 - j0;
         for (int64_t j = std::max<int64_t>(hidden_from, 0); j < keys; ++j) s[j] = kNegInf;
         // A key a mask or a -inf logit removed must not pass on a NaN or
         // infinity of its V row through 0 · V: rows with removed keys check
@@ -127,7 +144,7 @@ class DecodeKernel {
         if (guarded) {
           for (int j = 0; j < keys; ++j) rows.removed[j] = s[j] == kNegInf;
         }
-        const float alpha = update_softmax(s, keys, rows.row_max[r], rows.row_sum[r]);
+        const float alpha = update_softmax<kRaw>(s, keys, rows.row_max[r], rows.row_sum[r], units);
         if (p.dropout_p > 0.0f) apply_dropout(p.dropout_p, rows.row_key[r], j0, keys, s);
         if (guarded) {
           accumulate_pv_guarded(s, rows.removed, keys, alpha, v_rows, v_stride, dvp,
@@ -137,10 +154,21 @@ class DecodeKernel {
         }
       }
     }
-    write_rows(p, item, rows, nq);
+    B poison(0.0f);  // a - a is 0 for finite a, NaN for NaN and infinities
+    for (int64_t x = 0; x < rows.count * dvp; x += W) {
+      const B a = B::load_aligned(rows.acc + x);
+      poison += a - a;
+    }
+    return xsimd::all(poison == poison);
   }
 
- private:
+  static bool compute(const mha_kernel_problem& p, const mha_work_item& item, const Rows& rows,
+                      int64_t nq, const ScoreUnits& units) {
+    return units.raw ? compute_in<true>(p, item, rows, nq, units)
+                     : compute_in<false>(p, item, rows, nq, units);
+  }
+
+
   static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
   // s[j] = q · K[j] for the tile's keys, W keys per horizontal reduction.
@@ -161,7 +189,7 @@ class DecodeKernel {
   }
 
   static void apply_mask(const mha_kernel_problem& p, int64_t b, int64_t h, int64_t i, int64_t j0,
-                         int keys, float* s) {
+                         int keys, float* s, const ScoreUnits& units) {
     const int64_t ms = p.mask_strides[3];
     const int64_t row = mha_kernel::mask_row_offset(p, b, h, i) + j0 * ms;
     if (p.mask_kind == MHA_MASK_BOOL) {
@@ -171,24 +199,28 @@ class DecodeKernel {
       }
     } else {
       const auto* m = static_cast<const float*>(p.mask) + row;
-      for (int j = 0; j < keys; ++j) s[j] += m[j * ms] * kLog2e;
+      for (int j = 0; j < keys; ++j) s[j] += units.mask(m[j * ms]);
     }
   }
 
   // Online softmax of one row over one key tile; returns the factor that
   // rescales what the row accumulated so far.
-  static float update_softmax(float* s, int keys, float& row_max, float& row_sum) {
+  template <bool kRaw>
+  static float update_softmax(float* s, int keys, float& row_max, float& row_sum,
+                              const ScoreUnits& units) {
     float tile_max = kNegInf;
     for (int j = 0; j < keys; ++j) tile_max = (s[j] > tile_max || s[j] != s[j]) ? s[j] : tile_max;
     const float new_max = tile_max != tile_max ? tile_max : std::max(row_max, tile_max);
     const float shift = new_max == kNegInf ? 0.0f : new_max;
-    const float alpha = row_max == kNegInf ? 0.0f : std::exp2(row_max - shift);
+    const float alpha = row_max == kNegInf ? 0.0f : std::exp2(units.exponent(row_max - shift));
     // The padding keys of the last vector get weight exactly 0.
     for (int j = keys; j < KTP && j % W != 0; ++j) s[j] = kNegInf;
     B sum(0.0f);
     const B shift_v(shift);
     for (int j = 0; j < keys; j += W) {
-      const B e = fast_exp2<Arch>(B::load_aligned(s + j) - shift_v);
+      B d = B::load_aligned(s + j) - shift_v;
+      if constexpr (kRaw) d = (d * B(units.abs_scale)) * B(kLog2e);
+      const B e = fast_exp2<Arch>(d);
       e.store_aligned(s + j);
       sum += e;
     }
@@ -274,7 +306,7 @@ class DecodeKernel {
   }
 
   static void write_rows(const mha_kernel_problem& p, const mha_work_item& item, const Rows& rows,
-                         int64_t nq) {
+                         int64_t nq, const ScoreUnits& units) {
     const int64_t dvp = round_up(p.dv, W);
     for (int64_t r = 0; r < rows.count; ++r) {
       const float sum = rows.row_sum[r];
@@ -288,7 +320,7 @@ class DecodeKernel {
       }
       if (item.lse != nullptr) {
         item.lse[row_h * item.lse_strides[0] + row_i * item.lse_strides[1]] =
-            empty ? kNegInf : rows.row_max[r] * kLn2 + std::log(sum);
+            empty ? kNegInf : units.lse(rows.row_max[r], sum);
       }
     }
   }

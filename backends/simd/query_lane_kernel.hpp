@@ -48,7 +48,8 @@ class QueryLaneKernel {
     float* alpha;       // [QT]: rescale factor of the current key tile
     uint8_t* removed;   // [KT][QT]: keys a mask removed, when V holds non-finite values
     float* tile_sum;    // [QT]: sums of a fused tile until it is known to be valid
-    float* last_key;    // [QT]: last visible key, relative to the item's first key
+    int64_t* last_key;  // [QT]: last visible key, relative to the item's first key
+    float* tile_last;   // [QT]: the same relative to the current tile, within [-1, KT]
     uint32_t* row_key;  // [QT]: dropout hash of each query's row
     float* k_pack;      // [KT][D] when K rows are strided
     float* v_pack;      // [KT][Dvp] when V rows are strided or Dv % W != 0
@@ -57,8 +58,8 @@ class QueryLaneKernel {
  public:
   static size_t scratch_bytes(const mha_kernel_problem& p) {
     const int64_t dvp = round_up(p.dv, W);
-    return ScratchCarver::bytes({p.d * QT, int64_t{KT} * QT, QT * dvp, QT, QT, QT, QT, QT, QT,
-                                 KT * p.d, KT * dvp, int64_t{KT} * QT / 4});
+    return ScratchCarver::bytes({p.d * QT, int64_t{KT} * QT, QT * dvp, QT, QT, QT, QT, 2 * QT, QT,
+                                 QT, KT * p.d, KT * dvp, int64_t{KT} * QT / 4});
   }
 
   static void run(const mha_kernel_problem& p, const mha_work_item& item, void* scratch) {
@@ -72,7 +73,8 @@ class QueryLaneKernel {
     t.row_sum = carve.floats(QT);
     t.alpha = carve.floats(QT);
     t.tile_sum = carve.floats(QT);
-    t.last_key = carve.floats(QT);
+    t.last_key = reinterpret_cast<int64_t*>(carve.floats(2 * QT));
+    t.tile_last = carve.floats(QT);
     t.row_key = reinterpret_cast<uint32_t*>(carve.floats(QT));
     t.k_pack = carve.floats(KT * p.d);
     t.v_pack = carve.floats(KT * dvp);
@@ -89,16 +91,19 @@ class QueryLaneKernel {
 
   // A logit of -inf (from the data, not a mask) is a key that takes no part,
   // so its V row must not reach the output either; the fast path cannot tell
-  // such a weight from an underflowed one.  A tile whose output came out
-  // non-finite is therefore computed again, carefully: two-pass softmax and
-  // P·V skipping every -inf logit.  Finite data never pays for it.
+  // such a weight from an underflowed one.  And a logit near FLT_MAX overflows
+  // in the fast path's base-2 units.  A tile whose output came out non-finite
+  // is therefore computed again, carefully: raw units (ScoreUnits), two-pass
+  // softmax and P·V skipping every -inf logit.  Finite data never pays for it.
   static void query_tile(const mha_kernel_problem& p, const mha_work_item& item, const Tile& t,
                          int64_t h, int64_t q0, int64_t nq) {
-    accumulate_tile(p, item, t, h, q0, nq, /*careful=*/false);
+    ScoreUnits units = ScoreUnits::base2(p.scale);
+    accumulate_tile(p, item, t, h, q0, nq, units, /*careful=*/false);
     if (!acc_finite(t, nq, round_up(p.dv, W))) {
-      accumulate_tile(p, item, t, h, q0, nq, /*careful=*/true);
+      units = ScoreUnits::raw_units(p.scale);
+      accumulate_tile(p, item, t, h, q0, nq, units, /*careful=*/true);
     }
-    write_rows(p, item, t, h, q0, nq);
+    write_rows(p, item, t, h, q0, nq, units);
   }
 
   static bool acc_finite(const Tile& t, int64_t nq, int64_t dvp) {
@@ -111,7 +116,8 @@ class QueryLaneKernel {
   }
 
   static void accumulate_tile(const mha_kernel_problem& p, const mha_work_item& item, const Tile& t,
-                              int64_t h, int64_t q0, int64_t nq, bool careful) {
+                              int64_t h, int64_t q0, int64_t nq, const ScoreUnits& units,
+                              bool careful) {
     const int64_t b = item.b;
     const int64_t kvh = mha_kernel::kv_head_of(p, h);
     const int64_t dvp = round_up(p.dv, W);
@@ -123,13 +129,13 @@ class QueryLaneKernel {
       const int64_t last = std::min(mha_kernel::last_visible_key(p, b, q0 + r), item.k_end - 1);
       min_last = std::min(min_last, last);
       max_last = std::max(max_last, last);
-      t.last_key[r] = static_cast<float>(last - item.k_begin);
+      t.last_key[r] = last - item.k_begin;
     }
     for (int64_t r = nq; r < int64_t{nqv} * W; ++r) {
-      t.last_key[r] = static_cast<float>(max_last - item.k_begin);  // padding lanes
+      t.last_key[r] = max_last - item.k_begin;  // padding lanes
     }
 
-    pack_queries(p, t, b, h, q0, nq);
+    pack_queries(p, t, b, h, q0, nq, units.q_factor);
     if (p.dropout_p > 0.0f) {
       for (int64_t r = 0; r < int64_t{nqv} * W; ++r) {
         t.row_key[r] = mha_dropout::row_key(p.dropout_seed, b, h, q0 + r, p.heads, p.lq);
@@ -191,13 +197,14 @@ class QueryLaneKernel {
       bool guarded = false;
       if (!fused) {
         compute_scores<false>(t, k_rows, k_stride, p.d, nqv, keys, prefetch);
-        if (p.mask_kind != MHA_MASK_NONE) apply_mask(p, t, b, h, q0, nq, nqv, j0, keys);
+        if (p.mask_kind != MHA_MASK_NONE) apply_mask(p, t, b, h, q0, nq, nqv, j0, keys, units);
         if (j0 + keys - 1 > min_last) apply_visibility(t, nqv, j0 - item.k_begin, keys);
         guarded = (careful || !maskless) && !rows_finite(v_rows, v_stride, keys, dvp);
         if (guarded) {
           for (int64_t x = 0; x < int64_t{keys} * QT; ++x) t.removed[x] = t.scores[x] == kNegInf;
         }
-        lanes_have_maximum = update_softmax(t, nqv, keys);
+        lanes_have_maximum = units.raw ? update_softmax<true>(t, nqv, keys, units)
+                                       : update_softmax<false>(t, nqv, keys, units);
       }
       if (p.dropout_p > 0.0f) apply_dropout(p, t, nqv, j0, keys);
       if (guarded) {
@@ -243,11 +250,11 @@ class QueryLaneKernel {
     }
   }
 
-  // qt[x][r] = Q[q0 + r][x] · scale · log2(e); whole W x W blocks go through
-  // a register transpose, the edges element by element; padding lanes are 0.
+  // qt[x][r] = Q[q0 + r][x] · c (scale · log2(e) in base-2 units); whole
+  // W x W blocks go through a register transpose, the edges element by
+  // element; padding lanes are 0.
   static void pack_queries(const mha_kernel_problem& p, const Tile& t, int64_t b, int64_t h,
-                           int64_t q0, int64_t nq) {
-    const float c = p.scale * kLog2e;
+                           int64_t q0, int64_t nq, float c) {
     // The partial last vector is zeroed first, so its padding lanes are 0.
     const int64_t whole = nq / W * W;
     if (whole < nq) {
@@ -372,9 +379,10 @@ class QueryLaneKernel {
     return within;
   }
 
-  // The explicit mask, in base-2 units like the scores.
+  // The explicit mask, in the units of the scores.
   static void apply_mask(const mha_kernel_problem& p, const Tile& t, int64_t b, int64_t h,
-                         int64_t q0, int64_t nq, int nqv, int64_t j0, int keys) {
+                         int64_t q0, int64_t nq, int nqv, int64_t j0, int keys,
+                         const ScoreUnits& units) {
     const int64_t ms = p.mask_strides[3];
     const bool is_bool = p.mask_kind == MHA_MASK_BOOL;
     if (p.mask_strides[2] == 0) {
@@ -387,7 +395,7 @@ class QueryLaneKernel {
           if (static_cast<const uint8_t*>(p.mask)[row + j * ms] != 0) continue;
           for (int v = 0; v < nqv; ++v) B(kNegInf).store_aligned(s + v * W);
         } else {
-          const B add(static_cast<const float*>(p.mask)[row + j * ms] * kLog2e);
+          const B add(units.mask(static_cast<const float*>(p.mask)[row + j * ms]));
           for (int v = 0; v < nqv; ++v) (B::load_aligned(s + v * W) + add).store_aligned(s + v * W);
         }
       }
@@ -402,22 +410,35 @@ class QueryLaneKernel {
         }
       } else {
         const auto* m = static_cast<const float*>(p.mask) + row;
-        for (int j = 0; j < keys; ++j) t.scores[j * QT + r] += m[j * ms] * kLog2e;
+        for (int j = 0; j < keys; ++j) t.scores[j * QT + r] += units.mask(m[j * ms]);
       }
     }
   }
 
   // Causal and valid-length limits: key j (relative) is hidden from query q
   // when j > last_key[q].  Only tiles that cross some query's limit get here.
+  // The comparison runs in floats relative to the tile, where every value is a
+  // small integer (exact for any sequence length).
   static void apply_visibility(const Tile& t, int nqv, int64_t j_rel0, int keys) {
+    for (int64_t r = 0; r < int64_t{nqv} * W; ++r) {
+      const int64_t last = std::min<int64_t>(std::max<int64_t>(t.last_key[r] - j_rel0, -1), keys);
+      t.tile_last[r] = static_cast<float>(last);
+    }
     for (int v = 0; v < nqv; ++v) {
-      const B last = B::load_aligned(t.last_key + v * W);
+      const B last = B::load_aligned(t.tile_last + v * W);
       for (int j = 0; j < keys; ++j) {
         float* s = t.scores + j * QT + v * W;
-        const B hidden_from = B(static_cast<float>(j_rel0 + j));
+        const B hidden_from = B(static_cast<float>(j));
         xsimd::select(hidden_from > last, B(kNegInf), B::load_aligned(s)).store_aligned(s);
       }
     }
+  }
+
+  // 2^exponent of a score's distance d to the row maximum (ScoreUnits).
+  template <bool kRaw>
+  static B exp_of_distance(B d, const ScoreUnits& units) {
+    if constexpr (kRaw) return fast_exp2<Arch>((d * B(units.abs_scale)) * B(kLog2e));
+    return fast_exp2<Arch>(d);
   }
 
   // Online softmax over one key tile, all vertical: new running max, the
@@ -425,7 +446,8 @@ class QueryLaneKernel {
   // scores, running sum.
   // Returns true when every lane now has a finite running maximum (what the
   // fused path needs).
-  static bool update_softmax(const Tile& t, int nqv, int keys) {
+  template <bool kRaw>
+  static bool update_softmax(const Tile& t, int nqv, int keys, const ScoreUnits& units) {
     bool all_finite = true;
     for (int v = 0; v < nqv; ++v) {
       float* s = t.scores + v * W;
@@ -441,19 +463,19 @@ class QueryLaneKernel {
       // A row that has seen no visible key yet keeps -inf; subtract 0 instead so
       // that -inf - -inf never happens (exp2 of -inf is 0).
       const B shift = xsimd::select(new_max == B(kNegInf), B(0.0f), new_max);
-      const B alpha = fast_exp2<Arch>(old_max - shift);
+      const B alpha = exp_of_distance<kRaw>(old_max - shift, units);
       B sum0 = B::load_aligned(t.row_sum + v * W) * alpha, sum1 = B(0.0f);
       j = 0;
       for (; j + 1 < keys; j += 2) {
-        const B e0 = fast_exp2<Arch>(B::load_aligned(s + j * QT) - shift);
-        const B e1 = fast_exp2<Arch>(B::load_aligned(s + (j + 1) * QT) - shift);
+        const B e0 = exp_of_distance<kRaw>(B::load_aligned(s + j * QT) - shift, units);
+        const B e1 = exp_of_distance<kRaw>(B::load_aligned(s + (j + 1) * QT) - shift, units);
         e0.store_aligned(s + j * QT);
         e1.store_aligned(s + (j + 1) * QT);
         sum0 += e0;
         sum1 += e1;
       }
       if (j < keys) {
-        const B e0 = fast_exp2<Arch>(B::load_aligned(s + j * QT) - shift);
+        const B e0 = exp_of_distance<kRaw>(B::load_aligned(s + j * QT) - shift, units);
         e0.store_aligned(s + j * QT);
         sum0 += e0;
       }
@@ -566,7 +588,7 @@ class QueryLaneKernel {
 
   // One division per row; a row with no visible key is zeros with LSE -inf.
   static void write_rows(const mha_kernel_problem& p, const mha_work_item& item, const Tile& t,
-                         int64_t h, int64_t q0, int64_t nq) {
+                         int64_t h, int64_t q0, int64_t nq, const ScoreUnits& units) {
     const int64_t dvp = round_up(p.dv, W);
     for (int64_t r = 0; r < nq; ++r) {
       const float sum = t.row_sum[r];
@@ -586,7 +608,7 @@ class QueryLaneKernel {
       }
       if (item.lse != nullptr) {
         item.lse[row_h * item.lse_strides[0] + row_i * item.lse_strides[1]] =
-            empty ? kNegInf : t.row_max[r] * kLn2 + std::log(sum);
+            empty ? kNegInf : units.lse(t.row_max[r], sum);
       }
     }
   }

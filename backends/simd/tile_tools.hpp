@@ -2,6 +2,7 @@
 // count to a compile-time one, packing rows with a stride into dense rows.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -10,6 +11,37 @@ namespace mha_simd {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+
+// The units a kernel keeps its scores in.
+//
+// Fast: base 2.  Q is packed times scale·log2(e), so each score is a logit in
+// base-2 units and the softmax's exponential is a bare exp2 of its distance
+// to the row maximum.  A logit within the fp32 range can overflow there (one
+// above FLT_MAX / log2(e) ~ 2.4e38), and the row then comes out non-finite.
+//
+// Raw: a tile whose output came out non-finite is computed again with Q times
+// the sign of the scale only (exact), so a score is the dot product itself;
+// |scale| is applied to the distances to the row maximum, which are never
+// larger than the logits, and an additive mask joins divided by |scale|.
+// Logits up to FLT_MAX then give finite results on every backend.
+struct ScoreUnits {
+  bool raw;
+  float q_factor;   // Q is packed times this
+  float abs_scale;  // |scale|
+
+  static ScoreUnits base2(float scale) { return {false, scale * 1.4426950408889634f, 0.0f}; }
+  static ScoreUnits raw_units(float scale) {
+    return {true, scale < 0.0f ? -1.0f : 1.0f, std::fabs(scale)};
+  }
+  // An additive mask value in these units.
+  float mask(float m) const { return raw ? m / abs_scale : m * 1.4426950408889634f; }
+  // The exponent, in base 2, of a score's distance d (<= 0) to the row maximum.
+  float exponent(float d) const { return raw ? (d * abs_scale) * 1.4426950408889634f : d; }
+  // The natural log of a row's softmax denominator from its maximum and sum.
+  float lse(float row_max, float sum) const {
+    return (raw ? row_max * abs_scale : row_max * 0.6931471805599453f) + std::log(sum);
+  }
+};
 
 inline int64_t round_up(int64_t n, int64_t multiple) {
   return (n + multiple - 1) / multiple * multiple;

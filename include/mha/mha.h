@@ -3,7 +3,24 @@
  *
  * Every function returns a status code (or a value whose meaning is stated);
  * when a call fails, mha_last_error() returns a message for the calling thread
- * that names the argument at fault.  A failed call leaves its outputs untouched.
+ * that names the argument at fault.  A failed call leaves its outputs
+ * untouched -- every check, and every allocation, happens before the first
+ * output element is written -- with one exception: MHA_ERR_INTERNAL (a
+ * backend plugin reported a failure in the middle of a call), after which the
+ * outputs' contents are unspecified.
+ *
+ * Versioned structs (mha_attention_params, mha_module_config,
+ * mha_module_forward_params) start with struct_size, which their *_init()
+ * sets to the size the program was compiled with.  They only grow at their
+ * end: a program built against an older mha passes its smaller size and the
+ * fields it does not know take their defaults; a size this library never had
+ * is refused (MHA_ERR_INVALID_PARAMS).
+ *
+ * Size limits, checked by every entry point (MHA_ERR_INVALID_SIZE): the head
+ * sizes D and Dv at most MHA_MAX_HEAD_DIM, every other dimension of every
+ * tensor (batch, heads, sequence lengths, embedding sizes) at most
+ * MHA_MAX_EXTENT, also when a stride of 0 broadcasts it; a tensor's element
+ * and byte extent must fit in 63 bits (MHA_ERR_SIZE_OVERFLOW).
  *
  * Tensors are described, not owned: a data pointer, a dtype, a shape and
  * strides counted in elements, so [B,H,L,D] and [B,L,H,D] layouts (and packed
@@ -44,7 +61,7 @@ typedef enum mha_status {
   MHA_ERR_INVALID_VALUE = 9,        /* a value out of range: scale, causal mode, valid length */
   MHA_ERR_BACKEND_UNAVAILABLE = 10, /* the requested backend is unknown or unusable here     */
   MHA_ERR_OUT_OF_MEMORY = 11,
-  MHA_ERR_INTERNAL = 12 /* a backend failed; the message says which and why     */
+  MHA_ERR_INTERNAL = 12 /* a backend failed mid-call; the outputs are unspecified */
 } mha_status;
 
 /* A short, static description of a status code ("MHA_ERR_SHAPE_MISMATCH"). */
@@ -70,6 +87,8 @@ typedef enum mha_dtype {
 } mha_dtype;
 
 #define MHA_MAX_DIMS 4
+#define MHA_MAX_HEAD_DIM 65536
+#define MHA_MAX_EXTENT ((int64_t)1 << 40)
 
 typedef struct mha_tensor {
   void* data;
