@@ -137,22 +137,22 @@ mha_status mha_attention(const mha_tensor* q, const mha_tensor* k, const mha_ten
 
 int32_t mha_backend_count(void) {
   clear_error();
-  return static_cast<int32_t>(Registry::instance().backends().size());
+  return Registry::instance().count();
 }
 
 mha_status mha_backend_get_info(int32_t index, mha_backend_info* info) {
   clear_error();
   if (info == nullptr) return fail(MHA_ERR_NULL_POINTER, "info is NULL");
-  const auto& backends = Registry::instance().backends();
-  if (index < 0 || static_cast<size_t>(index) >= backends.size()) {
-    return fail(MHA_ERR_INVALID_VALUE, "backend index %d is outside [0, %zu)", index,
-                backends.size());
+  const Registry& registry = Registry::instance();
+  if (index < 0 || index >= registry.count()) {
+    return fail(MHA_ERR_INVALID_VALUE, "backend index %d is outside [0, %d)", index,
+                registry.count());
   }
-  const Backend& b = backends[static_cast<size_t>(index)];
-  info->name = b.name.c_str();
+  const BackendInfo b = registry.info(index);
+  info->name = b.name;
   info->usable = b.usable ? 1 : 0;
   info->priority = b.priority;
-  info->reason = b.reason.c_str();
+  info->reason = b.reason;
   return MHA_OK;
 }
 

@@ -18,6 +18,24 @@ mha_status fail(mha_status status, const char* format, ...) {
   return status;
 }
 
+std::string printable(const char* text, size_t max_chars) {
+  if (text == nullptr) return "(null)";
+  std::string out;
+  size_t n = 0;
+  for (; text[n] != '\0' && n < max_chars; ++n) {
+    const auto c = static_cast<unsigned char>(text[n]);
+    if (c < 0x20 || c >= 0x7f || c == '\\') {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\x%02x", c);
+      out += escaped;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (text[n] != '\0') out += "...";
+  return out;
+}
+
 void clear_error() {
   t_message[0] = '\0';
 }

@@ -3,8 +3,10 @@
 
 #include <mha/mha.h>
 
+#include <cstddef>
 #include <exception>
 #include <new>
+#include <string>
 
 namespace mha::rt {
 
@@ -13,6 +15,12 @@ namespace mha::rt {
 mha_status fail(mha_status status, const char* format, ...) __attribute__((format(printf, 2, 3)));
 
 void clear_error();
+
+// Text from the user (an environment variable, a name) made safe to print:
+// control characters, DEL and bytes outside ASCII become \xNN escapes, so a
+// message can never drive the terminal; longer than max_chars, it is cut and
+// ends in "...".
+std::string printable(const char* text, size_t max_chars = 64);
 const char* last_error();
 const char* status_name(mha_status status);
 

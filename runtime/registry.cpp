@@ -1,6 +1,5 @@
 #include "registry.h"
 
-#include <dirent.h>
 #include <dlfcn.h>
 #include <sys/stat.h>
 
@@ -12,6 +11,8 @@
 #include "cpu_features.h"
 #include "env.h"
 #include "error.h"
+#include "library_dir.h"
+#include "plugin_trust.h"
 
 namespace mha::rt {
 namespace {
@@ -19,57 +20,37 @@ namespace {
 constexpr const char* kPrefix = "libmha-backend-";
 constexpr const char* kSuffix = ".so";
 
-// Backends the runtime knows by name, so it can say "not this architecture"
-// instead of "missing".
+// The backends the runtime knows, and the only plugin files it ever loads:
+// libmha-backend-<name>.so for these names.  The priority is the runtime's
+// (auto picks the highest usable); a plugin's own claim is ignored, so a
+// stray file cannot take over auto.
 struct KnownBackend {
   const char* name;
   uint32_t arch;
+  int32_t priority;
 };
 constexpr KnownBackend kKnown[] = {
-    {"scalar", MHA_CPU_ARCH_X86_64 | MHA_CPU_ARCH_AARCH64},
-    {"avx2", MHA_CPU_ARCH_X86_64},
-    {"avx512", MHA_CPU_ARCH_X86_64},
-    {"neon", MHA_CPU_ARCH_AARCH64},
+    {"scalar", MHA_CPU_ARCH_X86_64 | MHA_CPU_ARCH_AARCH64, 0},
+    {"avx2", MHA_CPU_ARCH_X86_64, 20},
+    {"avx512", MHA_CPU_ARCH_X86_64, 30},
+    {"neon", MHA_CPU_ARCH_AARCH64, 20},
 };
-
-std::string directory_of_this_library() {
-  Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&mha_version), &info) == 0 || info.dli_fname == nullptr) {
-    return {};
-  }
-  std::string path = info.dli_fname;
-  const auto slash = path.rfind('/');
-  return slash == std::string::npos ? std::string{} : path.substr(0, slash);
-}
 
 bool file_exists(const std::string& path) {
   struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
-// Extra plugins in the directory (beyond the known names), sorted for a stable order.
-std::vector<std::string> plugin_names_in(const std::string& directory) {
-  std::vector<std::string> names;
-  DIR* dir = ::opendir(directory.c_str());
-  if (dir == nullptr) return names;
-  const size_t prefix = std::strlen(kPrefix), suffix = std::strlen(kSuffix);
-  while (const dirent* entry = ::readdir(dir)) {
-    const std::string file = entry->d_name;
-    if (file.size() <= prefix + suffix || file.compare(0, prefix, kPrefix) != 0 ||
-        file.compare(file.size() - suffix, suffix, kSuffix) != 0) {
-      continue;
-    }
-    names.push_back(file.substr(prefix, file.size() - prefix - suffix));
-  }
-  ::closedir(dir);
-  std::sort(names.begin(), names.end());
-  return names;
+  return ::stat(path.c_str(), &st) == 0;
 }
 
 const char* arch_name(uint32_t arch) {
   if (arch & MHA_CPU_ARCH_X86_64) return "x86-64";
   if (arch & MHA_CPU_ARCH_AARCH64) return "aarch64";
   return "another architecture";
+}
+
+std::string known_names() {
+  std::string names;
+  for (const auto& k : kKnown) names += std::string(names.empty() ? "" : ", ") + k.name;
+  return names;
 }
 
 }  // namespace
@@ -79,86 +60,95 @@ Registry& Registry::instance() {
   return registry;
 }
 
-Registry::Registry() {
-  const uint32_t cpu = cpu_features();
-  const int verbose = verbose_level();
-  if (verbose >= 1) std::fprintf(stderr, "mha: cpu features: %s\n", feature_names(cpu).c_str());
+const char* Registry::intern(std::string text) {
+  strings_.push_back(std::move(text));
+  return strings_.back().c_str();
+}
 
-  std::string directory = directory_of_this_library();
-  std::string directory_error;
+Registry::Registry() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  cpu_ = cpu_features();
+  const int verbose = verbose_level();
+  if (verbose >= 1) std::fprintf(stderr, "mha: cpu features: %s\n", feature_names(cpu_).c_str());
+
   if (const char* env = std::getenv("MHA_PLUGIN_DIR"); env != nullptr && *env != '\0') {
     if (env[0] == '/') {
-      directory = env;
+      directory_ = env;
     } else {
-      directory_error = std::string("MHA_PLUGIN_DIR=\"") + env +
-                        "\" is not an absolute path; plugins are only loaded from an absolute, "
-                        "trusted directory";
+      directory_error_ = "MHA_PLUGIN_DIR=\"" + printable(env, 256) +
+                         "\" is not an absolute path; plugins are only loaded from an absolute, "
+                         "trusted directory";
     }
-  } else if (directory.empty()) {
-    directory_error = "cannot find the directory libmha.so was loaded from";
+  } else {
+    directory_ = library_directory(&directory_error_);
   }
+  if (directory_error_.empty()) directory_error_ = untrusted_directory(directory_);
+  if (!directory_error_.empty()) directory_.clear();
   if (verbose >= 1) {
     std::fprintf(stderr, "mha: plugin directory: %s\n",
-                 directory_error.empty() ? directory.c_str() : directory_error.c_str());
+                 directory_error_.empty() ? directory_.c_str() : directory_error_.c_str());
   }
 
-  for (const auto& known : kKnown)
-    backends_.push_back(Backend{known.name, {}, 0, false, {}, nullptr});
-  if (directory_error.empty()) {
-    for (const auto& name : plugin_names_in(directory)) {
-      const bool listed = std::any_of(backends_.begin(), backends_.end(),
-                                      [&](const Backend& b) { return b.name == name; });
-      if (!listed) backends_.push_back(Backend{name, {}, 0, false, {}, nullptr});
-    }
-  }
-
-  for (auto& backend : backends_) {
-    const auto known = std::find_if(std::begin(kKnown), std::end(kKnown),
-                                    [&](const KnownBackend& k) { return backend.name == k.name; });
-    if (known != std::end(kKnown) && !(known->arch & cpu)) {
-      backend.reason =
-          std::string("not this architecture (built for ") + arch_name(known->arch) + " only)";
-    } else if (!directory_error.empty()) {
-      backend.reason = directory_error;
+  const char* env_backend = std::getenv("MHA_BACKEND");
+  requested_ = env_backend != nullptr && *env_backend != '\0' ? env_backend : "auto";
+  const bool load_all = requested_ == "auto";
+  backends_.reserve(std::size(kKnown));
+  for (const auto& known : kKnown) {
+    Backend backend;
+    backend.name = known.name;
+    backend.arch = known.arch;
+    backend.priority = known.priority;
+    if (!(known.arch & cpu_)) {
+      backend.probed = true;
+      backend.reason = intern(std::string("not this architecture (built for ") +
+                              arch_name(known.arch) + " only)");
+    } else if (!directory_error_.empty()) {
+      backend.probed = true;
+      backend.reason = intern(directory_error_);
     } else {
-      backend.path = directory + "/" + kPrefix + backend.name + kSuffix;
-      probe(backend, cpu);
+      backend.path = directory_ + "/" + kPrefix + known.name + kSuffix;
+      if (load_all || requested_ == known.name) {
+        probe_locked(backend);
+      } else {
+        backend.reason = intern("not loaded: MHA_BACKEND=" + printable(requested_.c_str()) +
+                                " names one backend, and only that plugin is loaded "
+                                "(mha_select_backend loads this one)");
+      }
     }
-    if (verbose >= 1) {
+    backends_.push_back(std::move(backend));
+  }
+  if (verbose >= 1) {
+    for (const auto& backend : backends_) {
       if (backend.usable) {
         std::fprintf(stderr, "mha: backend %s: usable (priority %d, %s)\n", backend.name.c_str(),
                      backend.priority, backend.path.c_str());
       } else {
         std::fprintf(stderr, "mha: backend %s: not usable: %s\n", backend.name.c_str(),
-                     backend.reason.c_str());
+                     backend.reason);
       }
     }
   }
 
-  for (const auto& backend : backends_) {
-    if (!backend.usable) continue;
-    if (!usable_names_.empty()) usable_names_ += ", ";
-    usable_names_ += backend.name;
-  }
-  if (usable_names_.empty()) usable_names_ = "none";
-
-  const char* requested = std::getenv("MHA_BACKEND");
-  if (requested == nullptr || *requested == '\0') requested = "auto";
-  const Backend* initial = resolve(requested, &environment_error_);
-  selected_.store(initial);
+  const Backend* initial = resolve_locked(requested_.c_str(), &environment_error_);
+  selected_.store(initial, std::memory_order_release);
   if (verbose >= 1) {
     if (initial != nullptr) {
       std::fprintf(stderr, "mha: selected backend %s (MHA_BACKEND=%s)\n", initial->name.c_str(),
-                   requested);
+                   printable(requested_.c_str()).c_str());
     } else {
       std::fprintf(stderr, "mha: no backend selected: %s\n", environment_error_.c_str());
     }
   }
 }
 
-void Registry::probe(Backend& backend, uint32_t cpu) {
+void Registry::probe_locked(Backend& backend) {
+  backend.probed = true;
   if (!file_exists(backend.path)) {
-    backend.reason = "not installed (" + backend.path + " is missing)";
+    backend.reason = intern("not installed (" + backend.path + " is missing)");
+    return;
+  }
+  if (std::string why = untrusted_file(backend.path); !why.empty()) {
+    backend.reason = intern(std::move(why));
     return;
   }
   // RTLD_LOCAL keeps each plugin's symbols to itself; a plugin runs no code of
@@ -166,56 +156,64 @@ void Registry::probe(Backend& backend, uint32_t cpu) {
   void* handle = ::dlopen(backend.path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* why = ::dlerror();
-    backend.reason = std::string("cannot be loaded: ") + (why != nullptr ? why : "dlopen failed");
+    backend.reason =
+        intern(std::string("cannot be loaded: ") + (why != nullptr ? why : "dlopen failed"));
     return;
   }
   auto entry = reinterpret_cast<mha_plugin_entry_fn>(::dlsym(handle, MHA_PLUGIN_ENTRY_SYMBOL));
   const mha_plugin* plugin = entry != nullptr ? entry() : nullptr;
-  if (plugin == nullptr) {
-    backend.reason = entry == nullptr ? "not an mha plugin (no mha_plugin_entry symbol)"
-                                      : "its mha_plugin_entry returned no table";
+  auto refuse = [&](std::string why) {
+    backend.reason = intern(std::move(why));
     ::dlclose(handle);
+  };
+  if (plugin == nullptr) {
+    refuse(entry == nullptr ? "not an mha plugin (no mha_plugin_entry symbol)"
+                            : "its mha_plugin_entry returned no table");
     return;
   }
   if (plugin->abi_version != MHA_PLUGIN_ABI_VERSION) {
-    backend.reason = "plugin ABI version " + std::to_string(plugin->abi_version) +
-                     ", this runtime needs " + std::to_string(MHA_PLUGIN_ABI_VERSION);
-    ::dlclose(handle);
+    refuse("plugin ABI version " + std::to_string(plugin->abi_version) +
+           ", this runtime needs " + std::to_string(MHA_PLUGIN_ABI_VERSION));
     return;
   }
   if (plugin->struct_size < sizeof(mha_plugin) || plugin->name == nullptr ||
       plugin->attend == nullptr || plugin->scratch_bytes == nullptr || plugin->query_tile <= 0 ||
       plugin->key_tile <= 0 || plugin->vector_floats <= 0) {
-    backend.reason = "malformed plugin table";
-    ::dlclose(handle);
+    refuse("malformed plugin table");
     return;
   }
   if (backend.name != plugin->name) {
-    backend.reason = std::string("the file names backend '") + backend.name +
-                     "' but the plugin calls itself '" + plugin->name + "'";
-    ::dlclose(handle);
+    refuse("the file names backend '" + backend.name + "' but the plugin calls itself '" +
+           printable(plugin->name) + "'");
     return;
   }
-  backend.priority = plugin->priority;
-  const uint32_t missing = plugin->required_cpu_features & ~cpu;
+  const uint32_t missing = plugin->required_cpu_features & ~cpu_;
   if (missing != 0) {
-    backend.reason = "this CPU (or OS) lacks " + feature_names(missing);
     // Keep the handle: nothing of it runs, and unloading gains nothing.
+    backend.reason = intern("this CPU (or OS) lacks " + feature_names(missing));
     return;
   }
   if (plugin->init != nullptr) {
     char message[256] = "";
     if (plugin->init(message, sizeof message) != 0) {
-      backend.reason = std::string("its initialisation failed: ") +
-                       (message[0] != '\0' ? message : "no reason given");
+      message[sizeof message - 1] = '\0';
+      backend.reason = intern(std::string("its initialisation failed: ") +
+                              (message[0] != '\0' ? printable(message, 200) : "no reason given"));
       return;
     }
   }
   backend.plugin = plugin;
   backend.usable = true;
+  backend.reason = "";
 }
 
-const Backend* Registry::best_usable() const {
+BackendInfo Registry::info(int32_t index) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Backend& b = backends_[static_cast<size_t>(index)];
+  return {b.name.c_str(), b.usable, b.priority, b.reason};
+}
+
+const Backend* Registry::best_usable_locked() const {
   const Backend* best = nullptr;
   for (const auto& backend : backends_) {
     if (backend.usable && (best == nullptr || backend.priority > best->priority)) best = &backend;
@@ -223,26 +221,37 @@ const Backend* Registry::best_usable() const {
   return best;
 }
 
-const Backend* Registry::resolve(const char* name, std::string* error) const {
+std::string Registry::usable_names_locked() const {
+  std::string usable, unloaded;
+  for (const auto& backend : backends_) {
+    std::string& list = backend.usable ? usable : unloaded;
+    if (backend.usable || !backend.probed) list += (list.empty() ? "" : ", ") + backend.name;
+  }
+  std::string text = "usable backends: " + (usable.empty() ? std::string("none") : usable);
+  if (!unloaded.empty()) text += " (not loaded, so not known yet: " + unloaded + ")";
+  return text;
+}
+
+const Backend* Registry::resolve_locked(const char* name, std::string* error) {
   if (std::strcmp(name, "auto") == 0) {
-    const Backend* best = best_usable();
+    for (auto& backend : backends_) {
+      if (!backend.probed) probe_locked(backend);
+    }
+    const Backend* best = best_usable_locked();
     if (best == nullptr) *error = "no usable backend: see mha-info";
     return best;
   }
-  // A name is quoted at most 64 characters long, so the list of usable
-  // backends always fits in the message.
+  const std::string quoted = "backend '" + printable(name) + "'";
   const auto it = std::find_if(backends_.begin(), backends_.end(),
                                [&](const Backend& b) { return b.name == name; });
-  char quoted[80];
-  std::snprintf(quoted, sizeof quoted, "backend '%.64s%s'", name,
-                std::strlen(name) > 64 ? "..." : "");
   if (it == backends_.end()) {
-    *error = std::string(quoted) + " is unknown; usable backends: " + usable_names_;
+    *error = quoted + " is unknown (known backends: " + known_names() + "); " +
+             usable_names_locked();
     return nullptr;
   }
+  if (!it->probed) probe_locked(*it);
   if (!it->usable) {
-    *error = std::string(quoted) + " is not usable: " + it->reason +
-             "; usable backends: " + usable_names_;
+    *error = quoted + " is not usable: " + it->reason + "; " + usable_names_locked();
     return nullptr;
   }
   return &*it;
@@ -256,12 +265,16 @@ const Backend* Registry::selected(const char** why) const {
 
 mha_status Registry::select(const char* name) {
   std::string error;
-  const Backend* backend = resolve(name, &error);
+  const Backend* backend = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    backend = resolve_locked(name, &error);
+  }
   if (backend == nullptr) return fail(MHA_ERR_BACKEND_UNAVAILABLE, "%s", error.c_str());
   selected_.store(backend, std::memory_order_release);
   if (verbose_level() >= 1) {
     std::fprintf(stderr, "mha: selected backend %s (mha_select_backend(\"%s\"))\n",
-                 backend->name.c_str(), name);
+                 backend->name.c_str(), printable(name).c_str());
   }
   return MHA_OK;
 }

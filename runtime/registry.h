@@ -1,11 +1,13 @@
-// The backend plugins: where they are, which ones this CPU can run, and which
-// one calls use.
+// The backend plugins: which ones the runtime knows, where they are, which
+// ones this CPU can run, and which one calls use.
 #pragma once
 
 #include <mha/mha.h>
 #include <mha/plugin_abi.h>
 
 #include <atomic>
+#include <deque>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -13,40 +15,59 @@ namespace mha::rt {
 
 struct Backend {
   std::string name;
-  std::string path;  // the plugin file (empty for backends of another architecture)
-  int32_t priority = 0;
+  uint32_t arch = 0;     // mha_cpu_feature architecture bits it is built for
+  int32_t priority = 0;  // the runtime's, never the plugin's own claim
+  // Set once, under the registry's lock, when the plugin is probed; a backend
+  // is only published (selected) after that.
+  bool probed = false;
   bool usable = false;
-  std::string reason;  // why not usable
+  std::string path;          // the plugin file
+  const char* reason = "";   // why not usable; valid for the process's lifetime
   const mha_plugin* plugin = nullptr;
+};
+
+// A snapshot of one backend for mha_backend_get_info.
+struct BackendInfo {
+  const char* name;
+  bool usable;
+  int32_t priority;
+  const char* reason;
 };
 
 class Registry {
  public:
-  // Loads and probes every plugin the first time; thread-safe.
+  // Built on first use, thread-safe: finds the plugin directory and probes
+  // the plugins MHA_BACKEND calls for -- all known ones for "auto" (the
+  // default), only the named one otherwise.
   static Registry& instance();
 
-  const std::vector<Backend>& backends() const { return backends_; }
+  int32_t count() const { return static_cast<int32_t>(backends_.size()); }
+  BackendInfo info(int32_t index) const;
 
   // The backend calls use, or nullptr with the reason in *why.
   const Backend* selected(const char** why) const;
 
-  // "auto" or a backend name; fails (leaving the choice as it was) when the name
-  // is unknown or its backend unusable.
+  // "auto" or a backend name (probing it if it was not loaded yet); fails,
+  // leaving the choice as it was, when the name is unknown or unusable.
   mha_status select(const char* name);
-
-  // "scalar, avx2, avx512": the usable backends, for error messages.
-  const std::string& usable_names() const { return usable_names_; }
 
  private:
   Registry();
-  void discover(const std::string& directory);
-  void probe(Backend& backend, uint32_t cpu);
-  const Backend* best_usable() const;
-  // The backend "auto" or a name stands for, or nullptr with *error set.
-  const Backend* resolve(const char* name, std::string* error) const;
+  void probe_locked(Backend& backend);
+  const Backend* best_usable_locked() const;
+  // The backend "auto" or a name stands for, probing as needed, or nullptr
+  // with *error set.
+  const Backend* resolve_locked(const char* name, std::string* error);
+  std::string usable_names_locked() const;
+  const char* intern(std::string text);
 
-  std::vector<Backend> backends_;
-  std::string usable_names_;
+  mutable std::mutex mutex_;
+  std::vector<Backend> backends_;  // the known backends; the vector never changes size
+  std::deque<std::string> strings_;  // interned reasons (references stay valid)
+  uint32_t cpu_ = 0;
+  std::string directory_;        // absolute; empty when unusable
+  std::string directory_error_;  // why no plugin can be loaded
+  std::string requested_;        // MHA_BACKEND as given ("auto" when unset)
   // What calls use; nullptr only when MHA_BACKEND named something unusable
   // (and no mha_select_backend succeeded since), with the reason in
   // environment_error_, which is written once, before any call can read it.

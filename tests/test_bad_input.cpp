@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <initializer_list>
@@ -1048,12 +1049,30 @@ TEST(BadCalls, SelectBackendRefusals) {
   for (const std::string& name :
        {std::string(""), std::string("AUTO"), std::string("Scalar"), std::string("scalar "),
         std::string(" auto"), std::string("avx2\n"), std::string("../scalar"),
+        std::string("\x1b[31mred\x1b[0m"), std::string("caf\xc3\xa9"),
         std::string("libmha-backend-scalar.so"), long_name}) {
     SCOPED_TRACE("name \"" + name.substr(0, 40) + "\"");
     EXPECT_EQ(mha_select_backend(name.c_str()), MHA_ERR_BACKEND_UNAVAILABLE);
     const std::string message = mha_last_error();
-    EXPECT_NE(message.find("'" + name.substr(0, 32)), std::string::npos)
+    // Quoted with control characters (and bytes outside ASCII) escaped: a
+    // message never drives the terminal.
+    std::string escaped;
+    for (const char c : name.substr(0, 32)) {
+      const auto byte = static_cast<unsigned char>(c);
+      if (byte < 0x20 || byte >= 0x7f || byte == '\\') {
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "\\x%02x", byte);
+        escaped += hex;
+      } else {
+        escaped += c;
+      }
+    }
+    EXPECT_NE(message.find("'" + escaped), std::string::npos)
         << "the message does not quote the name: " << message.substr(0, 200);
+    for (const char c : message) {
+      const auto byte = static_cast<unsigned char>(c);
+      EXPECT_TRUE(byte >= 0x20 && byte < 0x7f) << "raw byte " << int{byte} << " in the message";
+    }
     EXPECT_TRUE(mentions(message, "scalar")) << "usable backends not listed: " << message;
     ASSERT_NE(mha_selected_backend(), nullptr);
     EXPECT_STREQ(mha_selected_backend(), "scalar") << "a failed selection changed the choice";

@@ -14,6 +14,11 @@
 #include "common/attention_rules.h"
 #include "common/dropout.h"
 
+// A test builds a copy that claims priority 1000 (the runtime must ignore it).
+#ifndef MHA_SCALAR_PRIORITY
+#define MHA_SCALAR_PRIORITY 0
+#endif
+
 namespace {
 
 using mha_kernel::last_visible_key;
@@ -217,7 +222,7 @@ extern "C" __attribute__((visibility("default"))) const mha_plugin* mha_plugin_e
       "scalar",
       "portable C++, no SIMD intrinsics",
       0,  // runs on any CPU
-      0,  // the lowest priority: the fallback
+      MHA_SCALAR_PRIORITY,  // the plugin's claim; the runtime ranks backends itself
       1,
       kRows,
       kKeys,

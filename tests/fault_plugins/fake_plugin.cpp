@@ -8,15 +8,26 @@
 //   FAULT_NULL_TABLE     mha_plugin_entry returns NULL
 //   FAULT_NO_ATTEND      a table without attend (malformed)
 //   FAULT_NO_ENTRY       no mha_plugin_entry symbol at all
+//   FAULT_ABORT_ON_LOAD  aborts the process when loaded: a trap for files the
+//                        runtime must never dlopen
 // Priority 1000: if the runtime did not refuse it, auto would pick it.
 #include <mha/plugin_abi.h>
 
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 
 #define FAULT_EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace {
+
+#ifdef FAULT_ABORT_ON_LOAD
+__attribute__((constructor)) void trap() {
+  std::fprintf(stderr, "FAULT: the runtime loaded %s, a file it must never load\n",
+               "libmha-backend-" FAULT_FILE_NAME ".so");
+  std::abort();
+}
+#endif
 
 #ifndef FAULT_NAME
 #define FAULT_NAME FAULT_FILE_NAME

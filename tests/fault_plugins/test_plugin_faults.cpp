@@ -152,3 +152,69 @@ TEST_F(PluginFault, NamingItMakesCallsFailWithTheReason) {
 
 }  // namespace
 }  // namespace mha_test
+
+namespace mha_test {
+namespace {
+
+// Which plugin files the runtime loads: the traps (FAULT_ABORT_ON_LOAD) abort
+// the process if it ever dlopens them.
+constexpr int32_t kKnownBackends = 4;  // scalar, avx2, avx512, neon
+
+TEST(PluginLoading, UnknownFilesAreNeverLoaded) {
+  const std::string stray = env("MHA_TEST_STRAY");
+  ASSERT_FALSE(stray.empty()) << "run through ctest";
+  const auto backends = list_backends();
+  EXPECT_EQ(static_cast<int32_t>(backends.size()), kKnownBackends);
+  EXPECT_EQ(find_backend(backends, stray), nullptr) << stray << " is listed";
+  const BackendEntry* best = best_usable(backends);
+  ASSERT_NE(best, nullptr);
+  ASSERT_NE(mha_selected_backend(), nullptr) << mha_last_error();
+  EXPECT_EQ(std::string(mha_selected_backend()), best->name);
+  EXPECT_EQ(mha_select_backend(stray.c_str()), MHA_ERR_BACKEND_UNAVAILABLE);
+  EXPECT_NE(std::string(mha_last_error()).find("unknown"), std::string::npos) << mha_last_error();
+  SmallCall c;
+  ASSERT_EQ(c.call(), MHA_OK) << mha_last_error();
+  c.expect_correct();
+}
+
+TEST(PluginLoading, OnlyTheNamedPluginIsLoaded) {
+  const std::string trap = env("MHA_TEST_TRAP");
+  ASSERT_FALSE(trap.empty()) << "run through ctest";
+  ASSERT_STREQ(std::getenv("MHA_BACKEND"), "scalar");
+  ASSERT_NE(mha_selected_backend(), nullptr) << mha_last_error();
+  EXPECT_STREQ(mha_selected_backend(), "scalar");
+  const auto backends = list_backends();
+  const BackendEntry* trapped = find_backend(backends, trap);
+  ASSERT_NE(trapped, nullptr);
+  EXPECT_FALSE(trapped->usable);
+  EXPECT_NE(trapped->reason.find("not loaded"), std::string::npos) << trapped->reason;
+  SmallCall c;
+  ASSERT_EQ(c.call(), MHA_OK) << mha_last_error();
+  c.expect_correct();
+#if defined(__x86_64__)
+  // Another real plugin is loaded when the program asks for it.
+  if (std::string(mha_cpu_features()).find("avx2") != std::string::npos) {
+    ASSERT_EQ(mha_select_backend("avx2"), MHA_OK) << mha_last_error();
+    EXPECT_STREQ(mha_selected_backend(), "avx2");
+    SmallCall d;
+    ASSERT_EQ(d.call(), MHA_OK) << mha_last_error();
+    d.expect_correct();
+  }
+#endif
+}
+
+TEST(PluginLoading, PriorityClaimsAreIgnored) {
+  const auto backends = list_backends();
+  const BackendEntry* scalar = find_backend(backends, "scalar");
+  ASSERT_NE(scalar, nullptr);
+  ASSERT_TRUE(scalar->usable) << scalar->reason;
+  EXPECT_EQ(scalar->priority, 0) << "the plugin's claim of 1000 was taken";
+  const BackendEntry* best = best_usable(backends);
+  ASSERT_NE(best, nullptr);
+  ASSERT_NE(mha_selected_backend(), nullptr) << mha_last_error();
+  EXPECT_EQ(std::string(mha_selected_backend()), best->name);
+  if (best->name == "scalar") GTEST_SKIP() << "only scalar is usable on this CPU";
+}
+
+}  // namespace
+}  // namespace mha_test
