@@ -1,0 +1,48 @@
+# Fails when a binary or shared library of the build tree has an empty or a
+# relative entry in its RUNPATH/RPATH: glibc reads "" (a trailing ':') and a
+# relative path against the working directory, so a libgcc_s.so.1 or
+# libgomp.so.1 planted there would be loaded into the program.
+#   cmake -DREADELF=<readelf> -DDIRS="<dir>;<dir>" -P check_runpath.cmake
+set(checked 0)
+set(bad "")
+foreach(dir IN LISTS DIRS)
+  file(GLOB_RECURSE candidates LIST_DIRECTORIES false "${dir}/*")
+  foreach(file IN LISTS candidates)
+    if(IS_SYMLINK "${file}")
+      continue()
+    endif()
+    file(READ "${file}" magic LIMIT 4 HEX)
+    if(NOT magic STREQUAL "7f454c46")  # not ELF
+      continue()
+    endif()
+    execute_process(COMMAND ${READELF} -d "${file}" OUTPUT_VARIABLE dynamic RESULT_VARIABLE rc
+                    ERROR_QUIET)
+    if(NOT rc EQUAL 0)
+      continue()
+    endif()
+    math(EXPR checked "${checked} + 1")
+    string(REGEX MATCHALL "Library (runpath|rpath): \\[[^]]*\\]" entries "${dynamic}")
+    foreach(entry IN LISTS entries)
+      string(REGEX REPLACE "^Library (runpath|rpath): \\[(.*)\\]$" "\\2" path_list "${entry}")
+      # Split on ':' keeping empty items (CMake lists drop nothing here).
+      string(REPLACE ":" ";" items "${path_list}")
+      if(path_list MATCHES "(^:|::|:$)" OR path_list STREQUAL "")
+        list(APPEND bad "${file}: empty entry in [${path_list}]")
+        continue()
+      endif()
+      foreach(item IN LISTS items)
+        if(NOT item MATCHES "^(/|\\$ORIGIN)")
+          list(APPEND bad "${file}: relative entry '${item}' in [${path_list}]")
+        endif()
+      endforeach()
+    endforeach()
+  endforeach()
+endforeach()
+if(checked EQUAL 0)
+  message(FATAL_ERROR "no ELF file found under ${DIRS}: nothing was checked")
+endif()
+if(bad)
+  list(JOIN bad "\n  " text)
+  message(FATAL_ERROR "unsafe RUNPATH entries:\n  ${text}")
+endif()
+message(STATUS "RUNPATH: ${checked} ELF files checked, no empty or relative entry")
