@@ -1,13 +1,20 @@
 // mha — a thin C++ layer over the C API: errors become exceptions, tensors are
 // built from shapes, parameters are set by name.  Header-only; links libmha.
 //
-// Needs C++17 or later (class template argument deduction: mha::Tensor(ptr,
-// shape) is read-only over a const pointer, writable over a mutable one).  The
-// C API, mha.h, needs only C99 or C++98.
+// Needs C++17 or later (-std=c++17): below that it stops with #error.  C++17
+// brings class template argument deduction, by which mha::Tensor(ptr, shape)
+// is read-only over a const pointer and writable over a mutable one.  The C
+// API, mha.h, is plain C99 and works from any C++.
 //
-//   mha::Tensor q(q_ptr, {B, H, Lq, D});     // const float*: read-only, an input only
-//   mha::Tensor out(out_ptr, {B, H, Lq, Dv}); // float*: writable, an input or an output
-//   mha::attention(q, k, v, out);             // an output over const memory does not compile
+//   mha::Tensor q(q_ptr, {B, H, Lq, D});      // const float*: read-only, an input only
+//   mha::Tensor out(out_ptr, {B, H, Lq, Dv});  // float*: writable, an input or an output
+//   mha::attention(q, k, v, out);              // an output over const memory: compile error
+//
+// Shapes and strides are brace lists or any contiguous range of integers
+// (std::vector, std::array, a C array).  Declare a const and a mutable tensor
+// in separate declarations (one declaration deduces one type), and take
+// mha::ConstTensor (inputs) or mha::MutableTensor (outputs) in your own
+// functions: mha::Tensor alone names a template.
 //
 // Tensors and parameter objects describe memory, they never own it: the data
 // stay the caller's and must live until the call that uses them returns.
