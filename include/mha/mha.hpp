@@ -1,15 +1,45 @@
 // mha — a thin C++ layer over the C API: errors become exceptions, tensors are
 // built from shapes, parameters are set by name.  Header-only; links libmha.
+//
+// Needs C++17 or later (-std=c++17): below that it stops with #error.  C++17
+// brings class template argument deduction, by which mha::Tensor(ptr, shape)
+// is read-only over a const pointer and writable over a mutable one.  The C
+// API, mha.h, is plain C99 and works from any C++.
+//
+//   mha::Tensor q(q_ptr, {B, H, Lq, D});      // const float*: read-only, an input only
+//   mha::Tensor out(out_ptr, {B, H, Lq, Dv});  // float*: writable, an input or an output
+//   mha::attention(q, k, v, out);              // an output over const memory: compile error
+//
+// Shapes and strides are brace lists or any contiguous range of integers
+// (std::vector, std::array, a C array).  Declare a const and a mutable tensor
+// in separate declarations (one declaration deduces one type), and take
+// mha::ConstTensor (inputs) or mha::MutableTensor (outputs) in your own
+// functions: mha::Tensor alone names a template.
+//
+// Tensors and parameter objects describe memory, they never own it: the data
+// stay the caller's and must live until the call that uses them returns.
 #pragma once
+
+#if !(__cplusplus >= 201703L || (defined(_MSVC_LANG) && _MSVC_LANG >= 201703L))
+#error "mha.hpp needs C++17 or later (-std=c++17); mha.h (the C API) works with any C++"
+#endif
 
 #include <mha/mha.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <iterator>
+#include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace mha {
+
+// ------------------------------------------------------------------ errors
 
 class Error : public std::runtime_error {
  public:
@@ -21,83 +51,333 @@ class Error : public std::runtime_error {
   mha_status status_;
 };
 
+// Throws mha::Error with the C API's message when status is not MHA_OK.
 inline void check(mha_status status) {
   if (status != MHA_OK) {
     throw Error(status, std::string(mha_status_name(status)) + ": " + mha_last_error());
   }
 }
 
-// A tensor view: C order unless strides are given (in elements).
-class Tensor {
+namespace detail {
+
+// Errors found in this header read as the C API's: "MHA_ERR_...: message".
+[[noreturn]] inline void fail(mha_status status, const std::string& message) {
+  throw Error(status, std::string(mha_status_name(status)) + ": " + message);
+}
+
+// The dtype of an element type: float, bool, and 32- or 64-bit signed integers.
+template <class T>
+constexpr mha_dtype dtype_of() noexcept {
+  using U = std::remove_cv_t<T>;
+  if constexpr (std::is_same_v<U, float>) {
+    return MHA_DTYPE_F32;
+  } else if constexpr (std::is_same_v<U, bool>) {
+    return MHA_DTYPE_BOOL;
+  } else if constexpr (std::is_integral_v<U> && std::is_signed_v<U> && sizeof(U) == 4) {
+    return MHA_DTYPE_I32;
+  } else if constexpr (std::is_integral_v<U> && std::is_signed_v<U> && sizeof(U) == 8) {
+    return MHA_DTYPE_I64;
+  } else {
+    return MHA_DTYPE_INVALID;
+  }
+}
+
+// An integer type a shape can be made of (not bool, not a character type).
+template <class T>
+constexpr bool is_extent_type_v =
+    std::is_integral_v<T> && !std::is_same_v<T, bool> && !std::is_same_v<T, char> &&
+    !std::is_same_v<T, signed char> && !std::is_same_v<T, unsigned char> &&
+    !std::is_same_v<T, wchar_t> && !std::is_same_v<T, char16_t> && !std::is_same_v<T, char32_t>;
+
+template <class R>
+using range_value_t =
+    std::remove_cv_t<std::remove_reference_t<decltype(*std::data(std::declval<const R&>()))>>;
+
+template <class R, class = void>
+struct is_contiguous_extents : std::false_type {};
+template <class R>
+struct is_contiguous_extents<R, std::void_t<decltype(std::data(std::declval<const R&>())),
+                                            decltype(std::size(std::declval<const R&>()))>>
+    : std::bool_constant<is_extent_type_v<range_value_t<R>>> {};
+
+}  // namespace detail
+
+// ------------------------------------------------------------------ shapes
+
+// A shape or a list of strides, copied from a brace list ({B, H, L, D}) or any
+// contiguous range of integers: std::vector, std::array, a C array.  Values
+// that do not fit in int64_t are refused (mha::Error, MHA_ERR_INVALID_SIZE).
+class Dims {
  public:
-  Tensor(const float* data, std::initializer_list<int64_t> shape,
-         std::initializer_list<int64_t> strides = {})
-      : Tensor(const_cast<float*>(data), MHA_DTYPE_F32, shape, strides) {}
-  Tensor(void* data, mha_dtype dtype, std::initializer_list<int64_t> shape,
-         std::initializer_list<int64_t> strides = {}) {
-    if (shape.size() == 0 || shape.size() > MHA_MAX_DIMS) {
-      throw Error(MHA_ERR_INVALID_SIZE, "a tensor has 1 to 4 dimensions");
+  Dims() noexcept = default;
+  Dims(std::initializer_list<int64_t> values) : size_(values.size()) {
+    size_t i = 0;
+    for (int64_t value : values) {
+      if (i == MHA_MAX_DIMS) break;
+      values_[i++] = value;
     }
-    if (strides.size() != 0 && strides.size() != shape.size()) {
-      throw Error(MHA_ERR_INVALID_STRIDES, "strides and shape differ in rank");
-    }
-    int64_t shape_array[MHA_MAX_DIMS] = {};
-    int64_t stride_array[MHA_MAX_DIMS] = {};
-    int i = 0;
-    for (int64_t s : shape) shape_array[i++] = s;
-    i = 0;
-    for (int64_t s : strides) stride_array[i++] = s;
-    check(mha_tensor_init(&desc_, data, dtype, static_cast<int32_t>(shape.size()), shape_array,
-                          strides.size() != 0 ? stride_array : nullptr));
+  }
+  template <class Range, std::enable_if_t<!std::is_same_v<std::decay_t<Range>, Dims> &&
+                                              detail::is_contiguous_extents<Range>::value,
+                                          int> = 0>
+  Dims(const Range& values) : size_(static_cast<size_t>(std::size(values))) {  // implicit
+    const auto* first = std::data(values);
+    for (size_t i = 0; i < size_ && i < MHA_MAX_DIMS; ++i) values_[i] = to_int64(first[i]);
   }
 
-  const mha_tensor* get() const noexcept { return &desc_; }
-  mha_tensor* get() noexcept { return &desc_; }
+  // The number of values given (a shape of more than MHA_MAX_DIMS keeps only
+  // the first ones, and a tensor built from it is refused).
+  size_t size() const noexcept { return size_; }
+  bool empty() const noexcept { return size_ == 0; }
+  const int64_t* data() const noexcept { return values_; }
+  int64_t operator[](size_t i) const noexcept { return values_[i]; }
 
  private:
+  template <class I>
+  static int64_t to_int64(I value) {
+    if constexpr (std::is_unsigned_v<I> && sizeof(I) >= sizeof(int64_t)) {
+      if (value > static_cast<I>(std::numeric_limits<int64_t>::max())) {
+        detail::fail(MHA_ERR_INVALID_SIZE,
+                     "a shape or stride value " + std::to_string(value) + " exceeds INT64_MAX");
+      }
+    }
+    return static_cast<int64_t>(value);
+  }
+
+  int64_t values_[MHA_MAX_DIMS] = {};
+  size_t size_ = 0;
+};
+
+// ------------------------------------------------------------------ tensors
+
+// A tensor view: a data pointer, a dtype, a shape and strides counted in
+// elements (C order unless given).  It never owns the data.  The template
+// argument is the element type as seen through the pointer, const or not:
+//   mha::Tensor t(ptr, {2, 3});       Tensor<float> over float*, Tensor<const float>
+//                                     over const float* (deduced); float, bool,
+//                                     int32_t and int64_t elements name their dtype
+//   mha::Tensor t(ptr, MHA_DTYPE_BOOL, {2, 3})
+//                                     Tensor<void> or Tensor<const void>: any
+//                                     element type, the dtype given
+// Inputs take a ConstTensor (Tensor<const void>), which any tensor converts to.
+// Outputs take a MutableTensor (Tensor<void>), which only tensors over non-const
+// memory convert to: an output over const memory is a compile error.
+template <class T>
+class Tensor {
+  static_assert(!std::is_reference_v<T> && !std::is_volatile_v<T>,
+                "mha::Tensor<T>: T is the element type, without & or volatile");
+
+ public:
+  using element_type = T;
+  static constexpr bool writable = !std::is_const_v<T>;
+
+  // A typed view: the dtype follows from T.
+  template <class U = T, std::enable_if_t<!std::is_void_v<U>, int> = 0>
+  Tensor(T* data, const Dims& shape, const Dims& strides = Dims()) {
+    static_assert(detail::dtype_of<U>() != MHA_DTYPE_INVALID,
+                  "mha::Tensor: no mha dtype for this element type (float, bool, int32_t and "
+                  "int64_t have one); give the dtype: mha::Tensor(ptr, MHA_DTYPE_..., shape)");
+    init(const_cast<std::remove_const_t<T>*>(data), detail::dtype_of<U>(), shape, strides);
+  }
+
+  // A view of any element type with its dtype given: Tensor<void> over
+  // mutable memory, Tensor<const void> over const memory.
+  template <class U, std::enable_if_t<std::is_void_v<T> && std::is_convertible_v<U*, T*>, int> = 0>
+  Tensor(U* data, mha_dtype dtype, const Dims& shape, const Dims& strides = Dims()) {
+    init(const_cast<void*>(static_cast<const void*>(data)), dtype, shape, strides);
+  }
+
+  // Writable to read-only, typed to type-erased; never the other way.
+  template <class U,
+            std::enable_if_t<std::is_convertible_v<U*, T*> &&
+                                 (std::is_void_v<T> ||
+                                  std::is_same_v<std::remove_cv_t<U>, std::remove_cv_t<T>>),
+                             int> = 0>
+  Tensor(const Tensor<U>& other) noexcept : desc_(*other.get()) {}  // implicit
+
+  // The C descriptor; a mutable one only for a writable tensor.
+  const mha_tensor* get() const noexcept { return &desc_; }
+  template <class U = T, std::enable_if_t<!std::is_const_v<U>, int> = 0>
+  mha_tensor* get() noexcept {
+    return &desc_;
+  }
+
+  T* data() const noexcept { return static_cast<T*>(desc_.data); }
+  mha_dtype dtype() const noexcept { return static_cast<mha_dtype>(desc_.dtype); }
+  int32_t ndim() const noexcept { return desc_.ndim; }
+  int64_t shape(int32_t axis) const noexcept { return desc_.shape[axis]; }
+  int64_t stride(int32_t axis) const noexcept { return desc_.strides[axis]; }
+
+ private:
+  void init(void* data, mha_dtype dtype, const Dims& shape, const Dims& strides) {
+    if (shape.empty() || shape.size() > MHA_MAX_DIMS) {
+      detail::fail(MHA_ERR_INVALID_SIZE, "a tensor has 1 to " + std::to_string(MHA_MAX_DIMS) +
+                                             " dimensions, not " + std::to_string(shape.size()));
+    }
+    if (!strides.empty() && strides.size() != shape.size()) {
+      detail::fail(MHA_ERR_INVALID_STRIDES, std::to_string(strides.size()) + " strides for " +
+                                                std::to_string(shape.size()) + " dimensions");
+    }
+    check(mha_tensor_init(&desc_, data, dtype, static_cast<int32_t>(shape.size()), shape.data(),
+                          strides.empty() ? nullptr : strides.data()));
+  }
+
   mha_tensor desc_{};
 };
 
-// Parameters of attention(); the referenced tensors must outlive the call.
+template <class U>
+Tensor(U*, mha_dtype, const Dims&) -> Tensor<void>;
+template <class U>
+Tensor(U*, mha_dtype, const Dims&, const Dims&) -> Tensor<void>;
+template <class U>
+Tensor(const U*, mha_dtype, const Dims&) -> Tensor<const void>;
+template <class U>
+Tensor(const U*, mha_dtype, const Dims&, const Dims&) -> Tensor<const void>;
+
+using ConstTensor = Tensor<const void>;  // what inputs take: any tensor
+using MutableTensor = Tensor<void>;      // what outputs take: tensors over non-const memory
+
+// ------------------------------------------------ scaled dot-product attention
+
+// Parameters of attention().  Tensors given here are copied as descriptors
+// (data pointer, dtype, shape, strides), so temporaries are fine:
+//   mha::AttentionParams().mask(mha::Tensor(m, {Lq, Lk}))
+// The data they point to are borrowed: they must live until attention()
+// returns.  Copies and moves carry the descriptors along.
 class AttentionParams {
  public:
-  AttentionParams() { mha_attention_params_init(&params_); }
-  AttentionParams& scale(float s) {
+  AttentionParams() noexcept { mha_attention_params_init(&params_); }
+  AttentionParams(const AttentionParams& other) noexcept { assign(other); }
+  AttentionParams& operator=(const AttentionParams& other) noexcept {
+    if (this != &other) assign(other);
+    return *this;
+  }
+  // A move is a copy: the descriptors live inside the object.
+  AttentionParams(AttentionParams&& other) noexcept { assign(other); }
+  AttentionParams& operator=(AttentionParams&& other) noexcept {
+    if (this != &other) assign(other);
+    return *this;
+  }
+  ~AttentionParams() = default;
+
+  // Default 1/sqrt(D); must be finite and non-zero.
+  AttentionParams& scale(float s) noexcept {
     params_.has_scale = 1;
     params_.scale = s;
     return *this;
   }
-  AttentionParams& causal(mha_causal mode) {
+  AttentionParams& causal(mha_causal mode) noexcept {
     params_.causal = mode;
     return *this;
   }
-  AttentionParams& valid_lens(const Tensor& t) {
-    params_.valid_lens = t.get();
+  // I32 or I64 [B] or [B, Lq]: key j takes part in a row iff j < valid length.
+  AttentionParams& valid_lens(const ConstTensor& t) noexcept {
+    valid_lens_ = *t.get();
+    params_.valid_lens = &valid_lens_;
     return *this;
   }
-  AttentionParams& mask(const Tensor& t) {
-    params_.mask = t.get();
+  // BOOL (true = the key takes part) or F32 (added to the scaled scores).
+  AttentionParams& mask(const ConstTensor& t) noexcept {
+    mask_ = *t.get();
+    params_.mask = &mask_;
     return *this;
   }
-  AttentionParams& lse(Tensor& t) {
-    params_.lse = t.get();
+  // Output: F32 [B, H, Lq], the log of each row's softmax denominator.
+  AttentionParams& lse(const MutableTensor& t) noexcept {
+    lse_ = *t.get();
+    params_.lse = &lse_;
     return *this;
   }
-  AttentionParams& dropout(float p, uint64_t seed) {
+  AttentionParams& dropout(float p, uint64_t seed) noexcept {
     params_.dropout_p = p;
     params_.dropout_seed = seed;
     return *this;
   }
+
+  // The C struct; its tensor pointers point into this object.
   const mha_attention_params* get() const noexcept { return &params_; }
 
  private:
+  void assign(const AttentionParams& other) noexcept {
+    params_ = other.params_;
+    valid_lens_ = other.valid_lens_;
+    mask_ = other.mask_;
+    lse_ = other.lse_;
+    params_.valid_lens = other.params_.valid_lens != nullptr ? &valid_lens_ : nullptr;
+    params_.mask = other.params_.mask != nullptr ? &mask_ : nullptr;
+    params_.lse = other.params_.lse != nullptr ? &lse_ : nullptr;
+  }
+
   mha_attention_params params_{};
+  mha_tensor valid_lens_{};
+  mha_tensor mask_{};
+  mha_tensor lse_{};
 };
 
 // out = softmax(Q·Kᵀ·scale + mask)·V; throws mha::Error on bad input.
-inline void attention(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
-                      const AttentionParams& params = AttentionParams()) {
+inline void attention(const ConstTensor& q, const ConstTensor& k, const ConstTensor& v,
+                      MutableTensor out, const AttentionParams& params = AttentionParams()) {
   check(mha_attention(q.get(), k.get(), v.get(), out.get(), params.get()));
+}
+
+namespace detail {
+
+template <class R, class = void>
+struct is_tensor_range : std::false_type {};
+template <class R>
+struct is_tensor_range<R, std::void_t<decltype(std::begin(std::declval<const R&>())),
+                                      decltype(std::end(std::declval<const R&>()))>>
+    : std::is_convertible<decltype(*std::begin(std::declval<const R&>())), ConstTensor> {};
+
+template <class Outs, class Lses>
+using if_tensor_ranges =
+    std::enable_if_t<is_tensor_range<Outs>::value && is_tensor_range<Lses>::value, int>;
+
+template <class Range>
+std::vector<mha_tensor> descriptors(const Range& tensors) {
+  std::vector<mha_tensor> result;
+  result.reserve(static_cast<size_t>(std::distance(std::begin(tensors), std::end(tensors))));
+  for (const auto& t : tensors) result.push_back(*ConstTensor(t).get());
+  return result;
+}
+
+inline void merge(const std::vector<mha_tensor>& outs, const std::vector<mha_tensor>& lses,
+                  MutableTensor& out, mha_tensor* lse) {
+  if (outs.size() != lses.size()) {
+    fail(MHA_ERR_SHAPE_MISMATCH, "merge_partials: " + std::to_string(outs.size()) +
+                                     " partial outputs but " + std::to_string(lses.size()) +
+                                     " LSEs");
+  }
+  if (outs.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+    fail(MHA_ERR_INVALID_SIZE, "merge_partials: " + std::to_string(outs.size()) + " parts");
+  }
+  check(mha_merge_partials(static_cast<int32_t>(outs.size()), outs.data(), lses.data(), out.get(),
+                           lse));
+}
+
+}  // namespace detail
+
+// Combines results of the same queries over disjoint key ranges — each
+// attention() over its own keys with its LSE — into the result over all keys
+// (mha_merge_partials): outs[c] F32 [B, H, Lq, Dv], lses[c] F32 [B, H, Lq],
+// out [B, H, Lq, Dv], lse [B, H, Lq] (optional).  outs and lses are brace
+// lists or ranges (std::vector, std::array, ...) of tensors.
+inline void merge_partials(std::initializer_list<ConstTensor> outs,
+                           std::initializer_list<ConstTensor> lses, MutableTensor out) {
+  detail::merge(detail::descriptors(outs), detail::descriptors(lses), out, nullptr);
+}
+inline void merge_partials(std::initializer_list<ConstTensor> outs,
+                           std::initializer_list<ConstTensor> lses, MutableTensor out,
+                           MutableTensor lse) {
+  detail::merge(detail::descriptors(outs), detail::descriptors(lses), out, lse.get());
+}
+template <class Outs, class Lses, detail::if_tensor_ranges<Outs, Lses> = 0>
+void merge_partials(const Outs& outs, const Lses& lses, MutableTensor out) {
+  detail::merge(detail::descriptors(outs), detail::descriptors(lses), out, nullptr);
+}
+template <class Outs, class Lses, detail::if_tensor_ranges<Outs, Lses> = 0>
+void merge_partials(const Outs& outs, const Lses& lses, MutableTensor out, MutableTensor lse) {
+  detail::merge(detail::descriptors(outs), detail::descriptors(lses), out, lse.get());
 }
 
 // ------------------------------------------------ the multi-head attention module
@@ -115,44 +395,83 @@ struct ModuleConfig {
   float dropout = 0.0f;  // on the attention weights in training mode, [0, 1)
 };
 
-// Parameters of Module::forward; the referenced tensors must outlive the call.
+// Parameters of Module::forward.  As AttentionParams: tensors are copied as
+// descriptors (temporaries are fine), their data are borrowed until the call
+// returns, copies and moves carry the descriptors along.
 class ModuleForwardParams {
  public:
-  ModuleForwardParams() { mha_module_forward_params_init(&params_); }
-  ModuleForwardParams& valid_lens(const Tensor& t) {
-    params_.valid_lens = t.get();
+  ModuleForwardParams() noexcept { mha_module_forward_params_init(&params_); }
+  ModuleForwardParams(const ModuleForwardParams& other) noexcept { assign(other); }
+  ModuleForwardParams& operator=(const ModuleForwardParams& other) noexcept {
+    if (this != &other) assign(other);
+    return *this;
+  }
+  // A move is a copy: the descriptors live inside the object.
+  ModuleForwardParams(ModuleForwardParams&& other) noexcept { assign(other); }
+  ModuleForwardParams& operator=(ModuleForwardParams&& other) noexcept {
+    if (this != &other) assign(other);
+    return *this;
+  }
+  ~ModuleForwardParams() = default;
+
+  // d2l's valid_lens: I32/I64 [B] or [B, Lq].
+  ModuleForwardParams& valid_lens(const ConstTensor& t) noexcept {
+    valid_lens_ = *t.get();
+    params_.valid_lens = &valid_lens_;
     return *this;
   }
   // PyTorch's convention: bool true = the key is ignored; or f32, added.
-  ModuleForwardParams& key_padding_mask(const Tensor& t) {
-    params_.key_padding_mask = t.get();
+  ModuleForwardParams& key_padding_mask(const ConstTensor& t) noexcept {
+    key_padding_mask_ = *t.get();
+    params_.key_padding_mask = &key_padding_mask_;
     return *this;
   }
   // PyTorch's convention: bool true = not allowed; or f32, added.
-  ModuleForwardParams& attn_mask(const Tensor& t) {
-    params_.attn_mask = t.get();
+  ModuleForwardParams& attn_mask(const ConstTensor& t) noexcept {
+    attn_mask_ = *t.get();
+    params_.attn_mask = &attn_mask_;
     return *this;
   }
-  ModuleForwardParams& causal(mha_causal mode) {
+  ModuleForwardParams& causal(mha_causal mode) noexcept {
     params_.causal = mode;
     return *this;
   }
-  // [B, H, Lq, Lk], or [B, Lq, Lk] when averaged over the heads.
-  ModuleForwardParams& attn_weights(Tensor& t, bool average = false) {
-    params_.attn_weights = t.get();
+  // Output: [B, H, Lq, Lk], or [B, Lq, Lk] when averaged over the heads.
+  ModuleForwardParams& attn_weights(const MutableTensor& t, bool average = false) noexcept {
+    attn_weights_ = *t.get();
+    params_.attn_weights = &attn_weights_;
     params_.average_attn_weights = average ? 1 : 0;
     return *this;
   }
   // Training mode: dropout as configured, decided by the seed.
-  ModuleForwardParams& training(uint64_t dropout_seed) {
+  ModuleForwardParams& training(uint64_t dropout_seed) noexcept {
     params_.training = 1;
     params_.dropout_seed = dropout_seed;
     return *this;
   }
+
+  // The C struct; its tensor pointers point into this object.
   const mha_module_forward_params* get() const noexcept { return &params_; }
 
  private:
+  void assign(const ModuleForwardParams& other) noexcept {
+    params_ = other.params_;
+    valid_lens_ = other.valid_lens_;
+    key_padding_mask_ = other.key_padding_mask_;
+    attn_mask_ = other.attn_mask_;
+    attn_weights_ = other.attn_weights_;
+    params_.valid_lens = other.params_.valid_lens != nullptr ? &valid_lens_ : nullptr;
+    params_.key_padding_mask =
+        other.params_.key_padding_mask != nullptr ? &key_padding_mask_ : nullptr;
+    params_.attn_mask = other.params_.attn_mask != nullptr ? &attn_mask_ : nullptr;
+    params_.attn_weights = other.params_.attn_weights != nullptr ? &attn_weights_ : nullptr;
+  }
+
   mha_module_forward_params params_{};
+  mha_tensor valid_lens_{};
+  mha_tensor key_padding_mask_{};
+  mha_tensor attn_mask_{};
+  mha_tensor attn_weights_{};
 };
 
 // An mha_module owned by this object: destroyed with it; movable, not copyable.
@@ -187,13 +506,13 @@ class Module {
 
   // Copies a weight named as in PyTorch's state_dict ("in_proj_weight",
   // "out_proj.bias", ...) or d2l's ("W_q.weight", ...).
-  void set_weight(const std::string& name, const Tensor& value) {
+  void set_weight(const std::string& name, const ConstTensor& value) {
     check(mha_module_set_weight(module_, name.c_str(), value.get()));
   }
 
   // out [B, Lq, E] = module(query [B, Lq, Eq], key [B, Lk, Ek], value [B, Lk, Ev]).
-  void forward(const Tensor& query, const Tensor& key, const Tensor& value, Tensor& out,
-               const ModuleForwardParams& params = ModuleForwardParams()) const {
+  void forward(const ConstTensor& query, const ConstTensor& key, const ConstTensor& value,
+               MutableTensor out, const ModuleForwardParams& params = ModuleForwardParams()) const {
     check(
         mha_module_forward(module_, query.get(), key.get(), value.get(), out.get(), params.get()));
   }
@@ -205,22 +524,69 @@ class Module {
 };
 
 // Adds the sinusoidal positional encoding to x [B, L, d] in place.
-inline void positional_encoding_add(Tensor& x) {
+inline void positional_encoding_add(MutableTensor x) {
   check(mha_positional_encoding_add(x.get()));
 }
 
+// ------------------------------------------------ backends, threads, version
+
+// One backend the runtime knows (mha_backend_info).
+struct BackendInfo {
+  std::string name;      // "scalar", "avx2", "avx512", "neon"
+  bool usable = false;   // this CPU can run it and its plugin loaded
+  int32_t priority = 0;  // auto picks the usable backend with the highest priority
+  std::string reason;    // why it is not usable ("" when usable)
+};
+
+// Every backend the runtime knows, installed or not.
+inline std::vector<BackendInfo> backends() {
+  const int32_t n = mha_backend_count();
+  std::vector<BackendInfo> result;
+  result.reserve(n > 0 ? static_cast<size_t>(n) : 0);
+  for (int32_t i = 0; i < n; ++i) {
+    mha_backend_info info{};
+    check(mha_backend_get_info(i, &info));
+    result.push_back(BackendInfo{info.name != nullptr ? info.name : "", info.usable != 0,
+                                 info.priority, info.reason != nullptr ? info.reason : ""});
+  }
+  return result;
+}
+
+// The backend calls will use; throws when the requested one is not usable.
 inline std::string selected_backend() {
   const char* name = mha_selected_backend();
-  if (name == nullptr) throw Error(MHA_ERR_BACKEND_UNAVAILABLE, mha_last_error());
+  if (name == nullptr) {
+    throw Error(
+        MHA_ERR_BACKEND_UNAVAILABLE,
+        std::string(mha_status_name(MHA_ERR_BACKEND_UNAVAILABLE)) + ": " + mha_last_error());
+  }
   return name;
 }
 
+// By name ("auto" = best usable), overriding MHA_BACKEND; throws (and keeps
+// the choice) when the name is unknown or not usable here.
 inline void select_backend(const std::string& name) {
   check(mha_select_backend(name.c_str()));
 }
 
+// Threads inside one call; 0 returns to the environment (MHA_NUM_THREADS,
+// OMP_NUM_THREADS, all cores).
 inline void set_num_threads(int32_t n) {
   check(mha_set_num_threads(n));
+}
+inline int32_t num_threads() {
+  return mha_get_num_threads();
+}
+
+// The library's version ("0.1.0"), which may differ from the header's
+// (MHA_VERSION_MAJOR, _MINOR, _PATCH) when another libmha is loaded.
+inline std::string version() {
+  return mha_version();
+}
+
+// The CPU features the runtime detected, space-separated ("avx2 fma avx512f ...").
+inline std::string cpu_features() {
+  return mha_cpu_features();
 }
 
 }  // namespace mha

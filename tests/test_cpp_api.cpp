@@ -1,0 +1,544 @@
+// The C++ layer (include/mha/mha.hpp) against the C API on the same inputs:
+// shapes from any contiguous range, dtypes from element types, parameter
+// objects that own their descriptors (built from temporaries, copied, moved),
+// merge_partials, the backend list, threads, version and CPU features.  What
+// must not compile is in cpp_api_compile.cpp (ctest cpp.must_not_compile.*).
+#include <gtest/gtest.h>
+#include <mha/mha.h>
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <mha/mha.hpp>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "reference.h"
+#include "test_util.h"
+
+namespace mha_test {
+namespace {
+
+std::vector<float> random_values(size_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> values(n);
+  for (float& x : values) x = rng.uniform();
+  return values;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+bool same_descriptor(const mha_tensor& a, const mha_tensor& b) {
+  if (a.data != b.data || a.dtype != b.dtype || a.ndim != b.ndim) return false;
+  for (int32_t d = 0; d < a.ndim; ++d) {
+    if (a.shape[d] != b.shape[d] || a.strides[d] != b.strides[d]) return false;
+  }
+  return true;
+}
+
+// The status of the mha::Error a callable throws (MHA_OK if none), and its message.
+template <class Fn>
+mha_status thrown_status(Fn&& fn, std::string* message = nullptr) {
+  try {
+    fn();
+  } catch (const mha::Error& e) {
+    if (message != nullptr) *message = e.what();
+    return e.status();
+  }
+  return MHA_OK;
+}
+
+// ------------------------------------------------------------------ shapes
+
+TEST(CppApi, ShapesFromAnyContiguousRange) {
+  std::vector<float> data(2 * 3 * 4 * 5);
+  mha_tensor expected{};
+  const int64_t shape[4] = {2, 3, 4, 5};
+  ASSERT_EQ(mha_tensor_init(&expected, data.data(), MHA_DTYPE_F32, 4, shape, nullptr), MHA_OK);
+
+  const std::vector<int64_t> from_vector = {2, 3, 4, 5};
+  const std::vector<int> from_int_vector = {2, 3, 4, 5};
+  const std::vector<size_t> from_size_vector = {2, 3, 4, 5};
+  const std::array<int64_t, 4> from_array = {2, 3, 4, 5};
+  const std::array<int32_t, 4> from_int_array = {2, 3, 4, 5};
+  const int64_t from_c_array[4] = {2, 3, 4, 5};
+  const int from_int_c_array[4] = {2, 3, 4, 5};
+  const int64_t b = 2, h = 3, l = 4, d = 5;
+
+  EXPECT_TRUE(same_descriptor(*mha::Tensor(data.data(), {2, 3, 4, 5}).get(), expected));
+  EXPECT_TRUE(same_descriptor(*mha::Tensor(data.data(), {b, h, l, d}).get(), expected));
+  EXPECT_TRUE(same_descriptor(*mha::Tensor(data.data(), from_vector).get(), expected));
+  EXPECT_TRUE(same_descriptor(*mha::Tensor(data.data(), from_int_vector).get(), expected));
+  EXPECT_TRUE(same_descriptor(*mha::Tensor(data.data(), from_size_vector).get(), expected));
+  EXPECT_TRUE(same_descriptor(*mha::Tensor(data.data(), from_array).get(), expected));
+  EXPECT_TRUE(same_descriptor(*mha::Tensor(data.data(), from_int_array).get(), expected));
+  EXPECT_TRUE(same_descriptor(*mha::Tensor(data.data(), from_c_array).get(), expected));
+  EXPECT_TRUE(same_descriptor(*mha::Tensor(data.data(), from_int_c_array).get(), expected));
+  EXPECT_TRUE(same_descriptor(
+      *mha::Tensor(data.data(), MHA_DTYPE_F32, from_vector, std::vector<int64_t>{60, 20, 5, 1})
+           .get(),
+      expected));
+
+  // Strides from any range too, and a shape decided at run time.
+  std::vector<int64_t> run_time_shape;
+  for (int64_t extent = 2; extent <= 5; ++extent) run_time_shape.push_back(extent);
+  const std::array<int, 4> strides = {1, 2, 6, 24};  // column-major
+  mha::Tensor t(static_cast<const float*>(data.data()), run_time_shape, strides);
+  EXPECT_EQ(t.ndim(), 4);
+  for (int32_t axis = 0; axis < 4; ++axis) {
+    EXPECT_EQ(t.shape(axis), run_time_shape[static_cast<size_t>(axis)]);
+    EXPECT_EQ(t.stride(axis), strides[static_cast<size_t>(axis)]);
+  }
+  EXPECT_EQ(t.data(), data.data());
+  EXPECT_EQ(t.dtype(), MHA_DTYPE_F32);
+}
+
+TEST(CppApi, BadShapesThrow) {
+  std::vector<float> data(64);
+  std::string message;
+  EXPECT_EQ(thrown_status([&] { mha::Tensor(data.data(), std::vector<int64_t>{}); }, &message),
+            MHA_ERR_INVALID_SIZE);
+  EXPECT_EQ(message, "MHA_ERR_INVALID_SIZE: a tensor has 1 to 4 dimensions, not 0");
+  EXPECT_EQ(thrown_status(
+                [&] {
+                  mha::Tensor(data.data(), std::vector<int>{1, 1, 1, 1, 2});
+                },
+                &message),
+            MHA_ERR_INVALID_SIZE);
+  EXPECT_EQ(message, "MHA_ERR_INVALID_SIZE: a tensor has 1 to 4 dimensions, not 5");
+  EXPECT_EQ(thrown_status(
+                [&] {
+                  mha::Tensor(data.data(), {2, 4}, {4});
+                },
+                &message),
+            MHA_ERR_INVALID_STRIDES);
+  EXPECT_EQ(message, "MHA_ERR_INVALID_STRIDES: 1 strides for 2 dimensions");
+  const std::vector<uint64_t> huge = {std::numeric_limits<uint64_t>::max()};
+  EXPECT_EQ(thrown_status([&] { mha::Tensor(data.data(), huge); }, &message), MHA_ERR_INVALID_SIZE);
+  EXPECT_NE(message.find("18446744073709551615 exceeds INT64_MAX"), std::string::npos) << message;
+  // What the C API refuses comes back with its message.
+  EXPECT_EQ(thrown_status(
+                [&] {
+                  mha::Tensor(data.data(), {2, -1});
+                },
+                &message),
+            MHA_ERR_INVALID_SIZE);
+  EXPECT_EQ(message.rfind("MHA_ERR_INVALID_SIZE: ", 0), 0u) << message;
+  EXPECT_GT(message.size(), std::string("MHA_ERR_INVALID_SIZE: ").size());
+}
+
+// ------------------------------------------------------------------ dtypes and constness
+
+TEST(CppApi, DtypeAndConstnessFollowThePointer) {
+  float f[2] = {};
+  int32_t i32[2] = {};
+  int64_t i64[2] = {};
+  long long ll[2] = {};  // 64 bits, not int64_t (long) on LP64
+  bool flags[2] = {};
+  uint8_t bytes[2] = {};
+  EXPECT_EQ(mha::Tensor(f, {2}).dtype(), MHA_DTYPE_F32);
+  EXPECT_EQ(mha::Tensor(i32, {2}).dtype(), MHA_DTYPE_I32);
+  EXPECT_EQ(mha::Tensor(i64, {2}).dtype(), MHA_DTYPE_I64);
+  EXPECT_EQ(mha::Tensor(ll, {2}).dtype(), MHA_DTYPE_I64);
+  EXPECT_EQ(mha::Tensor(flags, {2}).dtype(), MHA_DTYPE_BOOL);
+  EXPECT_EQ(mha::Tensor(bytes, MHA_DTYPE_BOOL, {2}).dtype(), MHA_DTYPE_BOOL);
+
+  const float* cf = f;
+  const auto typed = mha::Tensor(cf, {2});
+  const auto erased = mha::Tensor(static_cast<const uint8_t*>(bytes), MHA_DTYPE_BOOL, {2});
+  const auto writable = mha::Tensor(bytes, MHA_DTYPE_BOOL, {2});
+  static_assert(std::is_same_v<std::remove_const_t<decltype(typed)>, mha::Tensor<const float>>);
+  static_assert(std::is_same_v<std::remove_const_t<decltype(erased)>, mha::ConstTensor>);
+  static_assert(std::is_same_v<std::remove_const_t<decltype(writable)>, mha::MutableTensor>);
+  static_assert(!mha::Tensor<const float>::writable && mha::Tensor<float>::writable);
+  static_assert(std::is_same_v<decltype(typed.data()), const float*>);
+  static_assert(std::is_same_v<decltype(mha::Tensor(f, {2}).data()), float*>);
+  static_assert(
+      std::is_same_v<decltype(std::declval<mha::ConstTensor&>().get()), const mha_tensor*>);
+  static_assert(std::is_same_v<decltype(std::declval<mha::MutableTensor&>().get()), mha_tensor*>);
+  static_assert(std::is_trivially_copyable_v<mha::ConstTensor>);
+  EXPECT_EQ(typed.data(), f);
+  EXPECT_EQ(erased.data(), static_cast<const void*>(bytes));
+  EXPECT_EQ(writable.data(), static_cast<void*>(bytes));
+
+  // Writable converts to read-only and typed to type-erased, descriptors intact.
+  mha::Tensor<float> t(f, {1, 2}, {2, 1});
+  const mha::ConstTensor as_input = t;
+  const mha::MutableTensor as_output = t;
+  const mha::Tensor<const float> as_const_float = t;
+  EXPECT_TRUE(same_descriptor(*as_input.get(), *t.get()));
+  EXPECT_TRUE(same_descriptor(*as_output.get(), *t.get()));
+  EXPECT_TRUE(same_descriptor(*as_const_float.get(), *t.get()));
+}
+
+// ------------------------------------------------------------------ attention
+
+struct Problem {
+  int64_t B = 2, H = 4, Hkv = 2, Lq = 5, Lk = 11, D = 8, Dv = 6;
+  std::vector<float> q, k, v;
+  Problem()
+      : q(random_values(static_cast<size_t>(B * H * Lq * D), 1)),
+        k(random_values(static_cast<size_t>(B * Hkv * Lk * D), 2)),
+        v(random_values(static_cast<size_t>(B * Hkv * Lk * Dv), 3)) {}
+  size_t out_size() const { return static_cast<size_t>(B * H * Lq * Dv); }
+  size_t lse_size() const { return static_cast<size_t>(B * H * Lq); }
+  mha_tensor cq() { return describe(q.data(), MHA_DTYPE_F32, {B, H, Lq, D}); }
+  mha_tensor ck() { return describe(k.data(), MHA_DTYPE_F32, {B, Hkv, Lk, D}); }
+  mha_tensor cv() { return describe(v.data(), MHA_DTYPE_F32, {B, Hkv, Lk, Dv}); }
+};
+
+TEST(CppApi, AttentionOverConstInputsMatchesTheCApi) {
+  Problem p;
+  const std::vector<float>& q = p.q;  // inputs seen through const pointers
+  const std::vector<float>& k = p.k;
+  const std::vector<float>& v = p.v;
+  std::vector<float> out(p.out_size(), -1.0f), expected(p.out_size(), -2.0f);
+
+  mha::attention(mha::Tensor(q.data(), {p.B, p.H, p.Lq, p.D}),
+                 mha::Tensor(k.data(), {p.B, p.Hkv, p.Lk, p.D}),
+                 mha::Tensor(v.data(), {p.B, p.Hkv, p.Lk, p.Dv}),
+                 mha::Tensor(out.data(), {p.B, p.H, p.Lq, p.Dv}),
+                 mha::AttentionParams().causal(MHA_CAUSAL_BOTTOM_RIGHT).scale(0.3f));
+
+  mha_attention_params params;
+  mha_attention_params_init(&params);
+  params.causal = MHA_CAUSAL_BOTTOM_RIGHT;
+  params.has_scale = 1;
+  params.scale = 0.3f;
+  const mha_tensor cq = p.cq(), ck = p.ck(), cv = p.cv();
+  mha_tensor cout = describe(expected.data(), MHA_DTYPE_F32, {p.B, p.H, p.Lq, p.Dv});
+  ASSERT_EQ(mha_attention(&cq, &ck, &cv, &cout, &params), MHA_OK) << mha_last_error();
+  EXPECT_TRUE(same_bits(out, expected));
+
+  const Reference ref = reference_attention(cq, ck, cv, &params);
+  mha_tensor mine = describe(out.data(), MHA_DTYPE_F32, {p.B, p.H, p.Lq, p.Dv});
+  EXPECT_LE(max_abs_error(mine, ref), tolerance(ref));
+}
+
+TEST(CppApi, ErrorsCarryTheStatusAndTheCMessage) {
+  Problem p;
+  std::vector<float> out(p.out_size(), -1.0f);
+  const std::vector<float> before = out;
+  mha::Tensor q(p.q.data(), {p.B, p.H, p.Lq, p.D});
+  mha::Tensor k(p.k.data(), {p.B, p.Hkv, p.Lk, p.D});
+  mha::Tensor v(p.v.data(), {p.B, p.Hkv, p.Lk - 1, p.Dv});  // one key short
+  std::string message;
+  EXPECT_EQ(thrown_status(
+                [&] {
+                  mha::attention(q, k, v, mha::Tensor(out.data(), {p.B, p.H, p.Lq, p.Dv}));
+                },
+                &message),
+            MHA_ERR_SHAPE_MISMATCH);
+  EXPECT_EQ(message, std::string("MHA_ERR_SHAPE_MISMATCH: ") + mha_last_error());
+  EXPECT_NE(message.find("v has 10"), std::string::npos) << message;
+  EXPECT_TRUE(same_bits(out, before));
+}
+
+// Built from temporaries only: every tensor passed to the params object dies
+// before the object is used.
+mha::AttentionParams params_from_temporaries(const std::vector<int32_t>& lens,
+                                             const std::vector<uint8_t>& mask,
+                                             std::vector<float>& lse, int64_t B, int64_t H,
+                                             int64_t Lq, int64_t Lk) {
+  return mha::AttentionParams()
+      .valid_lens(mha::Tensor(lens.data(), {B}))
+      .mask(mha::Tensor(mask.data(), MHA_DTYPE_BOOL, {Lq, Lk}))
+      .lse(mha::Tensor(lse.data(), std::vector<int64_t>{B, H, Lq}))
+      .causal(MHA_CAUSAL_TOP_LEFT)
+      .scale(0.5f);
+}
+
+bool points_into(const void* field, const void* object, size_t size) {
+  const auto* f = static_cast<const unsigned char*>(field);
+  const auto* o = static_cast<const unsigned char*>(object);
+  return f >= o && f < o + size;
+}
+
+TEST(CppApi, AttentionParamsOwnTheirDescriptorsThroughCopiesAndMoves) {
+  Problem p;
+  const std::vector<int32_t> lens = {7, 11};
+  std::vector<uint8_t> mask(static_cast<size_t>(p.Lq * p.Lk));
+  for (size_t i = 0; i < mask.size(); ++i) mask[i] = (i % 3 != 1) ? 1 : 0;
+
+  // The C API on the same inputs.
+  std::vector<float> expected(p.out_size()), expected_lse(p.lse_size());
+  {
+    mha_tensor c_lens = describe(const_cast<int32_t*>(lens.data()), MHA_DTYPE_I32, {p.B});
+    mha_tensor c_mask = describe(mask.data(), MHA_DTYPE_BOOL, {p.Lq, p.Lk});
+    mha_tensor c_lse = describe(expected_lse.data(), MHA_DTYPE_F32, {p.B, p.H, p.Lq});
+    mha_attention_params params;
+    mha_attention_params_init(&params);
+    params.valid_lens = &c_lens;
+    params.mask = &c_mask;
+    params.lse = &c_lse;
+    params.causal = MHA_CAUSAL_TOP_LEFT;
+    params.has_scale = 1;
+    params.scale = 0.5f;
+    const mha_tensor cq = p.cq(), ck = p.ck(), cv = p.cv();
+    mha_tensor cout = describe(expected.data(), MHA_DTYPE_F32, {p.B, p.H, p.Lq, p.Dv});
+    ASSERT_EQ(mha_attention(&cq, &ck, &cv, &cout, &params), MHA_OK) << mha_last_error();
+  }
+
+  std::vector<float> lse(p.lse_size());
+  mha::Tensor q(p.q.data(), {p.B, p.H, p.Lq, p.D});
+  mha::Tensor k(p.k.data(), {p.B, p.Hkv, p.Lk, p.D});
+  mha::Tensor v(p.v.data(), {p.B, p.Hkv, p.Lk, p.Dv});
+  auto run = [&](const mha::AttentionParams& params, const char* what) {
+    std::vector<float> out(p.out_size(), -1.0f);
+    std::fill(lse.begin(), lse.end(), -1.0f);
+    ASSERT_NO_THROW(
+        mha::attention(q, k, v, mha::Tensor(out.data(), {p.B, p.H, p.Lq, p.Dv}), params))
+        << what;
+    EXPECT_TRUE(same_bits(out, expected)) << what;
+    EXPECT_TRUE(same_bits(lse, expected_lse)) << what;
+    // Every tensor pointer points into the object itself.
+    const mha_attention_params* c = params.get();
+    EXPECT_TRUE(points_into(c->valid_lens, &params, sizeof params)) << what;
+    EXPECT_TRUE(points_into(c->mask, &params, sizeof params)) << what;
+    EXPECT_TRUE(points_into(c->lse, &params, sizeof params)) << what;
+  };
+
+  mha::AttentionParams original = params_from_temporaries(lens, mask, lse, p.B, p.H, p.Lq, p.Lk);
+  run(original, "the object built from temporaries");
+  mha::AttentionParams copied(original);
+  run(copied, "a copy");
+  mha::AttentionParams moved(std::move(copied));
+  run(moved, "a moved-to object");
+  mha::AttentionParams assigned;
+  assigned = moved;
+  run(assigned, "a copy-assigned object");
+  mha::AttentionParams move_assigned;
+  move_assigned = std::move(assigned);
+  run(move_assigned, "a move-assigned object");
+  // The copies do not lean on the original: overwrite it with other settings.
+  original = mha::AttentionParams().causal(MHA_CAUSAL_NONE);
+  EXPECT_EQ(original.get()->mask, nullptr);
+  EXPECT_EQ(original.get()->valid_lens, nullptr);
+  EXPECT_EQ(original.get()->lse, nullptr);
+  run(move_assigned, "a move-assigned object after the original changed");
+  const mha::AttentionParams& alias = move_assigned;
+  move_assigned = alias;  // self-assignment keeps the descriptors
+  run(move_assigned, "a self-assigned object");
+}
+
+// ------------------------------------------------------------------ merge_partials
+
+TEST(CppApi, MergePartialsFromListsAndRanges) {
+  Problem p;
+  // Keys [0, 4) and [4, Lk): views into the same K and V.
+  const int64_t split = 4;
+  mha::Tensor q(static_cast<const float*>(p.q.data()), {p.B, p.H, p.Lq, p.D});
+  auto keys = [&](int64_t first, int64_t count) {
+    return mha::Tensor(static_cast<const float*>(p.k.data()) + first * p.D,
+                       {p.B, p.Hkv, count, p.D}, {p.Hkv * p.Lk * p.D, p.Lk * p.D, p.D, 1});
+  };
+  auto values = [&](int64_t first, int64_t count) {
+    return mha::Tensor(static_cast<const float*>(p.v.data()) + first * p.Dv,
+                       {p.B, p.Hkv, count, p.Dv}, {p.Hkv * p.Lk * p.Dv, p.Lk * p.Dv, p.Dv, 1});
+  };
+  const std::vector<int64_t> out_shape = {p.B, p.H, p.Lq, p.Dv};
+  const std::vector<int64_t> lse_shape = {p.B, p.H, p.Lq};
+  std::vector<float> out0(p.out_size()), out1(p.out_size()), lse0(p.lse_size()), lse1(p.lse_size());
+  mha::attention(q, keys(0, split), values(0, split), mha::Tensor(out0.data(), out_shape),
+                 mha::AttentionParams().lse(mha::Tensor(lse0.data(), lse_shape)));
+  mha::attention(q, keys(split, p.Lk - split), values(split, p.Lk - split),
+                 mha::Tensor(out1.data(), out_shape),
+                 mha::AttentionParams().lse(mha::Tensor(lse1.data(), lse_shape)));
+
+  // The C API's merge.
+  std::vector<float> expected(p.out_size()), expected_lse(p.lse_size());
+  {
+    const mha_tensor outs[2] = {describe(out0.data(), MHA_DTYPE_F32, out_shape),
+                                describe(out1.data(), MHA_DTYPE_F32, out_shape)};
+    const mha_tensor lses[2] = {describe(lse0.data(), MHA_DTYPE_F32, lse_shape),
+                                describe(lse1.data(), MHA_DTYPE_F32, lse_shape)};
+    mha_tensor out = describe(expected.data(), MHA_DTYPE_F32, out_shape);
+    mha_tensor lse = describe(expected_lse.data(), MHA_DTYPE_F32, lse_shape);
+    ASSERT_EQ(mha_merge_partials(2, outs, lses, &out, &lse), MHA_OK) << mha_last_error();
+  }
+
+  const mha::Tensor o0(static_cast<const float*>(out0.data()), out_shape);
+  const mha::Tensor o1(out1.data(), out_shape);  // writable parts are fine as inputs
+  const mha::Tensor l0(static_cast<const float*>(lse0.data()), lse_shape);
+  const mha::Tensor l1(lse1.data(), lse_shape);
+  std::vector<float> out(p.out_size()), lse(p.lse_size());
+  const mha::Tensor merged(out.data(), out_shape);
+  const mha::Tensor merged_lse(lse.data(), lse_shape);
+
+  mha::merge_partials({o0, o1}, {l0, l1}, merged, merged_lse);  // brace lists
+  EXPECT_TRUE(same_bits(out, expected));
+  EXPECT_TRUE(same_bits(lse, expected_lse));
+
+  std::fill(out.begin(), out.end(), 0.0f);
+  const std::vector<mha::ConstTensor> outs = {o0, o1}, lses = {l0, l1};
+  mha::merge_partials(outs, lses, merged);  // std::vector, no LSE
+  EXPECT_TRUE(same_bits(out, expected));
+
+  std::fill(out.begin(), out.end(), 0.0f);
+  std::fill(lse.begin(), lse.end(), 0.0f);
+  const std::array<mha::Tensor<float>, 2> typed_outs = {mha::Tensor(out0.data(), out_shape),
+                                                        mha::Tensor(out1.data(), out_shape)};
+  const mha::Tensor<const float> typed_lses[2] = {l0, mha::Tensor<const float>(l1)};
+  mha::merge_partials(typed_outs, typed_lses, merged, merged_lse);  // std::array, C array
+  EXPECT_TRUE(same_bits(out, expected));
+  EXPECT_TRUE(same_bits(lse, expected_lse));
+
+  // Equal to attention over all keys, within the tolerance.
+  const mha_tensor cq = p.cq(), ck = p.ck(), cv = p.cv();
+  const Reference ref = reference_attention(cq, ck, cv, nullptr);
+  EXPECT_LE(max_abs_error(*merged.get(), ref), tolerance(ref));
+
+  std::string message;
+  EXPECT_EQ(thrown_status(
+                [&] {
+                  mha::merge_partials({o0, o1}, {l0}, merged);
+                },
+                &message),
+            MHA_ERR_SHAPE_MISMATCH);
+  EXPECT_EQ(message, "MHA_ERR_SHAPE_MISMATCH: merge_partials: 2 partial outputs but 1 LSEs");
+  const std::vector<mha::ConstTensor> none;
+  EXPECT_EQ(thrown_status([&] { mha::merge_partials(none, none, merged); }, &message),
+            MHA_ERR_INVALID_SIZE);
+  EXPECT_NE(message.find("at least one part"), std::string::npos) << message;
+}
+
+// ------------------------------------------------------------------ the module
+
+TEST(CppApi, ModuleForwardParamsOwnTheirDescriptors) {
+  const int64_t B = 2, Lq = 3, Lk = 5, E = 8, H = 2;
+  mha::Module module(E, H);
+  const std::vector<float> w_in = random_values(static_cast<size_t>(3 * E * E), 11);
+  const std::vector<float> b_in = random_values(static_cast<size_t>(3 * E), 12);
+  const std::vector<float> w_out = random_values(static_cast<size_t>(E * E), 13);
+  const std::vector<float> b_out = random_values(static_cast<size_t>(E), 14);
+  module.set_weight("in_proj_weight", mha::Tensor(w_in.data(), {3 * E, E}));
+  module.set_weight("in_proj_bias", mha::Tensor(b_in.data(), {3 * E}));
+  module.set_weight("out_proj.weight", mha::Tensor(w_out.data(), {E, E}));
+  module.set_weight("out_proj.bias", mha::Tensor(b_out.data(), {E}));
+
+  const std::vector<float> query = random_values(static_cast<size_t>(B * Lq * E), 15);
+  const std::vector<float> key = random_values(static_cast<size_t>(B * Lk * E), 16);
+  const std::vector<int64_t> lens = {4, 5};
+  std::vector<uint8_t> attn_mask(static_cast<size_t>(Lq * Lk), 0);  // true = not allowed
+  attn_mask[1] = 1;
+  attn_mask[7] = 1;
+  std::vector<float> kpm(static_cast<size_t>(B * Lk), 0.0f);  // f32, added
+  kpm[3] = -0.5f;
+  const std::vector<int64_t> out_shape = {B, Lq, E};
+  const std::vector<int64_t> weights_shape = {B, H, Lq, Lk};
+  const size_t out_size = static_cast<size_t>(B * Lq * E);
+  const size_t weights_size = static_cast<size_t>(B * H * Lq * Lk);
+
+  // The C API on the same module and inputs.
+  std::vector<float> expected(out_size), expected_weights(weights_size);
+  {
+    mha_tensor c_query = describe(const_cast<float*>(query.data()), MHA_DTYPE_F32, {B, Lq, E});
+    mha_tensor c_key = describe(const_cast<float*>(key.data()), MHA_DTYPE_F32, {B, Lk, E});
+    mha_tensor c_out = describe(expected.data(), MHA_DTYPE_F32, out_shape);
+    mha_tensor c_lens = describe(const_cast<int64_t*>(lens.data()), MHA_DTYPE_I64, {B});
+    mha_tensor c_kpm = describe(kpm.data(), MHA_DTYPE_F32, {B, Lk});
+    mha_tensor c_mask = describe(attn_mask.data(), MHA_DTYPE_BOOL, {Lq, Lk});
+    mha_tensor c_weights = describe(expected_weights.data(), MHA_DTYPE_F32, weights_shape);
+    mha_module_forward_params params;
+    mha_module_forward_params_init(&params);
+    params.valid_lens = &c_lens;
+    params.key_padding_mask = &c_kpm;
+    params.attn_mask = &c_mask;
+    params.attn_weights = &c_weights;
+    params.causal = MHA_CAUSAL_TOP_LEFT;
+    ASSERT_EQ(mha_module_forward(module.get(), &c_query, &c_key, &c_key, &c_out, &params), MHA_OK)
+        << mha_last_error();
+  }
+
+  std::vector<float> weights(weights_size);
+  mha::ModuleForwardParams original =
+      mha::ModuleForwardParams()
+          .valid_lens(mha::Tensor(lens.data(), {B}))
+          .key_padding_mask(mha::Tensor(kpm.data(), {B, Lk}))
+          .attn_mask(mha::Tensor(attn_mask.data(), MHA_DTYPE_BOOL, {Lq, Lk}))
+          .attn_weights(mha::Tensor(weights.data(), weights_shape))
+          .causal(MHA_CAUSAL_TOP_LEFT);
+  auto run = [&](const mha::ModuleForwardParams& params, const char* what) {
+    std::vector<float> out(out_size, -1.0f);
+    std::fill(weights.begin(), weights.end(), -1.0f);
+    const mha::Tensor x(query.data(), out_shape);
+    const mha::Tensor kv(key.data(), {B, Lk, E});
+    ASSERT_NO_THROW(module.forward(x, kv, kv, mha::Tensor(out.data(), out_shape), params)) << what;
+    EXPECT_TRUE(same_bits(out, expected)) << what;
+    EXPECT_TRUE(same_bits(weights, expected_weights)) << what;
+    const mha_module_forward_params* c = params.get();
+    EXPECT_TRUE(points_into(c->valid_lens, &params, sizeof params)) << what;
+    EXPECT_TRUE(points_into(c->key_padding_mask, &params, sizeof params)) << what;
+    EXPECT_TRUE(points_into(c->attn_mask, &params, sizeof params)) << what;
+    EXPECT_TRUE(points_into(c->attn_weights, &params, sizeof params)) << what;
+  };
+  run(original, "the object built from temporaries");
+  mha::ModuleForwardParams copied(original);
+  mha::ModuleForwardParams moved(std::move(original));
+  original = mha::ModuleForwardParams();
+  EXPECT_EQ(original.get()->attn_weights, nullptr);
+  run(copied, "a copy");
+  run(moved, "a moved-to object");
+  mha::ModuleForwardParams assigned;
+  assigned = copied;
+  copied = mha::ModuleForwardParams();
+  run(assigned, "a copy-assigned object");
+
+  // The positional encoding through a temporary view.
+  std::vector<float> zeros(static_cast<size_t>(1 * 3 * 4), 0.0f);
+  mha::positional_encoding_add(mha::Tensor(zeros.data(), {1, 3, 4}));
+  EXPECT_EQ(zeros[1], 1.0f);  // position 0, column 1: cos(0)
+  EXPECT_FLOAT_EQ(zeros[4], std::sin(1.0f));
+}
+
+// ------------------------------------------------------------------ backends, threads, version
+
+TEST(CppApi, BackendsThreadsVersionAndCpuFeatures) {
+  const std::vector<mha::BackendInfo> list = mha::backends();
+  ASSERT_EQ(static_cast<int32_t>(list.size()), mha_backend_count());
+  bool scalar_usable = false;
+  for (int32_t i = 0; i < mha_backend_count(); ++i) {
+    mha_backend_info info{};
+    ASSERT_EQ(mha_backend_get_info(i, &info), MHA_OK);
+    const mha::BackendInfo& b = list[static_cast<size_t>(i)];
+    EXPECT_EQ(b.name, info.name);
+    EXPECT_EQ(b.usable, info.usable != 0);
+    EXPECT_EQ(b.priority, info.priority);
+    EXPECT_EQ(b.reason, info.reason);
+    EXPECT_EQ(b.usable, b.reason.empty()) << b.name << ": " << b.reason;
+    if (b.name == "scalar") scalar_usable = b.usable;
+  }
+  ASSERT_TRUE(scalar_usable);
+
+  ASSERT_NO_THROW(mha::select_backend("scalar"));
+  EXPECT_EQ(mha::selected_backend(), "scalar");
+  std::string message;
+  EXPECT_EQ(thrown_status([] { mha::select_backend("nonsense"); }, &message),
+            MHA_ERR_BACKEND_UNAVAILABLE);
+  EXPECT_NE(message.find("nonsense"), std::string::npos) << message;
+  EXPECT_EQ(mha::selected_backend(), "scalar");  // unchanged
+  ASSERT_NO_THROW(mha::select_backend("auto"));
+  EXPECT_EQ(mha::selected_backend(), mha_selected_backend());
+
+  ASSERT_NO_THROW(mha::set_num_threads(3));
+  EXPECT_EQ(mha::num_threads(), 3);
+  EXPECT_EQ(thrown_status([] { mha::set_num_threads(-1); }), MHA_ERR_INVALID_VALUE);
+  EXPECT_EQ(mha::num_threads(), 3);
+  ASSERT_NO_THROW(mha::set_num_threads(0));
+  EXPECT_EQ(mha::num_threads(), mha_get_num_threads());
+
+  EXPECT_EQ(mha::version(), mha_version());
+  EXPECT_EQ(mha::version(), std::to_string(MHA_VERSION_MAJOR) + "." +
+                                std::to_string(MHA_VERSION_MINOR) + "." +
+                                std::to_string(MHA_VERSION_PATCH));
+  EXPECT_EQ(mha::cpu_features(), mha_cpu_features());
+}
+
+}  // namespace
+}  // namespace mha_test
