@@ -156,7 +156,9 @@ void accumulate_tile(const mha_kernel_problem& p, const Workspace& w, const Unit
 }
 
 // One block of query rows over the item's keys, in the given units; returns
-// whether every row's accumulator came out finite.
+// false when a row needs raw units: its accumulator is not finite, or it has
+// visible keys but no weight (logits that overflowed to -inf, or a mask that
+// removed every key -- then raw units give the same zeros).
 bool compute_block(const mha_kernel_problem& p, const mha_work_item& item, const Workspace& w,
                    const Units& u, int64_t h, int64_t i0, int64_t rows) {
   const int64_t b = item.b;
@@ -176,6 +178,9 @@ bool compute_block(const mha_kernel_problem& p, const mha_work_item& item, const
     const int64_t keys = std::min(kKeys, key_end - j0);
     score_tile(p, w, u, b, h, kvh, i0, rows, j0, keys);
     accumulate_tile(p, w, u, b, kvh, rows, j0, keys);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    if (w.row_sum[r] == 0.0f && w.last[r] >= item.k_begin) return false;  // no weight: overflow?
   }
   for (int64_t x = 0; x < rows * p.dv; ++x) {
     if (!std::isfinite(w.acc[x])) return false;

@@ -84,7 +84,8 @@ class DecodeKernel {
   }
 
  private:
-  // One pass over the item's keys; returns whether every row's accumulator is finite.
+  // One pass over the item's keys; returns false when a row needs the raw
+  // pass: its accumulator is not finite, or it has visible keys but no weight.
   template <bool kRaw>
   static bool compute_in(const mha_kernel_problem& p, const mha_work_item& item, const Rows& rows,
                          int64_t nq, const ScoreUnits& units) {
@@ -153,6 +154,11 @@ class DecodeKernel {
           accumulate_pv(s, keys, alpha, v_rows, v_stride, dvp, rows.acc + r * dvp);
         }
       }
+    }
+    // A row with visible keys but no weight: a mask removed every key, or its
+    // logits overflowed to -inf in base-2 units (the raw pass finds it).
+    for (int64_t r = 0; r < rows.count; ++r) {
+      if (rows.row_sum[r] == 0.0f && rows.last_key[r] >= item.k_begin) return false;
     }
     B poison(0.0f);  // a - a is 0 for finite a, NaN for NaN and infinities
     for (int64_t x = 0; x < rows.count * dvp; x += W) {

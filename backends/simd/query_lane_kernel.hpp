@@ -99,11 +99,22 @@ class QueryLaneKernel {
                          int64_t h, int64_t q0, int64_t nq) {
     ScoreUnits units = ScoreUnits::base2(p.scale);
     accumulate_tile(p, item, t, h, q0, nq, units, /*careful=*/false);
-    if (!acc_finite(t, nq, round_up(p.dv, W))) {
+    if (!acc_finite(t, nq, round_up(p.dv, W)) || has_lost_row(t, nq)) {
       units = ScoreUnits::raw_units(p.scale);
       accumulate_tile(p, item, t, h, q0, nq, units, /*careful=*/true);
     }
     write_rows(p, item, t, h, q0, nq, units);
+  }
+
+  // A row with visible keys but no weight: either a mask removed every key
+  // (rare, and the careful pass gives the same zeros) or its logits are so
+  // negative that base-2 units overflowed them to -inf (then the careful
+  // pass, in raw units, finds the row).
+  static bool has_lost_row(const Tile& t, int64_t nq) {
+    for (int64_t r = 0; r < nq; ++r) {
+      if (t.row_sum[r] == 0.0f && t.last_key[r] >= 0) return true;
+    }
+    return false;
   }
 
   static bool acc_finite(const Tile& t, int64_t nq, int64_t dvp) {
