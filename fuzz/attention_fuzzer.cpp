@@ -8,7 +8,8 @@
 // i64, sometimes out of range), the causal mode, the scale, whether the LSE is
 // wanted, the backend and the thread count -- and the data, with NaN, ±Inf,
 // zeros and subnormals planted anywhere (row padding included).  Some inputs
-// then break the call in one way that must be refused; some split the keys
+// then break the call in one way that must be refused (stride-0 giants among
+// them: a head size or key length past the limits); some split the keys
 // into parts and merge them with mha_merge_partials.
 //
 // A call that must be valid has to succeed and match the float64 reference
@@ -496,7 +497,7 @@ int run_case(FuzzedDataProvider& fdp) {
   // ---- at most one way of breaking the call
   const bool broken = fdp.ConsumeIntegralInRange<int>(0, 3) == 0;
   if (broken) {
-    const int how = fdp.ConsumeIntegralInRange<int>(0, 19);
+    const int how = fdp.ConsumeIntegralInRange<int>(0, 21);
     bool applied = true;
     switch (how) {
       case 0:
@@ -587,6 +588,26 @@ int run_case(FuzzedDataProvider& fdp) {
       case 18:
         q.shape[3] = D + 1;
         break;
+      case 19: {
+        // A stride-0 giant: Q and K broadcast along every axis with a head
+        // size past MHA_MAX_HEAD_DIM (the element count stays tiny).
+        const int64_t giant = fdp.ConsumeIntegralInRange<int64_t>(
+            int64_t{MHA_MAX_HEAD_DIM} + 1, std::numeric_limits<int64_t>::max());
+        q.shape[3] = k.shape[3] = giant;
+        for (int a = 0; a < 4; ++a) q.strides[a] = k.strides[a] = 0;
+        note(" D=%lld", static_cast<long long>(giant));
+        break;
+      }
+      case 20: {
+        // K and V broadcast along every axis with a key length past
+        // MHA_MAX_EXTENT (up to INT64_MAX).
+        const int64_t giant = fdp.ConsumeIntegralInRange<int64_t>(
+            MHA_MAX_EXTENT + 1, std::numeric_limits<int64_t>::max());
+        k.shape[2] = v.shape[2] = giant;
+        for (int a = 0; a < 4; ++a) k.strides[a] = v.strides[a] = 0;
+        note(" Lk=%lld", static_cast<long long>(giant));
+        break;
+      }
       default:
         params.has_scale = 1;
         params.scale = 0.0f;

@@ -10,8 +10,10 @@ cd "$(dirname "$0")/.."
 jobs=${MHA_JOBS:-2}
 
 scripts/install-deps.sh native
-cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build/release -j"$jobs" --target mha_bench
+# Everything but the tests: the library, its plugins, the tools and the
+# benchmarks, so that `cmake --install build/release` works afterwards.
+cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DMHA_BUILD_TESTS=OFF >/dev/null
+cmake --build build/release -j"$jobs"
 
 started=$(date +%s)
 build/release/bin/mha_bench --benchmark_out=build/release/bench.json \
