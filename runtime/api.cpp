@@ -2,13 +2,13 @@
 // scheduler.  No entry point lets an exception escape.
 #include <mha/mha.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <new>
 #include <string>
 
+#include "attention.h"
 #include "cpu_features.h"
 #include "env.h"
 #include "error.h"
@@ -19,30 +19,6 @@
 
 using namespace mha::rt;
 
-namespace {
-
-void log_call(const Backend& backend, const AttentionCall& call, const WorkPlan& plan,
-              int32_t threads, double ms) {
-  const mha_kernel_problem& p = call.problem;
-  std::fprintf(
-      stderr,
-      "mha_verbose,exec,attention,backend=%s,B=%lld,H=%lld,Hkv=%lld,Lq=%lld,Lk=%lld,"
-      "D=%lld,Dv=%lld,scale=%g,causal_diag=%s,valid_lens=%s,mask=%s,lse=%s,layout=%s,"
-      "items=%lld,chunks=%lld,threads=%d,ms=%.4f\n",
-      backend.name.c_str(), static_cast<long long>(p.batch), static_cast<long long>(p.heads),
-      static_cast<long long>(p.kv_heads), static_cast<long long>(p.lq),
-      static_cast<long long>(p.lk), static_cast<long long>(p.d), static_cast<long long>(p.dv),
-      static_cast<double>(p.scale),
-      p.causal_diag >= INT64_MAX / 4 ? "none" : std::to_string(p.causal_diag).c_str(),
-      p.valid_lens == nullptr ? "no" : (p.valid_lens_strides[1] != 0 ? "per-query" : "per-batch"),
-      p.mask_kind == MHA_MASK_BOOL ? "bool"
-                                   : (p.mask_kind == MHA_MASK_ADDITIVE ? "additive" : "no"),
-      call.lse != nullptr ? "yes" : "no",
-      plan.layout == MHA_LAYOUT_DECODE ? "decode" : "query-lanes",
-      static_cast<long long>(plan.items()), static_cast<long long>(plan.chunks), threads, ms);
-}
-
-}  // namespace
 
 extern "C" {
 
@@ -118,20 +94,9 @@ mha_status mha_attention(const mha_tensor* q, const mha_tensor* k, const mha_ten
                          mha_tensor* out, const mha_attention_params* params) {
   clear_error();
   return guarded([&] {
-    AttentionCall call;
+    KernelCall call;
     if (mha_status s = validate_attention(q, k, v, out, params, &call); s != MHA_OK) return s;
-    const char* why = nullptr;
-    const Backend* backend = Registry::instance().selected(&why);
-    if (backend == nullptr) return fail(MHA_ERR_BACKEND_UNAVAILABLE, "%s", why);
-    const int32_t threads = num_threads();
-    if (verbose_level() < 2) return run_attention(*backend, call, threads);
-
-    const auto start = std::chrono::steady_clock::now();
-    const mha_status status = run_attention(*backend, call, threads);
-    const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    log_call(*backend, call, plan_work(call.problem, *backend->plugin), threads, ms);
-    return status;
+    return attend(call);
   });
 }
 

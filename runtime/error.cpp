@@ -72,6 +72,8 @@ const char* status_name(mha_status status) {
       return "MHA_ERR_OUT_OF_MEMORY";
     case MHA_ERR_INTERNAL:
       return "MHA_ERR_INTERNAL";
+    case MHA_ERR_UNSUPPORTED:
+      return "MHA_ERR_UNSUPPORTED";
   }
   return "MHA_ERR_UNKNOWN_STATUS";
 }

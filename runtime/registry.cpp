@@ -11,6 +11,7 @@
 #include "cpu_features.h"
 #include "env.h"
 #include "error.h"
+#include "known_backends.h"
 #include "library_dir.h"
 #include "plugin_trust.h"
 
@@ -19,22 +20,6 @@ namespace {
 
 constexpr const char* kPrefix = "libmha-backend-";
 constexpr const char* kSuffix = ".so";
-
-// The backends the runtime knows, and the only plugin files it ever loads:
-// libmha-backend-<name>.so for these names.  The priority is the runtime's
-// (auto picks the highest usable); a plugin's own claim is ignored, so a
-// stray file cannot take over auto.
-struct KnownBackend {
-  const char* name;
-  uint32_t arch;
-  int32_t priority;
-};
-constexpr KnownBackend kKnown[] = {
-    {"scalar", MHA_CPU_ARCH_X86_64 | MHA_CPU_ARCH_AARCH64, 0},
-    {"avx2", MHA_CPU_ARCH_X86_64, 20},
-    {"avx512", MHA_CPU_ARCH_X86_64, 30},
-    {"neon", MHA_CPU_ARCH_AARCH64, 20},
-};
 
 bool file_exists(const std::string& path) {
   struct stat st {};
@@ -49,7 +34,7 @@ const char* arch_name(uint32_t arch) {
 
 std::string known_names() {
   std::string names;
-  for (const auto& k : kKnown) names += std::string(names.empty() ? "" : ", ") + k.name;
+  for (const auto& k : kKnownBackends) names += std::string(names.empty() ? "" : ", ") + k.name;
   return names;
 }
 
@@ -92,8 +77,8 @@ Registry::Registry() {
   const char* env_backend = std::getenv("MHA_BACKEND");
   requested_ = env_backend != nullptr && *env_backend != '\0' ? env_backend : "auto";
   const bool load_all = requested_ == "auto";
-  backends_.reserve(std::size(kKnown));
-  for (const auto& known : kKnown) {
+  backends_.reserve(std::size(kKnownBackends));
+  for (const auto& known : kKnownBackends) {
     Backend backend;
     backend.name = known.name;
     backend.arch = known.arch;

@@ -118,7 +118,7 @@ void merge_row(int64_t n, const float* const* outs, const int64_t* strides, cons
   if (lse != nullptr) *lse = max_lse + std::log(weights_sum);
 }
 
-mha_status run_attention(const Backend& backend, AttentionCall& call, int32_t threads) {
+mha_status run_attention(const Backend& backend, KernelCall& call, int32_t threads) {
   const mha_plugin& plugin = *backend.plugin;
   mha_kernel_problem& p = call.problem;
   const WorkPlan plan = plan_work(p, plugin);

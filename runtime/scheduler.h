@@ -28,7 +28,7 @@ struct WorkPlan {
 WorkPlan plan_work(const mha_kernel_problem& problem, const mha_plugin& plugin);
 
 // Runs the call on the backend with up to `threads` threads.
-mha_status run_attention(const Backend& backend, AttentionCall& call, int32_t threads);
+mha_status run_attention(const Backend& backend, KernelCall& call, int32_t threads);
 
 // Combines n partial results of one row over disjoint key ranges — each
 // normalised over its own keys (outs[c][d * strides[c]]) with its log-sum-exp

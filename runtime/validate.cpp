@@ -6,13 +6,12 @@
 #include <cstring>
 #include <utility>
 
+#include "common/visibility.h"
 #include "error.h"
 #include "versioned.h"
 
 namespace mha::rt {
 namespace {
-
-constexpr int64_t kNotCausal = INT64_MAX / 4;
 
 // [first byte, one past the last byte] of the elements a descriptor can reach.
 struct ByteRange {
@@ -57,55 +56,17 @@ mha_status check_shape_equal(const char* what, const char* a, int64_t va, const 
               static_cast<long long>(va), b, static_cast<long long>(vb));
 }
 
-mha_status check_f32(const mha_tensor* t, const char* name) {
-  if (t->dtype == MHA_DTYPE_F32) return MHA_OK;
-  return fail(MHA_ERR_INVALID_DTYPE, "%s has dtype %s; it must be f32", name, dtype_name(t->dtype));
+// The strides of a mask broadcast (NumPy's rule, aligned right) to
+// [B, H, Lq, Lk]: 0 along every axis it does not span.
+void broadcast_mask_strides(const mha_tensor& mask, int64_t strides[4]) {
+  const int32_t offset = 4 - mask.ndim;
+  for (int32_t axis = 0; axis < 4; ++axis) {
+    strides[axis] =
+        axis < offset || mask.shape[axis - offset] == 1 ? 0 : mask.strides[axis - offset];
+  }
 }
 
-mha_status check_valid_lens(const mha_tensor* vl, int64_t batch, int64_t lq, int64_t lk,
-                            mha_kernel_problem* p) {
-  if (mha_status s = check_tensor(vl, "valid_lens", 1, 2); s != MHA_OK) return s;
-  if (vl->dtype != MHA_DTYPE_I32 && vl->dtype != MHA_DTYPE_I64) {
-    return fail(MHA_ERR_INVALID_DTYPE, "valid_lens has dtype %s; it must be i32 or i64",
-                dtype_name(vl->dtype));
-  }
-  if (vl->shape[0] != batch || (vl->ndim == 2 && vl->shape[1] != lq)) {
-    return fail(MHA_ERR_SHAPE_MISMATCH,
-                "valid_lens must have shape [B=%lld] or [B=%lld, Lq=%lld], has %s[%lld%s%lld]",
-                static_cast<long long>(batch), static_cast<long long>(batch),
-                static_cast<long long>(lq), vl->ndim == 1 ? "" : "2-D ",
-                static_cast<long long>(vl->shape[0]), vl->ndim == 2 ? ", " : "",
-                static_cast<long long>(vl->ndim == 2 ? vl->shape[1] : 0));
-  }
-  const int64_t s0 = vl->strides[0], s1 = vl->ndim == 2 ? vl->strides[1] : 0;
-  const int64_t rows = vl->ndim == 2 ? lq : 1;
-  const bool is_i64 = vl->dtype == MHA_DTYPE_I64;
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t i = 0; i < rows; ++i) {
-      const int64_t at = b * s0 + i * s1;
-      const int64_t len = is_i64 ? static_cast<const int64_t*>(vl->data)[at]
-                                 : static_cast<const int32_t*>(vl->data)[at];
-      if (len < 0 || len > lk) {
-        char index[64];
-        if (vl->ndim == 2) {
-          std::snprintf(index, sizeof index, "[%lld][%lld]", static_cast<long long>(b),
-                        static_cast<long long>(i));
-        } else {
-          std::snprintf(index, sizeof index, "[%lld]", static_cast<long long>(b));
-        }
-        return fail(MHA_ERR_INVALID_VALUE, "valid_lens%s = %lld is outside [0, Lk = %lld]", index,
-                    static_cast<long long>(len), static_cast<long long>(lk));
-      }
-    }
-  }
-  p->valid_lens = vl->data;
-  p->valid_lens_is_i64 = is_i64 ? 1 : 0;
-  p->valid_lens_strides[0] = s0;
-  p->valid_lens_strides[1] = s1;
-  return MHA_OK;
-}
-
-mha_status check_mask(const mha_tensor* mask, const int64_t full[4], mha_kernel_problem* p) {
+mha_status check_mask(const mha_tensor* mask, const int64_t full[4]) {
   if (mha_status s = check_tensor(mask, "mask", 2, 4); s != MHA_OK) return s;
   if (mask->dtype != MHA_DTYPE_BOOL && mask->dtype != MHA_DTYPE_F32) {
     return fail(MHA_ERR_INVALID_DTYPE, "mask has dtype %s; it must be bool or f32",
@@ -113,11 +74,7 @@ mha_status check_mask(const mha_tensor* mask, const int64_t full[4], mha_kernel_
   }
   static const char* const kAxis[4] = {"batch", "heads", "Lq", "Lk"};
   const int32_t offset = 4 - mask->ndim;  // right-aligned, as NumPy broadcasts
-  for (int32_t axis = 0; axis < 4; ++axis) {
-    if (axis < offset) {
-      p->mask_strides[axis] = 0;
-      continue;
-    }
+  for (int32_t axis = offset; axis < 4; ++axis) {
     const int64_t size = mask->shape[axis - offset];
     if (size != 1 && size != full[axis]) {
       return fail(MHA_ERR_SHAPE_MISMATCH,
@@ -128,10 +85,7 @@ mha_status check_mask(const mha_tensor* mask, const int64_t full[4], mha_kernel_
                   static_cast<long long>(full[1]), static_cast<long long>(full[2]),
                   static_cast<long long>(full[3]));
     }
-    p->mask_strides[axis] = size == 1 ? 0 : mask->strides[axis - offset];
   }
-  p->mask = mask->data;
-  p->mask_kind = mask->dtype == MHA_DTYPE_BOOL ? MHA_MASK_BOOL : MHA_MASK_ADDITIVE;
   return MHA_OK;
 }
 
@@ -172,6 +126,55 @@ int64_t dtype_size(int32_t dtype) {
     default:
       return 0;
   }
+}
+
+std::string shape_text(const mha_tensor& t) {
+  std::string s = "[";
+  for (int32_t d = 0; d < t.ndim; ++d) {
+    if (d != 0) s += ", ";
+    s += std::to_string(t.shape[d]);
+  }
+  return s + "]";
+}
+
+mha_status check_f32(const mha_tensor* t, const char* name) {
+  if (t->dtype == MHA_DTYPE_F32) return MHA_OK;
+  return fail(MHA_ERR_INVALID_DTYPE, "%s has dtype %s; it must be f32", name, dtype_name(t->dtype));
+}
+
+mha_status check_valid_lens(const mha_tensor* vl, const char* name, int64_t batch, int64_t lq,
+                            int64_t lk) {
+  if (mha_status s = check_tensor(vl, name, 1, 2); s != MHA_OK) return s;
+  if (vl->dtype != MHA_DTYPE_I32 && vl->dtype != MHA_DTYPE_I64) {
+    return fail(MHA_ERR_INVALID_DTYPE, "%s has dtype %s; it must be i32 or i64", name,
+                dtype_name(vl->dtype));
+  }
+  if (vl->shape[0] != batch || (vl->ndim == 2 && vl->shape[1] != lq)) {
+    return fail(MHA_ERR_SHAPE_MISMATCH,
+                "%s has shape %s; it must be [B] = [%lld] or [B, Lq] = [%lld, %lld]", name,
+                shape_text(*vl).c_str(), static_cast<long long>(batch),
+                static_cast<long long>(batch), static_cast<long long>(lq));
+  }
+  const int64_t rows = vl->ndim == 2 ? lq : 1;
+  const int64_t s1 = vl->ndim == 2 ? vl->strides[1] : 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t len = mha_rules::valid_length_at(vl->data, vl->dtype == MHA_DTYPE_I64,
+                                                     b * vl->strides[0] + i * s1);
+      if (len < 0 || len > lk) {
+        char index[64];
+        if (vl->ndim == 2) {
+          std::snprintf(index, sizeof index, "[%lld][%lld]", static_cast<long long>(b),
+                        static_cast<long long>(i));
+        } else {
+          std::snprintf(index, sizeof index, "[%lld]", static_cast<long long>(b));
+        }
+        return fail(MHA_ERR_INVALID_VALUE, "%s%s = %lld is outside [0, Lk = %lld]", name, index,
+                    static_cast<long long>(len), static_cast<long long>(lk));
+      }
+    }
+  }
+  return MHA_OK;
 }
 
 mha_status check_tensor(const mha_tensor* t, const char* name, int32_t min_ndim, int32_t max_ndim) {
@@ -243,22 +246,12 @@ mha_status check_no_overlap(const mha_tensor& output, const char* output_name,
   return MHA_OK;
 }
 
-mha_status validate_attention(const mha_tensor* q, const mha_tensor* k, const mha_tensor* v,
-                              const mha_tensor* out, const mha_attention_params* params,
-                              AttentionCall* call) {
-  mha_attention_params defaults, given;
-  mha_attention_params_init(&defaults);
-  if (params == nullptr) {
-    params = &defaults;
-  } else {
-    if (mha_status s = read_versioned(params, defaults, kAttentionParamsSizes, "params",
-                                      "mha_attention_params_init", &given);
-        s != MHA_OK) {
-      return s;
-    }
-    params = &given;
-  }
+namespace {
 
+// Every check of mha_attention's arguments (params already completed to this
+// version's struct); nothing is written.
+mha_status check_attention(const mha_tensor* q, const mha_tensor* k, const mha_tensor* v,
+                           const mha_tensor* out, const mha_attention_params& params) {
   const mha_tensor* tensors[4] = {q, k, v, out};
   const char* names[4] = {"q", "k", "v", "out"};
   for (int i = 0; i < 4; ++i) {
@@ -307,63 +300,31 @@ mha_status validate_attention(const mha_tensor* q, const mha_tensor* k, const mh
                 static_cast<long long>(heads), static_cast<long long>(kv_heads));
   }
 
-  mha_kernel_problem& p = call->problem;
-  std::memset(&p, 0, sizeof p);
-  p.q = static_cast<const float*>(q->data);
-  p.k = static_cast<const float*>(k->data);
-  p.v = static_cast<const float*>(v->data);
-  std::memcpy(p.q_strides, q->strides, sizeof p.q_strides);
-  std::memcpy(p.k_strides, k->strides, sizeof p.k_strides);
-  std::memcpy(p.v_strides, v->strides, sizeof p.v_strides);
-  p.batch = batch;
-  p.heads = heads;
-  p.kv_heads = kv_heads;
-  p.lq = lq;
-  p.lk = lk;
-  p.d = d;
-  p.dv = dv;
-
-  if (params->has_scale) {
-    if (!std::isfinite(params->scale) || params->scale == 0.0f) {
-      return fail(MHA_ERR_INVALID_VALUE, "params->scale = %g; it must be finite and non-zero",
-                  static_cast<double>(params->scale));
-    }
-    p.scale = params->scale;
-  } else {
-    p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  if (params.has_scale && (!std::isfinite(params.scale) || params.scale == 0.0f)) {
+    return fail(MHA_ERR_INVALID_VALUE, "params->scale = %g; it must be finite and non-zero",
+                static_cast<double>(params.scale));
   }
-  switch (params->causal) {
-    case MHA_CAUSAL_NONE:
-      p.causal_diag = kNotCausal;
-      break;
-    case MHA_CAUSAL_TOP_LEFT:
-      p.causal_diag = 0;
-      break;
-    case MHA_CAUSAL_BOTTOM_RIGHT:
-      p.causal_diag = lk - lq;
-      break;
-    default:
-      return fail(MHA_ERR_INVALID_VALUE,
-                  "params->causal = %d; it must be MHA_CAUSAL_NONE, _TOP_LEFT or _BOTTOM_RIGHT",
-                  params->causal);
+  if (params.causal != MHA_CAUSAL_NONE && params.causal != MHA_CAUSAL_TOP_LEFT &&
+      params.causal != MHA_CAUSAL_BOTTOM_RIGHT) {
+    return fail(MHA_ERR_INVALID_VALUE,
+                "params->causal = %d; it must be MHA_CAUSAL_NONE, _TOP_LEFT or _BOTTOM_RIGHT",
+                params.causal);
   }
-  if (!(params->dropout_p >= 0.0f && params->dropout_p < 1.0f)) {
+  if (!(params.dropout_p >= 0.0f && params.dropout_p < 1.0f)) {
     return fail(MHA_ERR_INVALID_VALUE, "params->dropout_p = %g; it must be in [0, 1)",
-                static_cast<double>(params->dropout_p));
+                static_cast<double>(params.dropout_p));
   }
-  p.dropout_p = params->dropout_p;
-  p.dropout_seed = params->dropout_seed;
-
-  if (params->valid_lens != nullptr) {
-    if (mha_status s = check_valid_lens(params->valid_lens, batch, lq, lk, &p); s != MHA_OK) {
+  if (params.valid_lens != nullptr) {
+    if (mha_status s = check_valid_lens(params.valid_lens, "valid_lens", batch, lq, lk);
+        s != MHA_OK) {
       return s;
     }
   }
-  if (params->mask != nullptr) {
+  if (params.mask != nullptr) {
     const int64_t full[4] = {batch, heads, lq, lk};
-    if (mha_status s = check_mask(params->mask, full, &p); s != MHA_OK) return s;
+    if (mha_status s = check_mask(params.mask, full); s != MHA_OK) return s;
   }
-  const mha_tensor* lse = params->lse;
+  const mha_tensor* lse = params.lse;
   if (lse != nullptr) {
     if (mha_status s = check_tensor(lse, "lse", 3, 3); s != MHA_OK) return s;
     if (mha_status s = check_f32(lse, "lse"); s != MHA_OK) return s;
@@ -374,7 +335,7 @@ mha_status validate_attention(const mha_tensor* q, const mha_tensor* k, const mh
     }
   }
 
-  const mha_tensor* inputs[] = {q, k, v, params->mask, params->valid_lens, lse};
+  const mha_tensor* inputs[] = {q, k, v, params.mask, params.valid_lens, lse};
   const char* input_names[] = {"q", "k", "v", "mask", "valid_lens", "lse"};
   if (mha_status s = check_no_overlap(*out, "out", inputs, input_names, 6); s != MHA_OK) return s;
   if (lse != nullptr) {
@@ -382,11 +343,70 @@ mha_status validate_attention(const mha_tensor* q, const mha_tensor* k, const mh
       return s;
     }
   }
+  return MHA_OK;
+}
 
-  call->out = static_cast<float*>(out->data);
-  std::memcpy(call->out_strides, out->strides, sizeof call->out_strides);
-  call->lse = lse != nullptr ? static_cast<float*>(lse->data) : nullptr;
-  if (lse != nullptr) std::memcpy(call->lse_strides, lse->strides, sizeof call->lse_strides);
+}  // namespace
+
+void describe_attention(const mha_tensor& q, const mha_tensor& k, const mha_tensor& v,
+                        const mha_tensor& out, const mha_attention_params& params,
+                        KernelCall* call) {
+  mha_kernel_problem& p = call->problem;
+  std::memset(&p, 0, sizeof p);
+  p.struct_size = static_cast<uint32_t>(sizeof p);
+  p.q = static_cast<const float*>(q.data);
+  p.k = static_cast<const float*>(k.data);
+  p.v = static_cast<const float*>(v.data);
+  std::memcpy(p.q_strides, q.strides, sizeof p.q_strides);
+  std::memcpy(p.k_strides, k.strides, sizeof p.k_strides);
+  std::memcpy(p.v_strides, v.strides, sizeof p.v_strides);
+  p.batch = q.shape[0];
+  p.heads = q.shape[1];
+  p.kv_heads = k.shape[1];
+  p.lq = q.shape[2];
+  p.lk = k.shape[2];
+  p.d = q.shape[3];
+  p.dv = v.shape[3];
+  p.scale = params.has_scale ? params.scale
+                             : static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.d)));
+  p.causal_diag = mha_rules::causal_diagonal(params.causal, p.lq, p.lk);
+  p.dropout_p = params.dropout_p;
+  p.dropout_seed = params.dropout_seed;
+  if (const mha_tensor* vl = params.valid_lens; vl != nullptr) {
+    p.valid_lens = vl->data;
+    p.valid_lens_is_i64 = vl->dtype == MHA_DTYPE_I64 ? 1 : 0;
+    p.valid_lens_strides[0] = vl->strides[0];
+    p.valid_lens_strides[1] = vl->ndim == 2 ? vl->strides[1] : 0;
+  }
+  if (const mha_tensor* mask = params.mask; mask != nullptr) {
+    p.mask = mask->data;
+    p.mask_kind = mask->dtype == MHA_DTYPE_BOOL ? MHA_MASK_BOOL : MHA_MASK_ADDITIVE;
+    broadcast_mask_strides(*mask, p.mask_strides);
+  }
+  call->out = static_cast<float*>(out.data);
+  std::memcpy(call->out_strides, out.strides, sizeof call->out_strides);
+  call->lse = nullptr;
+  if (const mha_tensor* lse = params.lse; lse != nullptr) {
+    call->lse = static_cast<float*>(lse->data);
+    std::memcpy(call->lse_strides, lse->strides, sizeof call->lse_strides);
+  }
+}
+
+mha_status validate_attention(const mha_tensor* q, const mha_tensor* k, const mha_tensor* v,
+                              const mha_tensor* out, const mha_attention_params* params,
+                              KernelCall* call) {
+  mha_attention_params given;
+  mha_attention_params_init(&given);
+  if (params != nullptr) {
+    const mha_attention_params defaults = given;
+    if (mha_status s = read_versioned(params, defaults, kAttentionParamsSizes, "params",
+                                      "mha_attention_params_init", &given);
+        s != MHA_OK) {
+      return s;
+    }
+  }
+  if (mha_status s = check_attention(q, k, v, out, given); s != MHA_OK) return s;
+  describe_attention(*q, *k, *v, *out, given, call);
   return MHA_OK;
 }
 

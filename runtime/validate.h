@@ -5,11 +5,12 @@
 #include <mha/plugin_abi.h>
 
 #include <cstdint>
+#include <string>
 
 namespace mha::rt {
 
-// A validated mha_attention call: the kernels' view plus where the results go.
-struct AttentionCall {
+// A call the kernels can run: their view of it plus where the results go.
+struct KernelCall {
   mha_kernel_problem problem;
   float* out;
   int64_t out_strides[4];
@@ -17,21 +18,35 @@ struct AttentionCall {
   int64_t lse_strides[3];
 };
 
-// Checks every argument (pointers, dtypes, ranks, sizes, shapes, strides,
-// overlap, parameters, valid-length values) and fills *call.  On failure the
-// thread's error message names the argument; nothing is written anywhere else.
+// Checks every argument of mha_attention (pointers, dtypes, ranks, sizes,
+// shapes, strides, overlap, parameters, valid-length values) and fills *call.
+// On failure the thread's error message names the argument; nothing is
+// written anywhere else.
 mha_status validate_attention(const mha_tensor* q, const mha_tensor* k, const mha_tensor* v,
                               const mha_tensor* out, const mha_attention_params* params,
-                              AttentionCall* call);
+                              KernelCall* call);
 
-// Shared checks, also used by the module.
+// Fills *call from arguments known to be valid (params complete, of this
+// version): the second half of validate_attention, for callers inside the
+// library that built their tensors themselves (the module).
+void describe_attention(const mha_tensor& q, const mha_tensor& k, const mha_tensor& v,
+                        const mha_tensor& out, const mha_attention_params& params,
+                        KernelCall* call);
+
+// Shared checks, also used by the module.  Each names the argument `name` in
+// its message.
 mha_status check_tensor(const mha_tensor* t, const char* name, int32_t min_ndim, int32_t max_ndim);
-const char* dtype_name(int32_t dtype);
+mha_status check_f32(const mha_tensor* t, const char* name);
+// valid_lens: I32/I64, [B] or [B, Lq], every value in [0, Lk].
+mha_status check_valid_lens(const mha_tensor* vl, const char* name, int64_t batch, int64_t lq,
+                            int64_t lk);
 // An output must not overlap itself (two indices, one address) or any of the
 // `count` other tensors (nullptr entries are skipped).
 mha_status check_no_overlap(const mha_tensor& output, const char* output_name,
                             const mha_tensor* const* others, const char* const* other_names,
                             int count);
+const char* dtype_name(int32_t dtype);
 int64_t dtype_size(int32_t dtype);  // 0 for unknown
+std::string shape_text(const mha_tensor& t);  // "[2, 3]"
 
 }  // namespace mha::rt

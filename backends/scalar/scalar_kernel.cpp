@@ -9,10 +9,12 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 
-#include "common/attention_rules.h"
 #include "common/dropout.h"
+#include "common/problem.h"
+#include "common/softmax.h"
 
 // A test builds a copy that claims priority 1000 (the runtime must ignore it).
 #ifndef MHA_SCALAR_PRIORITY
@@ -25,7 +27,7 @@ using mha_kernel::last_visible_key;
 
 constexpr int64_t kRows = 16;  // query rows per block
 constexpr int64_t kKeys = 64;  // keys per tile
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kNegInf = mha_softmax::kNegInf;
 
 // The units of the scores.  Natural: Q is multiplied by the scale, a score is
 // the logit.  A logit within the fp32 range can still make a row non-finite
@@ -45,14 +47,13 @@ struct Units {
 };
 
 struct Workspace {
-  float* q;           // [kRows][D], pre-scaled
-  float* scores;      // [kRows][kKeys]
-  float* acc;         // [kRows][Dv]
-  float* tile_acc;    // [Dv]: one row's sum over the current key tile
-  float* row_max;     // [kRows]
-  float* row_sum;     // [kRows]
-  int64_t* last;      // [kRows]
-  uint32_t* row_key;  // [kRows]: dropout hash of each row
+  float* q;                // [kRows][D], pre-scaled
+  float* scores;           // [kRows][kKeys]
+  float* acc;              // [kRows][Dv]
+  float* tile_acc;         // [Dv]: one row's sum over the current key tile
+  mha_softmax::Row* rows;  // [kRows]: running maximum and sum
+  int64_t* last;           // [kRows]
+  uint32_t* row_key;       // [kRows]: dropout hash of each row
 };
 
 Workspace carve(void* scratch, int64_t d, int64_t dv) {
@@ -62,9 +63,8 @@ Workspace carve(void* scratch, int64_t d, int64_t dv) {
   w.scores = w.q + kRows * d;
   w.acc = w.scores + kRows * kKeys;
   w.tile_acc = w.acc + kRows * dv;
-  w.row_max = w.tile_acc + dv + (dv % 2);  // keeps `last` 8-byte aligned
-  w.row_sum = w.row_max + kRows;
-  w.last = reinterpret_cast<int64_t*>(w.row_sum + kRows + (kRows % 2));
+  w.rows = reinterpret_cast<mha_softmax::Row*>(w.tile_acc + dv + (dv % 2));  // 8-byte aligned
+  w.last = reinterpret_cast<int64_t*>(w.rows + kRows);
   w.row_key = reinterpret_cast<uint32_t*>(w.last + kRows);
   return w;
 }
@@ -74,10 +74,6 @@ size_t scratch_bytes(const mha_kernel_problem* p, int64_t /*max_queries*/) {
   return static_cast<size_t>(floats) * sizeof(float) + kRows * (sizeof(int64_t) + 4) + 64;
 }
 
-// NaN-propagating maximum: a NaN score must poison its row, as in the reference.
-inline float max_propagating_nan(float a, float b) {
-  return (b > a || b != b) ? b : a;
-}
 
 // Scores of one key tile for one block of rows, with every mask applied.
 void score_tile(const mha_kernel_problem& p, const Workspace& w, const Units& u, int64_t b,
@@ -113,7 +109,8 @@ void score_tile(const mha_kernel_problem& p, const Workspace& w, const Units& u,
   }
 }
 
-// Online softmax: fold one tile of scores into the running max, sum and output.
+// Online softmax (common/softmax.h): fold one tile of scores into each row's
+// running maximum and sum, then add the tile's weighted values to the output.
 // A tile's products are summed apart and then added to the row, so rounding
 // grows with the tile width plus the number of tiles, not with the number of
 // keys (which matters when many keys are alike).
@@ -123,26 +120,18 @@ void accumulate_tile(const mha_kernel_problem& p, const Workspace& w, const Unit
   const uint32_t drop_below = mha_dropout::threshold(p.dropout_p);
   const float keep_scale = 1.0f / (1.0f - p.dropout_p);
   for (int64_t r = 0; r < rows; ++r) {
-    const float* s = w.scores + r * kKeys;
-    float tile_max = kNegInf;
-    for (int64_t jj = 0; jj < keys; ++jj) tile_max = max_propagating_nan(tile_max, s[jj]);
-    if (tile_max == kNegInf) continue;  // nothing of this tile takes part
+    float* s = w.scores + r * kKeys;
+    const mha_softmax::Fold fold =
+        mha_softmax::fold_tile(s, keys, w.rows[r], [&u](float d) { return u.weight(d); });
+    if (!fold.any) continue;  // nothing of this tile takes part
     float* acc = w.acc + r * p.dv;
-    const float new_max = max_propagating_nan(w.row_max[r], tile_max);
-    if (new_max > w.row_max[r]) {
-      const float alpha = u.weight(w.row_max[r] - new_max);  // 0 on the first tile
-      w.row_sum[r] *= alpha;
-      for (int64_t d = 0; d < p.dv; ++d) acc[d] *= alpha;
-      w.row_max[r] = new_max;
-    } else if (new_max != new_max) {
-      w.row_max[r] = new_max;
+    if (fold.alpha != 1.0f) {
+      for (int64_t d = 0; d < p.dv; ++d) acc[d] *= fold.alpha;
     }
     for (int64_t d = 0; d < p.dv; ++d) w.tile_acc[d] = 0.0f;
-    float tile_sum = 0.0f;
     for (int64_t jj = 0; jj < keys; ++jj) {
-      if (s[jj] == kNegInf) continue;
-      float weight = u.weight(s[jj] - w.row_max[r]);
-      tile_sum += weight;  // the softmax's sum: before dropout
+      if (s[jj] == kNegInf) continue;  // removed: its V row is never read
+      float weight = s[jj];
       if (dropout) {
         if (!mha_dropout::keep(w.row_key[r], j0 + jj, drop_below)) continue;
         weight *= keep_scale;
@@ -150,7 +139,6 @@ void accumulate_tile(const mha_kernel_problem& p, const Workspace& w, const Unit
       const float* v = mha_kernel::v_row(p, b, kvh, j0 + jj);
       for (int64_t d = 0; d < p.dv; ++d) w.tile_acc[d] += weight * v[d * p.v_strides[3]];
     }
-    w.row_sum[r] += tile_sum;
     for (int64_t d = 0; d < p.dv; ++d) acc[d] += w.tile_acc[d];
   }
 }
@@ -169,9 +157,8 @@ bool compute_block(const mha_kernel_problem& p, const mha_work_item& item, const
     key_end = std::max(key_end, w.last[r] + 1);
     const float* q = mha_kernel::q_row(p, b, h, i0 + r);
     for (int64_t d = 0; d < p.d; ++d) w.q[r * p.d + d] = q[d * p.q_strides[3]] * u.q_factor;
-    w.row_max[r] = kNegInf;
+    w.rows[r] = mha_softmax::Row{};
     w.row_key[r] = mha_dropout::row_key(p.dropout_seed, b, h, i0 + r, p.heads, p.lq);
-    w.row_sum[r] = 0.0f;
     for (int64_t d = 0; d < p.dv; ++d) w.acc[r * p.dv + d] = 0.0f;
   }
   for (int64_t j0 = item.k_begin; j0 < key_end; j0 += kKeys) {
@@ -180,7 +167,7 @@ bool compute_block(const mha_kernel_problem& p, const mha_work_item& item, const
     accumulate_tile(p, w, u, b, kvh, rows, j0, keys);
   }
   for (int64_t r = 0; r < rows; ++r) {
-    if (w.row_sum[r] == 0.0f && w.last[r] >= item.k_begin) return false;  // no weight: overflow?
+    if (w.rows[r].sum == 0.0f && w.last[r] >= item.k_begin) return false;  // no weight: overflow?
   }
   for (int64_t x = 0; x < rows * p.dv; ++x) {
     if (!std::isfinite(w.acc[x])) return false;
@@ -202,7 +189,7 @@ int attend(const mha_kernel_problem* problem, const mha_work_item* item, void* s
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t row_h = h - item->h_begin, row_i = i0 + r - item->q_begin;
         float* out = item->out + row_h * item->out_strides[0] + row_i * item->out_strides[1];
-        const float sum = w.row_sum[r];
+        const float sum = w.rows[r].sum;
         const bool empty = sum == 0.0f;  // no key took part
         const float inv = empty ? 0.0f : 1.0f / sum;
         for (int64_t d = 0; d < p.dv; ++d) {
@@ -210,13 +197,25 @@ int attend(const mha_kernel_problem* problem, const mha_work_item* item, void* s
         }
         if (item->lse != nullptr) {
           item->lse[row_h * item->lse_strides[0] + row_i * item->lse_strides[1]] =
-              empty ? kNegInf : u.lse(w.row_max[r], sum);
+              empty ? kNegInf : u.lse(w.rows[r].max, sum);
         }
       }
     }
   }
   return 0;
 }
+
+// A test builds a copy that declines every call through supports(), to check
+// the runtime reports it (MHA_ERR_UNSUPPORTED with the plugin's reason).
+#ifdef MHA_SCALAR_DECLINES
+int declines(const mha_kernel_problem* /*problem*/, char* reason, size_t reason_size) {
+  std::snprintf(reason, reason_size, "%s", MHA_SCALAR_DECLINES);
+  return 0;
+}
+#define MHA_SCALAR_SUPPORTS declines
+#else
+#define MHA_SCALAR_SUPPORTS nullptr
+#endif
 
 }  // namespace
 
@@ -234,6 +233,7 @@ extern "C" __attribute__((visibility("default"))) const mha_plugin* mha_plugin_e
       nullptr,
       scratch_bytes,
       attend,
+      MHA_SCALAR_SUPPORTS,  // every problem the runtime validates
   };
   return &table;
 }

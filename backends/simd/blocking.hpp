@@ -1,6 +1,6 @@
 // Register blocking and tile sizes per instruction set.  The micro-kernels'
 // accumulators fill the register file without spilling; the tiles keep the
-// working set of one query tile in L1/L2.  Key tiles: flash-kernel-on-zen4.md
+// working set of one query tile in L1/L2.  Key tiles: docs/kernel-design.md
 // measured 64 queries x 96 keys best on Zen 4 (5-12 % ahead of larger tiles);
 // on this project's Zen 5 machine (full-width 512-bit FMAs) A/B runs of
 // avx512 put 192-576 keys ahead of 96 (S2 and S6 about 10 %, S1 3-8 %) with

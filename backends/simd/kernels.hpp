@@ -3,16 +3,16 @@
 // flags.
 #pragma once
 
-#include "simd/decode_kernel.hpp"
+#include "simd/decode.hpp"
 #include "simd/kernel_entry.hpp"
-#include "simd/query_lane_kernel.hpp"
+#include "simd/prefill.hpp"
 
 namespace mha_simd {
 
 template <class Arch>
 size_t scratch_bytes(const mha_kernel_problem& p, int64_t max_queries) {
   return p.layout == MHA_LAYOUT_DECODE ? DecodeKernel<Arch>::scratch_bytes(p, max_queries)
-                                       : QueryLaneKernel<Arch>::scratch_bytes(p);
+                                       : PrefillKernel<Arch>::scratch_bytes(p);
 }
 
 template <class Arch>
@@ -20,7 +20,7 @@ int attend(const mha_kernel_problem& p, const mha_work_item& item, void* scratch
   if (p.layout == MHA_LAYOUT_DECODE) {
     DecodeKernel<Arch>::run(p, item, scratch);
   } else {
-    QueryLaneKernel<Arch>::run(p, item, scratch);
+    PrefillKernel<Arch>::run(p, item, scratch);
   }
   return 0;
 }

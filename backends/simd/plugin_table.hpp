@@ -27,6 +27,7 @@ constexpr mha_plugin plugin_table(const char* name, const char* description, uin
       nullptr,
       mha_simd_scratch_bytes,
       mha_simd_attend,
+      nullptr,  // supports: every problem the runtime validates
   };
 }
 

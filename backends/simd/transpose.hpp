@@ -1,6 +1,6 @@
 // In-register transpose of a W x W block (W = floats per vector): rows[i]
 // lane j becomes rows[j] lane i.  Shuffles only — the Q packing with gathers
-// or scalar scatters costs several percent of a prefill (flash-kernel-on-zen4.md).
+// or scalar scatters costs several percent of a prefill (docs/kernel-design.md).
 // xsimd 8.1 has no transpose, so each ISA gets its native sequence.
 #pragma once
 

@@ -61,7 +61,9 @@ typedef enum mha_status {
   MHA_ERR_INVALID_VALUE = 9,        /* a value out of range: scale, causal mode, valid length */
   MHA_ERR_BACKEND_UNAVAILABLE = 10, /* the requested backend is unknown or unusable here     */
   MHA_ERR_OUT_OF_MEMORY = 11,
-  MHA_ERR_INTERNAL = 12 /* a backend failed mid-call; the outputs are unspecified */
+  MHA_ERR_INTERNAL = 12,   /* a backend failed mid-call; the outputs are unspecified */
+  MHA_ERR_UNSUPPORTED = 13 /* valid, but the selected backend cannot compute it (a dtype,
+                              a variant); the message says which backend and why     */
 } mha_status;
 
 /* A short, static description of a status code ("MHA_ERR_SHAPE_MISMATCH"). */

@@ -22,8 +22,9 @@
 extern "C" {
 #endif
 
-/* Bumped whenever any struct below changes layout or meaning. */
-#define MHA_PLUGIN_ABI_VERSION 1
+/* Bumped whenever any struct below changes layout or meaning.
+ * 2: mha_kernel_problem starts with struct_size; mha_plugin ends with supports. */
+#define MHA_PLUGIN_ABI_VERSION 2
 #define MHA_PLUGIN_ENTRY_SYMBOL "mha_plugin_entry"
 
 /* CPU features, as the runtime detects them (OS support included). */
@@ -55,8 +56,11 @@ enum mha_mask_kind { MHA_MASK_NONE = 0, MHA_MASK_BOOL = 1, MHA_MASK_ADDITIVE = 2
 /*
  * One validated call.  Pointers address element [0,0,0,0]; strides are in
  * elements, in the order [batch, head, sequence, feature] (0 where broadcast).
+ * Fields are only ever added at the end; struct_size says how many this
+ * runtime filled, so a plugin built against a newer header can tell.
  */
 typedef struct mha_kernel_problem {
+  uint32_t struct_size; /* sizeof(mha_kernel_problem) as the runtime was built */
   const float* q;
   const float* k;
   const float* v;
@@ -88,6 +92,15 @@ typedef struct mha_kernel_problem {
 /*
  * One unit of work: batch b, query heads [h_begin, h_end) that all share one
  * KV head, queries [q_begin, q_end), keys [k_begin, k_end).
+ *
+ * The order of items.  The runtime numbers a call's items by (batch, head
+ * group), then query tiles from the last to the first (the costliest first
+ * under a causal mask), then key chunks; each thread takes the lowest item not
+ * yet taken.  So the item a thread runs next is most likely the one numbered
+ * after its current one -- the previous query tile of the same heads, which
+ * reads the same K and V -- and a kernel may prefetch for it (the next head's
+ * rows, for an item of several heads).  That is a hint only: a kernel's result
+ * never depends on which item comes next, or on which thread runs it.
  *
  * The kernel writes each row normalised over its key range only: row (h, i)
  * to out + (h - h_begin) * out_strides[0] + (i - q_begin) * out_strides[1]
@@ -129,6 +142,12 @@ typedef struct mha_plugin {
 
   /* Computes one work item.  Returns 0 on success. */
   int (*attend)(const mha_kernel_problem* problem, const mha_work_item* item, void* scratch);
+
+  /* Whether this plugin can compute a (validated) problem: returns 1, or 0
+   * with why in reason (a dtype or a variant it does not implement).  The
+   * runtime then fails the call with MHA_ERR_UNSUPPORTED and that reason,
+   * instead of guessing what a plugin can do.  NULL: every problem. */
+  int (*supports)(const mha_kernel_problem* problem, char* reason, size_t reason_size);
 } mha_plugin;
 
 typedef const mha_plugin* (*mha_plugin_entry_fn)(void);

@@ -75,6 +75,7 @@ const mha_plugin kTable = {
 #else
     attend,
 #endif
+    nullptr,
 };
 
 }  // namespace

@@ -216,5 +216,21 @@ TEST(PluginLoading, PriorityClaimsAreIgnored) {
   if (best->name == "scalar") GTEST_SKIP() << "only scalar is usable on this CPU";
 }
 
+// A plugin may decline a validated call through supports(): the call fails
+// with MHA_ERR_UNSUPPORTED, naming the backend and the plugin's reason, and
+// writes nothing.
+TEST(PluginLoading, DeclinedCallsFailWithThePluginsReason) {
+  ASSERT_NE(mha_selected_backend(), nullptr) << mha_last_error();
+  EXPECT_STREQ(mha_selected_backend(), "scalar");
+  SmallCall c;
+  const std::vector<float> before = c.out.all();
+  EXPECT_EQ(c.call(), MHA_ERR_UNSUPPORTED);
+  const std::string message = mha_last_error();
+  EXPECT_NE(message.find("scalar"), std::string::npos) << message;
+  EXPECT_NE(message.find("no kernel for this test's calls"), std::string::npos) << message;
+  EXPECT_TRUE(c.out.bits_equal(before)) << "a declined call wrote out";
+  EXPECT_STREQ(mha_status_name(MHA_ERR_UNSUPPORTED), "MHA_ERR_UNSUPPORTED");
+}
+
 }  // namespace
 }  // namespace mha_test

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "error.h"
-#include "module_internal.h"
+#include "module.h"
 #include "registry.h"
 #include "validate.h"
 #include "versioned.h"
@@ -22,15 +22,6 @@ namespace {
 
 long long ll(int64_t x) {
   return static_cast<long long>(x);
-}
-
-std::string shape_text(const mha_tensor& t) {
-  std::string s = "[";
-  for (int32_t d = 0; d < t.ndim; ++d) {
-    if (d != 0) s += ", ";
-    s += std::to_string(t.shape[d]);
-  }
-  return s + "]";
 }
 
 // ---------------------------------------------------------------- configuration
@@ -166,45 +157,6 @@ mha_status find_slot(mha_module* m, const char* name, WeightSlot* slot) {
 
 // ---------------------------------------------------------------- forward checks
 
-mha_status check_f32(const mha_tensor* t, const char* name) {
-  if (t->dtype == MHA_DTYPE_F32) return MHA_OK;
-  return fail(MHA_ERR_INVALID_DTYPE, "%s has dtype %s; it must be f32", name, dtype_name(t->dtype));
-}
-
-mha_status check_valid_lens(const mha_tensor* vl, int64_t batch, int64_t lq, int64_t lk) {
-  if (mha_status s = check_tensor(vl, "params->valid_lens", 1, 2); s != MHA_OK) return s;
-  if (vl->dtype != MHA_DTYPE_I32 && vl->dtype != MHA_DTYPE_I64) {
-    return fail(MHA_ERR_INVALID_DTYPE, "params->valid_lens has dtype %s; it must be i32 or i64",
-                dtype_name(vl->dtype));
-  }
-  if (vl->shape[0] != batch || (vl->ndim == 2 && vl->shape[1] != lq)) {
-    return fail(MHA_ERR_SHAPE_MISMATCH,
-                "params->valid_lens has shape %s; it must be [B] = [%lld] or [B, Lq] = [%lld, "
-                "%lld]",
-                shape_text(*vl).c_str(), ll(batch), ll(batch), ll(lq));
-  }
-  const int64_t rows = vl->ndim == 2 ? lq : 1;
-  const int64_t s1 = vl->ndim == 2 ? vl->strides[1] : 0;
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t i = 0; i < rows; ++i) {
-      const int64_t at = b * vl->strides[0] + i * s1;
-      const int64_t len = vl->dtype == MHA_DTYPE_I64 ? static_cast<const int64_t*>(vl->data)[at]
-                                                     : static_cast<const int32_t*>(vl->data)[at];
-      if (len < 0 || len > lk) {
-        if (vl->ndim == 2) {
-          return fail(MHA_ERR_INVALID_VALUE,
-                      "params->valid_lens[%lld][%lld] = %lld is outside [0, Lk = %lld]", ll(b),
-                      ll(i), ll(len), ll(lk));
-        }
-        return fail(MHA_ERR_INVALID_VALUE,
-                    "params->valid_lens[%lld] = %lld is outside [0, Lk = %lld]", ll(b), ll(len),
-                    ll(lk));
-      }
-    }
-  }
-  return MHA_OK;
-}
-
 mha_status check_mask_dtype(const mha_tensor* t, const char* name) {
   if (t->dtype == MHA_DTYPE_BOOL || t->dtype == MHA_DTYPE_F32) return MHA_OK;
   return fail(MHA_ERR_INVALID_DTYPE, "%s has dtype %s; it must be bool or f32", name,
@@ -276,7 +228,7 @@ mha_status check_forward(mha_module* module, const mha_tensor* query, const mha_
                 params->causal);
   }
   if (params->valid_lens != nullptr) {
-    if (mha_status s = check_valid_lens(params->valid_lens, batch, lq, lk); s != MHA_OK) return s;
+    if (mha_status s = check_valid_lens(params->valid_lens, "params->valid_lens", batch, lq, lk); s != MHA_OK) return s;
   }
   if (const mha_tensor* kpm = params->key_padding_mask; kpm != nullptr) {
     if (mha_status s = check_tensor(kpm, "params->key_padding_mask", 2, 2); s != MHA_OK) return s;

@@ -1,4 +1,4 @@
-#include "module_blis.h"
+#include "blis.h"
 
 #include <blis.h>
 #include <mha/plugin_abi.h>
@@ -65,8 +65,9 @@ std::vector<float> pack(const float* x, int64_t m, int64_t n, int64_t rs, int64_
   return packed;
 }
 
-}  // namespace
-
+// True when BLIS accepts an m x n operand with these strides (its
+// bli_check_matrix_strides rules, after the strides of size-1 dimensions are
+// normalised).
 bool blis_accepts(int64_t m, int64_t n, int64_t rs, int64_t cs) {
   normalise(m, n, rs, cs);
   if (rs <= 0 || cs <= 0) return false;
@@ -79,6 +80,8 @@ bool blis_accepts(int64_t m, int64_t n, int64_t rs, int64_t cs) {
   if (rs == 1) return cs >= m;
   return rs >= n;
 }
+
+}  // namespace
 
 int32_t sgemm_threads(int64_t m, int64_t n, int64_t k, int32_t threads) {
   const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);

@@ -32,11 +32,16 @@
 #include <limits>
 #include <new>
 
-#include "../backends/common/dropout.h"
+#include "common/dropout.h"
+#include "common/softmax.h"
+#include "common/visibility.h"
+#include "attention.h"
+#include "blis.h"
 #include "env.h"
-#include "module_blis.h"
-#include "module_internal.h"
+#include "module.h"
+#include "scratch.h"
 #include "threads.h"
+#include "validate.h"
 
 namespace mha::rt {
 namespace {
@@ -45,31 +50,17 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // ---------------------------------------------------------------- scratch
 
-class Scratch {
- public:
-  Scratch() = default;
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  ~Scratch() { std::free(data_); }
+// The forward pass's per-thread buffers; taking memory that cannot be had
+// throws std::bad_alloc, which the entry point turns into a status before any
+// output is written.
+thread_local AlignedBuffer t_projections, t_concat, t_mask, t_rows;
 
-  // At least `bytes`, 64-byte aligned; throws std::bad_alloc.
-  void* get(size_t bytes) {
-    if (bytes <= size_ && data_ != nullptr) return data_;
-    const size_t rounded = (std::max<size_t>(bytes, 64) + 4095) & ~size_t{4095};
-    void* fresh = std::aligned_alloc(64, rounded);
-    if (fresh == nullptr) throw std::bad_alloc();
-    std::free(data_);
-    data_ = fresh;
-    size_ = rounded;
-    return data_;
-  }
+void* take(AlignedBuffer& buffer, size_t bytes) {
+  void* memory = buffer.get(bytes);
+  if (memory == nullptr) throw std::bad_alloc();
+  return memory;
+}
 
- private:
-  void* data_ = nullptr;
-  size_t size_ = 0;
-};
-
-thread_local Scratch t_projections, t_concat, t_mask, t_rows;
 
 size_t float_bytes(int64_t count) {
   return static_cast<size_t>(count) * sizeof(float);
@@ -184,7 +175,7 @@ bool build_kernel_mask(const ModuleCall& call, int64_t heads, mha_tensor* mask) 
       std::memcpy(mask->strides, strides, sizeof strides);
       return true;
     }
-    auto* allowed = static_cast<uint8_t*>(t_mask.get(static_cast<size_t>(batch * lk)));
+    auto* allowed = static_cast<uint8_t*>(take(t_mask, static_cast<size_t>(batch * lk)));
     const auto* src = static_cast<const uint8_t*>(kpm->data);
     for (int64_t b = 0; b < batch; ++b) {
       for (int64_t j = 0; j < lk; ++j) {
@@ -218,7 +209,7 @@ bool build_kernel_mask(const ModuleCall& call, int64_t heads, mha_tensor* mask) 
   const bool all_bool =
       am->dtype == MHA_DTYPE_BOOL && (kpm == nullptr || kpm->dtype == MHA_DTYPE_BOOL);
   if (all_bool) {
-    auto* allowed = static_cast<uint8_t*>(t_mask.get(static_cast<size_t>(count)));
+    auto* allowed = static_cast<uint8_t*>(take(t_mask, static_cast<size_t>(count)));
     const auto* am_data = static_cast<const uint8_t*>(am->data);
     const auto* kpm_data = kpm != nullptr ? static_cast<const uint8_t*>(kpm->data) : nullptr;
     int64_t n = 0;
@@ -237,7 +228,7 @@ bool build_kernel_mask(const ModuleCall& call, int64_t heads, mha_tensor* mask) 
     mask->dtype = MHA_DTYPE_BOOL;
     return true;
   }
-  auto* additive = static_cast<float*>(t_mask.get(float_bytes(count)));
+  auto* additive = static_cast<float*>(take(t_mask, float_bytes(count)));
   const auto term = [](const mha_tensor* t, int64_t offset) -> float {
     if (t->dtype == MHA_DTYPE_BOOL)
       return static_cast<const uint8_t*>(t->data)[offset] != 0 ? -kInf : 0.0f;
@@ -269,18 +260,16 @@ struct WeightsPath {
   const mha_tensor* mask;      // kernel form, 4-D, or nullptr
 };
 
+// Keys [0, result) of row (b, i) survive the causal rule and the valid lengths.
 int64_t key_end(const ModuleCall& c, int64_t b, int64_t i) {
-  int64_t end = c.lk;
-  if (c.causal == MHA_CAUSAL_TOP_LEFT) end = std::min(end, i + 1);
-  if (c.causal == MHA_CAUSAL_BOTTOM_RIGHT)
-    end = std::min(end, std::max<int64_t>(0, i + c.lk - c.lq + 1));
+  int64_t valid_length = c.lk;
   if (const mha_tensor* vl = c.valid_lens; vl != nullptr) {
-    const int64_t at = b * vl->strides[0] + (vl->ndim == 2 ? i * vl->strides[1] : 0);
-    const int64_t len = vl->dtype == MHA_DTYPE_I64 ? static_cast<const int64_t*>(vl->data)[at]
-                                                   : static_cast<const int32_t*>(vl->data)[at];
-    end = std::min(end, len);
+    valid_length = mha_rules::valid_length_at(
+        vl->data, vl->dtype == MHA_DTYPE_I64,
+        b * vl->strides[0] + (vl->ndim == 2 ? i * vl->strides[1] : 0));
   }
-  return end;
+  return mha_rules::visible_keys(i, c.lk, mha_rules::causal_diagonal(c.causal, c.lq, c.lk),
+                                 valid_length);
 }
 
 // Turns row (b, h, i) of scale·Q·Kᵀ into attention weights, in place: masks,
@@ -297,7 +286,6 @@ void weights_row(const WeightsPath& w, int64_t b, int64_t h, int64_t i, float* r
                 (m->shape[2] == 1 ? 0 : i * m->strides[2]);
     mask_step = m->strides[3];
   }
-  float row_max = -kInf;
   for (int64_t j = 0; j < lk; ++j) {
     float logit = row[j];
     if (j >= end) {
@@ -311,21 +299,15 @@ void weights_row(const WeightsPath& w, int64_t b, int64_t h, int64_t i, float* r
       }
     }
     row[j] = logit;
-    // NaN (from NaN inputs) poisons the row, as in the kernels.
-    if (logit != logit || logit > row_max) row_max = logit;
   }
-  if (row_max == -kInf) {  // no key takes part
-    std::fill(row, row + lk, 0.0f);
+  // The whole row as one tile of the online softmax (NaN poisons the row).
+  mha_softmax::Row state;
+  if (!mha_softmax::fold_tile(row, lk, state, [](float d) { return std::exp(d); }).any) {
+    std::fill(row, row + lk, 0.0f);  // no key takes part
     return;
   }
-  double sum = 0.0;
-  for (int64_t j = 0; j < lk; ++j) {
-    const float e = row[j] == -kInf ? 0.0f : std::exp(row[j] - row_max);
-    row[j] = e;
-    sum += static_cast<double>(e);
-  }
-  const float inv = static_cast<float>(1.0 / sum);
-  for (int64_t j = 0; j < lk; ++j) row[j] *= inv;
+  const float inv = 1.0f / state.sum;
+  for (int64_t j = 0; j < lk; ++j) row[j] = row[j] == -kInf ? 0.0f : row[j] * inv;
   if (c.dropout_p > 0.0f) {
     const uint32_t key = mha_dropout::row_key(c.dropout_seed, b, h, i, w.heads, c.lq);
     const uint32_t below = mha_dropout::threshold(c.dropout_p);
@@ -346,7 +328,7 @@ void run_weights_path(const WeightsPath& w, int32_t threads) {
   const int32_t team =
       static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(threads, items)));
   const int64_t per_thread = kWeightsBlock * lk * (c.average_weights ? 2 : 1);
-  float* rows_scratch = static_cast<float*>(t_rows.get(float_bytes(per_thread * team)));
+  float* rows_scratch = static_cast<float*>(take(t_rows, float_bytes(per_thread * team)));
   const mha_tensor& aw = *c.attn_weights;
   auto* weights_out = static_cast<float*>(aw.data);
   const float inv_heads = 1.0f / static_cast<float>(heads);
@@ -418,7 +400,7 @@ mha_status run_module_forward(const ModuleCall& call) {
   const int64_t q_rows = batch * lq, kv_rows = batch * lk;
   int64_t floats = q_rows * q_width;
   if (!qkv_packed) floats += kv_packed ? kv_rows * kv_width : 2 * kv_rows * e;
-  float* proj = static_cast<float*>(t_projections.get(float_bytes(floats)));
+  float* proj = static_cast<float*>(take(t_projections, float_bytes(floats)));
   float* q_buf = proj;
   float* k_buf = qkv_packed ? proj : q_buf + q_rows * q_width;
   float* v_buf = qkv_packed || kv_packed ? k_buf : k_buf + kv_rows * e;
@@ -447,7 +429,7 @@ mha_status run_module_forward(const ModuleCall& call) {
   // ---- 2. attention, into the concatenation of the heads, in out's row order
   const mha_tensor& out = *call.out;
   const RowOrder out_order = row_order(out);
-  float* concat = static_cast<float*>(t_concat.get(float_bytes(q_rows * e)));
+  float* concat = static_cast<float*>(take(t_concat, float_bytes(q_rows * e)));
   mha_tensor cv;
   head_view(concat, batch, heads, lq, d, e, out_order.seq_major, 0, &cv);
   mha_tensor kernel_mask;
@@ -459,6 +441,8 @@ mha_status run_module_forward(const ModuleCall& call) {
         &call, heads, d, scale, qv, kv, vv, cv, has_mask ? &kernel_mask : nullptr};
     run_weights_path(path, threads);
   } else {
+    // The core's attention on the module's own views, which are valid by
+    // construction: the arguments were checked once, by mha_module_forward.
     mha_attention_params ap;
     mha_attention_params_init(&ap);
     ap.has_scale = 1;
@@ -468,7 +452,9 @@ mha_status run_module_forward(const ModuleCall& call) {
     ap.mask = has_mask ? &kernel_mask : nullptr;
     ap.dropout_p = call.dropout_p;
     ap.dropout_seed = call.dropout_seed;
-    if (mha_status s = mha_attention(&qv, &kv, &vv, &cv, &ap); s != MHA_OK) return s;
+    KernelCall kernel_call;
+    describe_attention(qv, kv, vv, cv, ap, &kernel_call);
+    if (mha_status s = attend(kernel_call); s != MHA_OK) return s;
   }
   const double attn_ms = verbose ? ms_since(t1) : 0.0;
 

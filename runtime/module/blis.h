@@ -17,11 +17,6 @@ void sgemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t
            const float* b, int64_t rsb, int64_t csb, float beta, float* c, int64_t rsc, int64_t csc,
            int32_t threads);
 
-// True when BLIS accepts an m x n operand with these strides (its
-// bli_check_matrix_strides rules, after the strides of size-1 dimensions are
-// normalised).
-bool blis_accepts(int64_t m, int64_t n, int64_t rs, int64_t cs);
-
 // The threads a product of this size is worth: 1 below about a million
 // multiply-adds (thread start-up would cost more than it saves), else `threads`.
 // A function of the shape and the thread setting only; BLIS's results do not

@@ -1,26 +1,25 @@
-// What every kernel must agree on: which keys a query sees, where an element
-// lives, how the mask reads.  Plain C++ with no ISA code, so each plugin can
-// include it.
+// Reading a validated call (mha_kernel_problem) the way every kernel must:
+// which keys a query sees, where a row of Q, K or V lives, where a mask row
+// starts.  Plain C++ with no ISA code, so every plugin can include it.
 #pragma once
 
 #include <mha/plugin_abi.h>
 
-#include <algorithm>
 #include <cstdint>
+
+#include "common/visibility.h"
 
 namespace mha_kernel {
 
-// The last key query i of batch b may see under the causal rule and the valid
+// The last key query i of batch b sees under the causal rule and the valid
 // lengths (-1: none).  The explicit mask may remove more.
 inline int64_t last_visible_key(const mha_kernel_problem& p, int64_t b, int64_t i) {
-  int64_t last = std::min(p.lk - 1, i + p.causal_diag);
-  if (p.valid_lens != nullptr) {
-    const int64_t at = b * p.valid_lens_strides[0] + i * p.valid_lens_strides[1];
-    const int64_t len = p.valid_lens_is_i64 ? static_cast<const int64_t*>(p.valid_lens)[at]
-                                            : static_cast<const int32_t*>(p.valid_lens)[at];
-    last = std::min(last, len - 1);
-  }
-  return last;
+  const int64_t valid_length =
+      p.valid_lens == nullptr
+          ? p.lk
+          : mha_rules::valid_length_at(p.valid_lens, p.valid_lens_is_i64 != 0,
+                                       b * p.valid_lens_strides[0] + i * p.valid_lens_strides[1]);
+  return mha_rules::visible_keys(i, p.lk, p.causal_diag, valid_length) - 1;
 }
 
 inline int64_t kv_head_of(const mha_kernel_problem& p, int64_t h) {

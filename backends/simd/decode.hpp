@@ -1,0 +1,193 @@
+// The decode layout: vector lanes along the head dimension.
+//
+// With one (or a few) queries per head, lanes along the queries would idle
+// 15 of 16 lanes.  Here the rows are the queries of all the query heads that
+// share one KV head (grouped-query attention reads each K and V row once for
+// all of them), and each row is a vector along D.  Scores of W keys are
+// reduced together; the softmax runs along the keys.  Decoding is bound by
+// reading K and V, so the kernel streams them once per item.
+//
+// This file composes the pieces: the row micro-kernels (microkernels.hpp),
+// the row softmax (softmax.hpp), masks and dropout (masking.hpp), the careful
+// path (nonfinite.hpp) and the row epilogue (epilogue.hpp).
+#pragma once
+
+#include <mha/plugin_abi.h>
+#include <xsimd/xsimd.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "common/dropout.h"
+#include "common/problem.h"
+#include "simd/blocking.hpp"
+#include "simd/epilogue.hpp"
+#include "simd/masking.hpp"
+#include "simd/microkernels.hpp"
+#include "simd/nonfinite.hpp"
+#include "simd/softmax.hpp"
+#include "simd/tile_tools.hpp"
+
+namespace mha_simd {
+
+template <class Arch>
+class DecodeKernel {
+  using B = xsimd::batch<float, Arch>;
+  static constexpr int W = static_cast<int>(B::size);
+  static constexpr int KT = Blocking<Arch>::kDecodeKeyTile;
+  static constexpr int KTP = (KT + W - 1) / W * W;
+
+  struct Rows {
+    int64_t count;
+    float* q;           // [rows][Dp], times scale·log2(e), zero-padded
+    float* acc;         // [rows][Dvp]
+    float* scores;      // [rows][KTP]
+    float* row_max;     // [rows]
+    float* row_sum;     // [rows]
+    int64_t* last_key;  // [rows], absolute key index
+    uint32_t* row_key;  // [rows]: dropout hash of each row
+    float* k_pack;      // [KT][Dp]
+    float* v_pack;      // [KT][Dvp]
+    uint8_t* removed;   // [KT]: keys a mask removed from the current row
+  };
+
+ public:
+  static size_t scratch_bytes(const mha_kernel_problem& p, int64_t max_queries) {
+    const int64_t rows = (p.heads / p.kv_heads) * max_queries;
+    const int64_t dp = round_up(p.d, W), dvp = round_up(p.dv, W);
+    return ScratchCarver::bytes({rows * dp, rows * dvp, rows * KTP, rows, rows, 2 * rows, rows,
+                                 KT * dp, KT * dvp, KT / 4 + 1});
+  }
+
+  static void run(const mha_kernel_problem& p, const mha_work_item& item, void* scratch) {
+    const int64_t nq = item.q_end - item.q_begin;
+    const int64_t dp = round_up(p.d, W), dvp = round_up(p.dv, W);
+    Rows rows{};
+    rows.count = (item.h_end - item.h_begin) * nq;
+    ScratchCarver carve(scratch);
+    rows.q = carve.floats(rows.count * dp);
+    rows.acc = carve.floats(rows.count * dvp);
+    rows.scores = carve.floats(rows.count * KTP);
+    rows.row_max = carve.floats(rows.count);
+    rows.row_sum = carve.floats(rows.count);
+    rows.last_key = reinterpret_cast<int64_t*>(carve.floats(2 * rows.count));
+    rows.row_key = reinterpret_cast<uint32_t*>(carve.floats(rows.count));
+    rows.k_pack = carve.floats(KT * dp);
+    rows.v_pack = carve.floats(KT * dvp);
+    rows.removed = reinterpret_cast<uint8_t*>(carve.floats(KT / 4 + 1));
+
+    // Scores in base-2 units; a row that came out non-finite (a -inf logit
+    // from the data, a logit past FLT_MAX / log2 e, NaN or infinite values)
+    // has the item computed again in raw units (ScoreUnits).
+    ScoreUnits units = ScoreUnits::base2(p.scale);
+    if (!compute(p, item, rows, nq, units)) {
+      units = ScoreUnits::raw_units(p.scale);
+      compute(p, item, rows, nq, units);
+    }
+    for (int64_t r = 0; r < rows.count; ++r) {
+      const int64_t row_h = r / nq, row_i = r % nq;
+      write_row<Arch>(rows.acc + r * dvp, p.dv, rows.row_max[r], rows.row_sum[r], units,
+                      item.out + row_h * item.out_strides[0] + row_i * item.out_strides[1],
+                      item.out_strides[2],
+                      item.lse == nullptr ? nullptr
+                                          : item.lse + row_h * item.lse_strides[0] +
+                                                row_i * item.lse_strides[1]);
+    }
+  }
+
+ private:
+  static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+  static bool compute(const mha_kernel_problem& p, const mha_work_item& item, const Rows& rows,
+                      int64_t nq, const ScoreUnits& units) {
+    return units.raw ? compute_in<true>(p, item, rows, nq, units)
+                     : compute_in<false>(p, item, rows, nq, units);
+  }
+
+  // One pass over the item's keys; returns false when a row needs the raw
+  // pass: its accumulator is not finite, or it has visible keys but no weight.
+  template <bool kRaw>
+  static bool compute_in(const mha_kernel_problem& p, const mha_work_item& item, const Rows& rows,
+                         int64_t nq, const ScoreUnits& units) {
+    const int64_t dp = round_up(p.d, W), dvp = round_up(p.dv, W);
+    const int64_t b = item.b;
+    const int64_t kvh = mha_kernel::kv_head_of(p, item.h_begin);
+    const float c = units.q_factor;
+    int64_t max_last = item.k_begin - 1;
+    for (int64_t r = 0; r < rows.count; ++r) {
+      const int64_t h = item.h_begin + r / nq, i = item.q_begin + r % nq;
+      const int64_t last = std::min(mha_kernel::last_visible_key(p, b, i), item.k_end - 1);
+      max_last = std::max(max_last, last);
+      rows.last_key[r] = last;
+      rows.row_key[r] = mha_dropout::row_key(p.dropout_seed, b, h, i, p.heads, p.lq);
+      const float* q = mha_kernel::q_row(p, b, h, i);
+      float* dst = rows.q + r * dp;
+      for (int64_t x = 0; x < p.d; ++x) dst[x] = q[x * p.q_strides[3]] * c;
+      for (int64_t x = p.d; x < dp; ++x) dst[x] = 0.0f;
+      rows.row_max[r] = kNegInf;
+      rows.row_sum[r] = 0.0f;
+    }
+    std::fill(rows.acc, rows.acc + rows.count * dvp, 0.0f);
+
+    const bool k_direct = p.k_strides[3] == 1 && p.d % W == 0;
+    const bool v_direct = p.v_strides[3] == 1 && p.dv % W == 0;
+    for (int64_t j0 = item.k_begin; j0 <= max_last; j0 += KT) {
+      const int keys = static_cast<int>(std::min<int64_t>(KT, max_last + 1 - j0));
+      const float* k_rows = mha_kernel::k_row(p, b, kvh, j0);
+      int64_t k_stride = p.k_strides[2];
+      if (!k_direct) {
+        pack_rows(k_rows, p.k_strides[2], p.k_strides[3], keys, p.d, rows.k_pack, dp);
+        k_rows = rows.k_pack;
+        k_stride = dp;
+      }
+      const float* v_rows = mha_kernel::v_row(p, b, kvh, j0);
+      int64_t v_stride = p.v_strides[2];
+      if (!v_direct) {
+        pack_rows(v_rows, p.v_strides[2], p.v_strides[3], keys, p.dv, rows.v_pack, dvp);
+        v_rows = rows.v_pack;
+        v_stride = dvp;
+      }
+      int v_finite = -1;  // not checked yet
+      for (int64_t r = 0; r < rows.count; ++r) {
+        const int64_t h = item.h_begin + r / nq, i = item.q_begin + r % nq;
+        float* s = rows.scores + r * KTP;
+        row_scores<Arch>(rows.q + r * dp, dp, k_rows, k_stride, keys, s);
+        if (p.mask_kind != MHA_MASK_NONE) apply_mask_row(p, b, h, i, j0, keys, s, units);
+        const int64_t hidden_from = rows.last_key[r] + 1 - j0;
+        for (int64_t j = std::max<int64_t>(hidden_from, 0); j < keys; ++j) s[j] = kNegInf;
+        // A key a mask or a -inf logit removed must not pass on a NaN or
+        // infinity of its V row through 0 · V: rows with removed keys check
+        // the tile once.
+        const bool masked =
+            p.mask_kind != MHA_MASK_NONE || hidden_from < keys || has_minus_inf<Arch>(s, keys);
+        if (masked && v_finite < 0) {
+          v_finite = rows_finite<Arch>(v_rows, v_stride, keys, dvp) ? 1 : 0;
+        }
+        const bool skip_removed = masked && v_finite == 0;
+        if (skip_removed) {
+          for (int j = 0; j < keys; ++j) rows.removed[j] = s[j] == kNegInf;
+        }
+        const float alpha =
+            update_softmax_row<Arch, KTP, kRaw>(s, keys, rows.row_max[r], rows.row_sum[r], units);
+        if (p.dropout_p > 0.0f) {
+          apply_dropout_row<Arch>(p.dropout_p, rows.row_key[r], j0, keys, s);
+        }
+        if (skip_removed) {
+          pv_guarded_row(s, rows.removed, 1, keys, alpha, v_rows, v_stride, dvp,
+                         rows.acc + r * dvp);
+        } else {
+          row_pv<Arch>(s, keys, alpha, v_rows, v_stride, dvp, rows.acc + r * dvp);
+        }
+      }
+    }
+    // A row with visible keys but no weight: a mask removed every key, or its
+    // logits overflowed to -inf in base-2 units (the raw pass finds it).
+    for (int64_t r = 0; r < rows.count; ++r) {
+      if (rows.row_sum[r] == 0.0f && rows.last_key[r] >= item.k_begin) return false;
+    }
+    return all_finite<Arch>(rows.acc, rows.count * dvp);
+  }
+};
+
+}  // namespace mha_simd

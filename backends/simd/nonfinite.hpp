@@ -1,0 +1,71 @@
+// The rare path of non-finite data.  A key that a mask or a -inf logit
+// removed must not pass on a NaN or infinity of its V row through 0 · V, and a
+// row whose result came out non-finite is computed again carefully.  The
+// checks are cheap vector sweeps; the guarded P·V is plain loops, as it only
+// runs on tiles whose V holds NaN or infinities.
+#pragma once
+
+#include <xsimd/xsimd.hpp>
+
+#include <cstdint>
+#include <limits>
+
+namespace mha_simd {
+
+// True when every one of the n floats at data (a multiple of W, aligned) is finite.
+template <class Arch>
+inline bool all_finite(const float* data, int64_t n) {
+  using B = xsimd::batch<float, Arch>;
+  constexpr int W = static_cast<int>(B::size);
+  B poison(0.0f);  // a - a is 0 for finite a, NaN for NaN and infinities
+  for (int64_t x = 0; x < n; x += W) {
+    const B a = B::load_aligned(data + x);
+    poison += a - a;
+  }
+  return xsimd::all(poison == poison);
+}
+
+// True when every value of `keys` V rows (dvp floats each) is finite.
+template <class Arch>
+inline bool rows_finite(const float* v_rows, int64_t v_stride, int keys, int64_t dvp) {
+  using B = xsimd::batch<float, Arch>;
+  constexpr int W = static_cast<int>(B::size);
+  B poison(0.0f);  // v - v is 0 for finite v, NaN for NaN and infinities
+  for (int j = 0; j < keys; ++j) {
+    for (int64_t x = 0; x < dvp; x += W) {
+      const B v = B::load_unaligned(v_rows + j * v_stride + x);
+      poison += v - v;
+    }
+  }
+  return xsimd::all(poison == poison);
+}
+
+// True when a score of s[0, keys) is -inf (a key the data itself removed).
+template <class Arch>
+inline bool has_minus_inf(const float* s, int keys) {
+  using B = xsimd::batch<float, Arch>;
+  constexpr int W = static_cast<int>(B::size);
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  auto found = B(0.0f) != B(0.0f);
+  int j = 0;
+  for (; j + W <= keys; j += W) found = found || B::load_aligned(s + j) == B(kNegInf);
+  bool any = xsimd::any(found);
+  for (; j < keys; ++j) any = any || s[j] == kNegInf;
+  return any;
+}
+
+// acc = acc · alpha + Σ_j p_j · V_j over the keys not removed, for one row:
+// probs[j · p_stride], removed[j · p_stride].
+inline void pv_guarded_row(const float* probs, const uint8_t* removed, int64_t p_stride, int keys,
+                           float alpha, const float* v_rows, int64_t v_stride, int64_t dvp,
+                           float* acc) {
+  for (int64_t x = 0; x < dvp; ++x) acc[x] *= alpha;
+  for (int j = 0; j < keys; ++j) {
+    if (removed[j * p_stride]) continue;
+    const float pj = probs[j * p_stride];
+    const float* v = v_rows + j * v_stride;
+    for (int64_t x = 0; x < dvp; ++x) acc[x] += pj * v[x];
+  }
+}
+
+}  // namespace mha_simd

@@ -1,0 +1,373 @@
+// The prefill layout: vector lanes along the queries.
+//
+// A tile of queries is packed once, transposed and pre-multiplied by
+// scale·log2(e), so one register holds one head-dimension index of W queries.
+// The score micro-kernel then broadcasts K elements straight from K's rows and
+// the P·V micro-kernel loads V rows as vectors: K and V are used in place (a
+// tile is packed only when its rows are strided or Dv is not a multiple of W).
+// All softmax state -- running max, running sum, rescale factor -- is vertical
+// (one lane per query), so there are no horizontal reductions; exp is base 2.
+// (docs/kernel-design.md: this layout measured 5-22 % ahead of packing Kᵀ.)
+//
+// This file composes the pieces: micro-kernels (microkernels.hpp), the tile
+// softmax (softmax.hpp), masks and dropout (masking.hpp), the careful path
+// (nonfinite.hpp) and the row epilogue (epilogue.hpp).
+#pragma once
+
+#include <mha/plugin_abi.h>
+#include <xsimd/xsimd.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "common/dropout.h"
+#include "common/problem.h"
+#include "simd/blocking.hpp"
+#include "simd/epilogue.hpp"
+#include "simd/masking.hpp"
+#include "simd/microkernels.hpp"
+#include "simd/nonfinite.hpp"
+#include "simd/softmax.hpp"
+#include "simd/tile_tools.hpp"
+#include "simd/transpose.hpp"
+
+namespace mha_simd {
+
+template <class Arch>
+class PrefillKernel {
+  using B = xsimd::batch<float, Arch>;
+  static constexpr int W = static_cast<int>(B::size);
+  using Blk = Blocking<Arch>;
+  static constexpr int QT = Blk::kQueryTile;
+  static constexpr int KT = Blk::kKeyTile;
+  static constexpr int kWarmUpKeys = 4 * Blk::kScoreKeys;
+  static_assert(QT % (W * Blk::kScoreQueryVectors) == 0, "query tile must hold whole blocks");
+  static_assert(KT % Blk::kScoreKeys == 0, "key tile must hold whole key groups");
+
+  struct Tile {
+    float* qt;          // [D][QT]: Q transposed, times scale·log2(e)
+    float* scores;      // [KT][QT]: scores, then probabilities, of one key tile
+    float* acc;         // [QT][Dvp]: the unnormalised output
+    float* row_max;     // [QT], in the units of the scores
+    float* row_sum;     // [QT]
+    float* alpha;       // [QT]: rescale factor of the current key tile
+    uint8_t* removed;   // [KT][QT]: keys a mask removed, when V holds non-finite values
+    float* tile_sum;    // [QT]: sums of a fused tile until it is known to be valid
+    int64_t* last_key;  // [QT]: last visible key, relative to the item's first key
+    float* tile_last;   // [QT]: the same relative to the current tile, within [-1, KT]
+    uint32_t* row_key;  // [QT]: dropout hash of each query's row
+    float* k_pack;      // [KT][D] when K rows are strided
+    float* v_pack;      // [KT][Dvp] when V rows are strided or Dv % W != 0
+  };
+
+ public:
+  static size_t scratch_bytes(const mha_kernel_problem& p) {
+    const int64_t dvp = round_up(p.dv, W);
+    return ScratchCarver::bytes({p.d * QT, int64_t{KT} * QT, QT * dvp, QT, QT, QT, QT, 2 * QT, QT,
+                                 QT, KT * p.d, KT * dvp, int64_t{KT} * QT / 4});
+  }
+
+  static void run(const mha_kernel_problem& p, const mha_work_item& item, void* scratch) {
+    ScratchCarver carve(scratch);
+    const int64_t dvp = round_up(p.dv, W);
+    Tile t{};
+    t.qt = carve.floats(p.d * QT);
+    t.scores = carve.floats(int64_t{KT} * QT);
+    t.acc = carve.floats(QT * dvp);
+    t.row_max = carve.floats(QT);
+    t.row_sum = carve.floats(QT);
+    t.alpha = carve.floats(QT);
+    t.tile_sum = carve.floats(QT);
+    t.last_key = reinterpret_cast<int64_t*>(carve.floats(2 * QT));
+    t.tile_last = carve.floats(QT);
+    t.row_key = reinterpret_cast<uint32_t*>(carve.floats(QT));
+    t.k_pack = carve.floats(KT * p.d);
+    t.v_pack = carve.floats(KT * dvp);
+    t.removed = reinterpret_cast<uint8_t*>(carve.floats(int64_t{KT} * QT / 4));
+    for (int64_t h = item.h_begin; h < item.h_end; ++h) {
+      for (int64_t q0 = item.q_begin; q0 < item.q_end; q0 += QT) {
+        query_tile(p, item, t, h, q0, std::min<int64_t>(QT, item.q_end - q0));
+      }
+    }
+  }
+
+ private:
+  static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+  // A logit of -inf (from the data, not a mask) is a key that takes no part,
+  // so its V row must not reach the output either; the fast path cannot tell
+  // such a weight from an underflowed one.  And a logit near FLT_MAX overflows
+  // in the fast path's base-2 units.  A tile whose output came out non-finite
+  // is therefore computed again, carefully: raw units (ScoreUnits), two-pass
+  // softmax and P·V skipping every -inf logit.  Finite data never pays for it.
+  static void query_tile(const mha_kernel_problem& p, const mha_work_item& item, const Tile& t,
+                         int64_t h, int64_t q0, int64_t nq) {
+    ScoreUnits units = ScoreUnits::base2(p.scale);
+    accumulate_tile(p, item, t, h, q0, nq, units, /*careful=*/false);
+    if (!all_finite<Arch>(t.acc, nq * round_up(p.dv, W)) || has_lost_row(t, nq)) {
+      units = ScoreUnits::raw_units(p.scale);
+      accumulate_tile(p, item, t, h, q0, nq, units, /*careful=*/true);
+    }
+    const int64_t dvp = round_up(p.dv, W);
+    for (int64_t r = 0; r < nq; ++r) {
+      const int64_t row_h = h - item.h_begin, row_i = q0 + r - item.q_begin;
+      write_row<Arch>(t.acc + r * dvp, p.dv, t.row_max[r], t.row_sum[r], units,
+                      item.out + row_h * item.out_strides[0] + row_i * item.out_strides[1],
+                      item.out_strides[2],
+                      item.lse == nullptr ? nullptr
+                                          : item.lse + row_h * item.lse_strides[0] +
+                                                row_i * item.lse_strides[1]);
+    }
+  }
+
+  // A row with visible keys but no weight: either a mask removed every key
+  // (rare, and the careful pass gives the same zeros) or its logits are so
+  // negative that base-2 units overflowed them to -inf (then the careful
+  // pass, in raw units, finds the row).
+  static bool has_lost_row(const Tile& t, int64_t nq) {
+    for (int64_t r = 0; r < nq; ++r) {
+      if (t.row_sum[r] == 0.0f && t.last_key[r] >= 0) return true;
+    }
+    return false;
+  }
+
+  static void accumulate_tile(const mha_kernel_problem& p, const mha_work_item& item, const Tile& t,
+                              int64_t h, int64_t q0, int64_t nq, const ScoreUnits& units,
+                              bool careful) {
+    const int64_t b = item.b;
+    const int64_t kvh = mha_kernel::kv_head_of(p, h);
+    const int64_t dvp = round_up(p.dv, W);
+    const int nqv = static_cast<int>((nq + W - 1) / W);
+
+    // Which keys each query sees; the tile stops at the furthest one.
+    int64_t min_last = item.k_end - 1, max_last = item.k_begin - 1;
+    for (int64_t r = 0; r < nq; ++r) {
+      const int64_t last = std::min(mha_kernel::last_visible_key(p, b, q0 + r), item.k_end - 1);
+      min_last = std::min(min_last, last);
+      max_last = std::max(max_last, last);
+      t.last_key[r] = last - item.k_begin;
+    }
+    for (int64_t r = nq; r < int64_t{nqv} * W; ++r) {
+      t.last_key[r] = max_last - item.k_begin;  // padding lanes
+    }
+
+    pack_queries(p, t, b, h, q0, nq, units.q_factor);
+    if (p.dropout_p > 0.0f) {
+      for (int64_t r = 0; r < int64_t{nqv} * W; ++r) {
+        t.row_key[r] = mha_dropout::row_key(p.dropout_seed, b, h, q0 + r, p.heads, p.lq);
+      }
+    }
+    for (int64_t r = 0; r < int64_t{nqv} * W; ++r) {
+      t.row_max[r] = kNegInf;
+      t.row_sum[r] = 0.0f;
+    }
+    for (int64_t x = 0; x < nq * dvp; x += W) B(0.0f).store_aligned(t.acc + x);
+
+    PrefetchQueue prefetch;
+    queue_next_rows(p, item, h, q0, nq, prefetch);
+    const int64_t key_tiles = (max_last + 1 - item.k_begin + KT - 1) / KT;
+    {
+      constexpr int QV = Blk::kScoreQueryVectors, NK = Blk::kScoreKeys;
+      constexpr int R = Blk::kPvRows, C = Blk::kPvVectors;
+      const int64_t blocks_per_key_tile =
+          (nqv + QV - 1) / QV * ((KT + NK - 1) / NK) + (nq + R - 1) / R * ((dvp / W + C - 1) / C);
+      prefetch.pace(key_tiles * blocks_per_key_tile);
+    }
+
+    const bool k_direct = p.k_strides[3] == 1;
+    const bool v_direct = p.v_strides[3] == 1 && p.dv % W == 0;
+    bool lanes_have_maximum = false;
+    int keys = 0;
+    for (int64_t j0 = item.k_begin; j0 <= max_last; j0 += keys) {
+      // Without a mask the first tile is short: it sets the running maximum
+      // with the two-pass path, and the fused path takes over from the next
+      // key on instead of from the next full tile.
+      const int span = j0 == item.k_begin && p.mask_kind == MHA_MASK_NONE ? kWarmUpKeys : KT;
+      keys = static_cast<int>(std::min<int64_t>(span, max_last + 1 - j0));
+      const float* k_rows = mha_kernel::k_row(p, b, kvh, j0);
+      int64_t k_stride = p.k_strides[2];
+      if (!k_direct) {
+        pack_rows(k_rows, p.k_strides[2], p.k_strides[3], keys, p.d, t.k_pack, p.d);
+        k_rows = t.k_pack;
+        k_stride = p.d;
+      }
+      // Fused path: once every lane has a finite running maximum, a tile with
+      // no mask to apply computes its probabilities straight from the score
+      // registers against that (stale) maximum; it is exact as long as no
+      // score exceeds the maximum by more than kMaxGrowth (2^16 cannot
+      // overflow), which the epilogue checks.  Otherwise, and on the first
+      // tile, the two-pass path: scores, masks, new maximum, rescale.
+      const float* v_rows = mha_kernel::v_row(p, b, kvh, j0);
+      int64_t v_stride = p.v_strides[2];
+      if (!v_direct) {
+        pack_rows(v_rows, p.v_strides[2], p.v_strides[3], keys, p.dv, t.v_pack, dvp);
+        v_rows = t.v_pack;
+        v_stride = dvp;
+      }
+      const bool maskless = p.mask_kind == MHA_MASK_NONE && j0 + keys - 1 <= min_last;
+      const bool fused = maskless && !careful && lanes_have_maximum &&
+                         compute_scores<true>(t, k_rows, k_stride, p.d, nqv, keys, prefetch);
+      // A key a mask or a -inf logit removed must not pass on a NaN or
+      // infinity of its V row through 0 · V; such tiles (rare) take the
+      // guarded P·V.
+      bool skip_removed = false;
+      if (!fused) {
+        compute_scores<false>(t, k_rows, k_stride, p.d, nqv, keys, prefetch);
+        if (p.mask_kind != MHA_MASK_NONE) {
+          apply_mask_tile<Arch, QT>(p, t.scores, b, h, q0, nq, nqv, j0, keys, units);
+        }
+        if (j0 + keys - 1 > min_last) {
+          apply_visibility_tile<Arch, QT>(t.scores, t.last_key, t.tile_last, nqv,
+                                          j0 - item.k_begin, keys);
+        }
+        skip_removed = (careful || !maskless) && !rows_finite<Arch>(v_rows, v_stride, keys, dvp);
+        if (skip_removed) {
+          for (int64_t x = 0; x < int64_t{keys} * QT; ++x) t.removed[x] = t.scores[x] == kNegInf;
+        }
+        lanes_have_maximum =
+            units.raw ? update_softmax_vertical<Arch, QT, true>(t.scores, t.row_max, t.row_sum,
+                                                                t.alpha, nqv, keys, units)
+                      : update_softmax_vertical<Arch, QT, false>(t.scores, t.row_max, t.row_sum,
+                                                                 t.alpha, nqv, keys, units);
+      }
+      if (p.dropout_p > 0.0f) {
+        apply_dropout_tile<Arch, QT>(p.dropout_p, t.row_key, t.scores, nqv, j0, keys);
+      }
+      if (skip_removed) {
+        for (int64_t r = 0; r < nq; ++r) {
+          pv_guarded_row(t.scores + r, t.removed + r, QT, keys, t.alpha[r], v_rows, v_stride, dvp,
+                         t.acc + r * dvp);
+        }
+      } else {
+        accumulate_pv(t, v_rows, v_stride, dvp, nq, keys, prefetch);
+      }
+    }
+  }
+
+  // What comes next, to fetch while this tile computes: this tile's output
+  // rows; then, after the last tile of a head in an item of several heads
+  // (short sequences), the next head's Q, K and V; otherwise the Q rows just
+  // before this tile, which the runtime's order (descending query tiles of
+  // one head: plugin_abi.h) most likely hands this thread next.
+  static void queue_next_rows(const mha_kernel_problem& p, const mha_work_item& item, int64_t h,
+                              int64_t q0, int64_t nq, PrefetchQueue& prefetch) {
+    const int64_t b = item.b;
+    if (item.out_strides[2] == 1) {
+      prefetch.add(item.out + (h - item.h_begin) * item.out_strides[0] +
+                       (q0 - item.q_begin) * item.out_strides[1],
+                   item.out_strides[1], nq, p.dv, true);
+    }
+    if (q0 + nq >= item.q_end && h + 1 < item.h_end) {
+      if (p.q_strides[3] == 1) {
+        prefetch.add(mha_kernel::q_row(p, b, h + 1, item.q_begin), p.q_strides[2],
+                     std::min<int64_t>(QT, item.q_end - item.q_begin), p.d, false);
+      }
+      const int64_t kvh = mha_kernel::kv_head_of(p, h + 1);
+      if (kvh != mha_kernel::kv_head_of(p, h)) {
+        const int64_t keys = std::min<int64_t>(KT, item.k_end - item.k_begin);
+        if (p.k_strides[3] == 1) {
+          prefetch.add(mha_kernel::k_row(p, b, kvh, item.k_begin), p.k_strides[2], keys, p.d,
+                       false);
+        }
+        if (p.v_strides[3] == 1) {
+          prefetch.add(mha_kernel::v_row(p, b, kvh, item.k_begin), p.v_strides[2], keys, p.dv,
+                       false);
+        }
+      }
+    } else if (q0 >= QT && p.q_strides[3] == 1) {
+      prefetch.add(mha_kernel::q_row(p, b, h, q0 - QT), p.q_strides[2], QT, p.d, false);
+    }
+  }
+
+  // qt[x][r] = Q[q0 + r][x] · c (scale · log2(e) in base-2 units); whole
+  // W x W blocks go through a register transpose, the edges element by
+  // element; padding lanes are 0.
+  static void pack_queries(const mha_kernel_problem& p, const Tile& t, int64_t b, int64_t h,
+                           int64_t q0, int64_t nq, float c) {
+    // The partial last vector is zeroed first, so its padding lanes are 0.
+    const int64_t whole = nq / W * W;
+    if (whole < nq) {
+      for (int64_t x = 0; x < p.d; ++x) B(0.0f).store_aligned(t.qt + x * QT + whole);
+    }
+    int64_t r0 = 0;
+    if (p.q_strides[3] == 1) {
+      for (; r0 < whole; r0 += W) {
+        const float* q = mha_kernel::q_row(p, b, h, q0 + r0);
+        int64_t x0 = 0;
+        for (; x0 + W <= p.d; x0 += W) {
+          B rows[W];
+          for (int i = 0; i < W; ++i) rows[i] = B::load_unaligned(q + i * p.q_strides[2] + x0) * c;
+          transpose_square<Arch>(rows);
+          for (int j = 0; j < W; ++j) rows[j].store_aligned(t.qt + (x0 + j) * QT + r0);
+        }
+        for (int i = 0; i < W; ++i) {
+          for (int64_t x = x0; x < p.d; ++x) t.qt[x * QT + r0 + i] = q[i * p.q_strides[2] + x] * c;
+        }
+      }
+    }
+    for (int64_t r = r0; r < nq; ++r) {
+      const float* q = mha_kernel::q_row(p, b, h, q0 + r);
+      for (int64_t x = 0; x < p.d; ++x) t.qt[x * QT + r] = q[x * p.q_strides[3]] * c;
+    }
+  }
+
+  // The score micro-kernel over a key tile.  Returns false when the fused
+  // path's stale maximum was exceeded; then nothing of the tile is kept
+  // (row_sum is untouched, alpha is 1 otherwise).
+  template <bool kFused>
+  static bool compute_scores(const Tile& t, const float* k_rows, int64_t k_stride, int64_t d,
+                             int nqv, int keys, PrefetchQueue& prefetch) {
+    constexpr int QV = Blk::kScoreQueryVectors, NK = Blk::kScoreKeys;
+    if constexpr (kFused) {
+      for (int v = 0; v < nqv; ++v) B(0.0f).store_aligned(t.tile_sum + v * W);
+    }
+    bool within = true;
+    for (int v0 = 0; v0 < nqv; v0 += QV) {
+      const int nv = std::min(QV, nqv - v0);
+      for (int j = 0; j < keys; j += NK) {
+        prefetch.step();
+        const int nk = std::min(NK, keys - j);
+        with_count<QV>(nv, [&](auto NV) {
+          with_count<NK>(nk, [&](auto NKc) {
+            within &= score_block<Arch, QT, decltype(NV)::value, decltype(NKc)::value, kFused>(
+                t.qt + v0 * W, k_rows + j * k_stride, k_stride, d, t.scores + j * QT + v0 * W,
+                t.row_max + v0 * W, t.tile_sum + v0 * W);
+          });
+        });
+      }
+    }
+    if constexpr (kFused) {
+      if (!within) return false;
+      for (int v = 0; v < nqv; ++v) {
+        (B::load_aligned(t.row_sum + v * W) + B::load_aligned(t.tile_sum + v * W))
+            .store_aligned(t.row_sum + v * W);
+        B(1.0f).store_aligned(t.alpha + v * W);
+      }
+    }
+    return within;
+  }
+
+  // The P·V micro-kernel over a key tile.
+  static void accumulate_pv(const Tile& t, const float* v_rows, int64_t v_stride, int64_t dvp,
+                            int64_t nq, int keys, PrefetchQueue& prefetch) {
+    constexpr int R = Blk::kPvRows, C = Blk::kPvVectors;
+    const int vectors = static_cast<int>(dvp / W);
+    for (int64_t r0 = 0; r0 < nq; r0 += R) {
+      const int nr = static_cast<int>(std::min<int64_t>(R, nq - r0));
+      for (int c0 = 0; c0 < vectors; c0 += C) {
+        prefetch.step();
+        const int nc = std::min(C, vectors - c0);
+        with_count<R>(nr, [&](auto NR) {
+          with_count<C>(nc, [&](auto NC) {
+            pv_block<Arch, QT, decltype(NR)::value, decltype(NC)::value>(
+                t.scores + r0, t.alpha + r0, v_rows + c0 * W, v_stride, keys,
+                t.acc + r0 * dvp + c0 * W, dvp);
+          });
+        });
+      }
+    }
+  }
+};
+
+}  // namespace mha_simd

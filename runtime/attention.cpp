@@ -1,0 +1,67 @@
+#include "attention.h"
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "env.h"
+#include "error.h"
+#include "registry.h"
+#include "scheduler.h"
+#include "threads.h"
+
+namespace mha::rt {
+namespace {
+
+void log_call(const Backend& backend, const KernelCall& call, const WorkPlan& plan,
+              int32_t threads, double ms) {
+  const mha_kernel_problem& p = call.problem;
+  std::fprintf(
+      stderr,
+      "mha_verbose,exec,attention,backend=%s,B=%lld,H=%lld,Hkv=%lld,Lq=%lld,Lk=%lld,"
+      "D=%lld,Dv=%lld,scale=%g,causal_diag=%s,valid_lens=%s,mask=%s,lse=%s,layout=%s,"
+      "items=%lld,chunks=%lld,threads=%d,ms=%.4f\n",
+      backend.name.c_str(), static_cast<long long>(p.batch), static_cast<long long>(p.heads),
+      static_cast<long long>(p.kv_heads), static_cast<long long>(p.lq),
+      static_cast<long long>(p.lk), static_cast<long long>(p.d), static_cast<long long>(p.dv),
+      static_cast<double>(p.scale),
+      p.causal_diag >= INT64_MAX / 4 ? "none" : std::to_string(p.causal_diag).c_str(),
+      p.valid_lens == nullptr ? "no" : (p.valid_lens_strides[1] != 0 ? "per-query" : "per-batch"),
+      p.mask_kind == MHA_MASK_BOOL ? "bool"
+                                   : (p.mask_kind == MHA_MASK_ADDITIVE ? "additive" : "no"),
+      call.lse != nullptr ? "yes" : "no",
+      plan.layout == MHA_LAYOUT_DECODE ? "decode" : "query-lanes",
+      static_cast<long long>(plan.items()), static_cast<long long>(plan.chunks), threads, ms);
+}
+
+}  // namespace
+
+mha_status attend(KernelCall& call) {
+  const char* why = nullptr;
+  const Backend* backend = Registry::instance().selected(&why);
+  if (backend == nullptr) return fail(MHA_ERR_BACKEND_UNAVAILABLE, "%s", why);
+  if (const mha_plugin& plugin = *backend->plugin; plugin.supports != nullptr) {
+    char reason[256] = "";
+    if (plugin.supports(&call.problem, reason, sizeof reason) == 0) {
+      reason[sizeof reason - 1] = '\0';
+      const std::string text = printable(reason, 200);
+      if (verbose_level() >= 1) {
+        std::fprintf(stderr, "mha: backend %s declines a call: %s\n", backend->name.c_str(),
+                     text.c_str());
+      }
+      return fail(MHA_ERR_UNSUPPORTED, "backend %s cannot compute this call: %s",
+                  backend->name.c_str(), text.empty() ? "no reason given" : text.c_str());
+    }
+  }
+  const int32_t threads = num_threads();
+  if (verbose_level() < 2) return run_attention(*backend, call, threads);
+
+  const auto start = std::chrono::steady_clock::now();
+  const mha_status status = run_attention(*backend, call, threads);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  log_call(*backend, call, plan_work(call.problem, *backend->plugin), threads, ms);
+  return status;
+}
+
+}  // namespace mha::rt

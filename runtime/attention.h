@@ -1,0 +1,18 @@
+// The core's one door to the kernels: a call whose arguments are valid runs on
+// the selected backend.  mha_attention validates and comes here; the module,
+// which builds its tensors itself, comes here directly, so its calls are
+// validated once.
+#pragma once
+
+#include <mha/mha.h>
+
+#include "validate.h"
+
+namespace mha::rt {
+
+// Runs the call on the selected backend with the current thread count
+// (MHA_VERBOSE=2: one line per call).  Fails, writing nothing, when no
+// backend is selected or memory runs out.
+mha_status attend(KernelCall& call);
+
+}  // namespace mha::rt
