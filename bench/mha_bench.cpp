@@ -10,7 +10,7 @@
 // is fixed) to these names.  threads:<n> is the number of OpenMP threads inside
 // one call (mha_set_num_threads), not Google Benchmark's concurrent callers.
 // The shapes and the way FLOPs and bytes are counted are those of
-// bench-shapes.md: useful work only.  Counters are plain values computed from
+// bench/README.md: useful work only.  Counters are plain values computed from
 // the measured time per call, so --benchmark_format=json carries them.
 //
 // pct_peak divides by the FMA peak of the backend's ISA at the same thread
@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "blis_unfused.h"
+#include "common/visibility.h"
 #include "peak.h"
 #include "usable_backends.h"
 
@@ -90,16 +91,15 @@ bool is_fixed_cost(const Shape& s) {
   return s.valid_lens;
 }  // S5: reported in µs per call
 
-// Useful FLOPs: 2·(D + Dv) per (query, key) pair that takes part, per head.
+// Useful FLOPs: 2·(D + Dv) per (query, key) pair that takes part, per head
+// (bench/README.md), the pairs counted by the library's own visibility rule.
 double useful_flops(const Shape& s) {
+  const int64_t diagonal = mha_rules::causal_diagonal(s.causal, s.lq, s.lk);
   double pairs = 0.0;
   for (int64_t b = 0; b < s.b; ++b) {
     const int64_t valid = s.valid_lens ? kS5ValidLens[b] : s.lk;
     for (int64_t i = 0; i < s.lq; ++i) {
-      int64_t keys = std::min(valid, s.lk);
-      if (s.causal == MHA_CAUSAL_TOP_LEFT) keys = std::min(keys, i + 1);
-      if (s.causal == MHA_CAUSAL_BOTTOM_RIGHT) keys = std::min(keys, i + 1 + s.lk - s.lq);
-      pairs += static_cast<double>(std::max<int64_t>(keys, 0));
+      pairs += static_cast<double>(mha_rules::visible_keys(i, s.lk, diagonal, valid));
     }
   }
   return 2.0 * static_cast<double>(s.d + s.dv) * static_cast<double>(s.h) * pairs;
@@ -283,35 +283,66 @@ void report(benchmark::State& st, const Shape& s, double sec_per_call, const std
   if (is_fixed_cost(s)) st.counters["us_per_call"] = sec_per_call * 1e6;
 }
 
+// One mha_attention call of a shape on the shared inputs, into its own output.
+struct ShapeCall {
+  std::vector<float> out;
+  mha_tensor q{}, k{}, v{}, o{}, lens{};
+  mha_attention_params params{};
+
+  explicit ShapeCall(const Shape& s) : out(static_cast<size_t>(s.b * s.h * s.lq * s.dv)) {
+    const Inputs& in = inputs(s);
+    const int64_t qs[4] = {s.b, s.h, s.lq, s.d}, ks[4] = {s.b, s.hkv, s.lk, s.d},
+                  vs[4] = {s.b, s.hkv, s.lk, s.dv}, os[4] = {s.b, s.h, s.lq, s.dv}, ls[1] = {s.b};
+    mha_tensor_init(&q, const_cast<float*>(in.q.data()), MHA_DTYPE_F32, 4, qs, nullptr);
+    mha_tensor_init(&k, const_cast<float*>(in.k.data()), MHA_DTYPE_F32, 4, ks, nullptr);
+    mha_tensor_init(&v, const_cast<float*>(in.v.data()), MHA_DTYPE_F32, 4, vs, nullptr);
+    mha_tensor_init(&o, out.data(), MHA_DTYPE_F32, 4, os, nullptr);
+    mha_tensor_init(&lens, const_cast<int32_t*>(kS5ValidLens), MHA_DTYPE_I32, 1, ls, nullptr);
+    mha_attention_params_init(&params);
+    params.causal = s.causal;
+    if (s.valid_lens) params.valid_lens = &lens;
+  }
+  ShapeCall(const ShapeCall&) = delete;
+  ShapeCall& operator=(const ShapeCall&) = delete;
+
+  mha_status run() { return mha_attention(&q, &k, &v, &o, &params); }
+};
+
+// The BLIS baseline's description of a shape, writing into `out`.
+mha_bench::AttentionProblem blis_problem(const Shape& s, float* out) {
+  const Inputs& in = inputs(s);
+  return mha_bench::AttentionProblem{s.b,
+                                     s.h,
+                                     s.hkv,
+                                     s.lq,
+                                     s.lk,
+                                     s.d,
+                                     s.dv,
+                                     in.q.data(),
+                                     in.k.data(),
+                                     in.v.data(),
+                                     out,
+                                     1.0f / std::sqrt(static_cast<float>(s.d)),
+                                     s.causal == MHA_CAUSAL_TOP_LEFT,
+                                     s.valid_lens ? kS5ValidLens : nullptr};
+}
+
 void bm_attention(benchmark::State& st, const std::string& backend, const Shape& s, int n) {
   if (mha_select_backend(backend.c_str()) != MHA_OK || mha_set_num_threads(n) != MHA_OK) {
     st.SkipWithError(mha_last_error());
     return;
   }
-  const Inputs& in = inputs(s);
-  std::vector<float> out(static_cast<size_t>(s.b * s.h * s.lq * s.dv));
-  const int64_t qs[4] = {s.b, s.h, s.lq, s.d}, ks[4] = {s.b, s.hkv, s.lk, s.d},
-                vs[4] = {s.b, s.hkv, s.lk, s.dv}, os[4] = {s.b, s.h, s.lq, s.dv}, ls[1] = {s.b};
-  mha_tensor q, k, v, o, lens;
-  mha_tensor_init(&q, const_cast<float*>(in.q.data()), MHA_DTYPE_F32, 4, qs, nullptr);
-  mha_tensor_init(&k, const_cast<float*>(in.k.data()), MHA_DTYPE_F32, 4, ks, nullptr);
-  mha_tensor_init(&v, const_cast<float*>(in.v.data()), MHA_DTYPE_F32, 4, vs, nullptr);
-  mha_tensor_init(&o, out.data(), MHA_DTYPE_F32, 4, os, nullptr);
-  mha_tensor_init(&lens, const_cast<int32_t*>(kS5ValidLens), MHA_DTYPE_I32, 1, ls, nullptr);
-  mha_attention_params params;
-  mha_attention_params_init(&params);
-  params.causal = s.causal;
-  if (s.valid_lens) params.valid_lens = &lens;
+  ShapeCall call(s);
 
   // One untimed call (threads, scratch), except where a call takes seconds.
   const bool warm_up = !(backend == "scalar" && s.heavy);
-  if (warm_up && mha_attention(&q, &k, &v, &o, &params) != MHA_OK) {
+  if (warm_up && call.run() != MHA_OK) {
     st.SkipWithError(mha_last_error());
     return;
   }
   const auto t0 = Clock::now();
   for (auto _ : st) {  // NOLINT(clang-analyzer-deadcode.DeadStores): the idiom
-    if (mha_attention(&q, &k, &v, &o, &params) != MHA_OK) {
+    if (call.run() != MHA_OK) {
       st.SkipWithError(mha_last_error());
       break;
     }
@@ -327,23 +358,8 @@ void bm_attention(benchmark::State& st, const std::string& backend, const Shape&
 mha_bench::BlisThreading g_blis_threading = mha_bench::BlisThreading::kHeads;
 
 void bm_blis(benchmark::State& st, const Shape& s, int n) {
-  const Inputs& in = inputs(s);
   std::vector<float> out(static_cast<size_t>(s.b * s.h * s.lq * s.dv));
-  mha_bench::AttentionProblem p{s.b,
-                                s.h,
-                                s.hkv,
-                                s.lq,
-                                s.lk,
-                                s.d,
-                                s.dv,
-                                in.q.data(),
-                                in.k.data(),
-                                in.v.data(),
-                                out.data(),
-                                1.0f / std::sqrt(static_cast<float>(s.d)),
-                                s.causal == MHA_CAUSAL_TOP_LEFT,
-                                s.valid_lens ? kS5ValidLens : nullptr};
-  mha_bench::BlisUnfused blis(p, n, g_blis_threading);
+  mha_bench::BlisUnfused blis(blis_problem(s, out.data()), n, g_blis_threading);
   if (!s.heavy) blis.run();  // untimed: threads, BLIS's packing buffers
   const auto t0 = Clock::now();
   for (auto _ : st) blis.run();  // NOLINT(clang-analyzer-deadcode.DeadStores)
@@ -355,43 +371,19 @@ void bm_blis(benchmark::State& st, const Shape& s, int n) {
 // backend) and through the BLIS baseline; prints the largest difference.
 void check_against_blis() {
   for (const Shape& s : kShapes) {
-    const Inputs& in = inputs(s);
-    const size_t out_size = static_cast<size_t>(s.b * s.h * s.lq * s.dv);
-    std::vector<float> ours(out_size), blis_out(out_size);
-    const int64_t qs[4] = {s.b, s.h, s.lq, s.d}, ks[4] = {s.b, s.hkv, s.lk, s.d},
-                  vs[4] = {s.b, s.hkv, s.lk, s.dv}, os[4] = {s.b, s.h, s.lq, s.dv}, ls[1] = {s.b};
-    mha_tensor q, k, v, o, lens;
-    mha_tensor_init(&q, const_cast<float*>(in.q.data()), MHA_DTYPE_F32, 4, qs, nullptr);
-    mha_tensor_init(&k, const_cast<float*>(in.k.data()), MHA_DTYPE_F32, 4, ks, nullptr);
-    mha_tensor_init(&v, const_cast<float*>(in.v.data()), MHA_DTYPE_F32, 4, vs, nullptr);
-    mha_tensor_init(&o, ours.data(), MHA_DTYPE_F32, 4, os, nullptr);
-    mha_tensor_init(&lens, const_cast<int32_t*>(kS5ValidLens), MHA_DTYPE_I32, 1, ls, nullptr);
-    mha_attention_params params;
-    mha_attention_params_init(&params);
-    params.causal = s.causal;
-    if (s.valid_lens) params.valid_lens = &lens;
-    if (mha_attention(&q, &k, &v, &o, &params) != MHA_OK) {
+    ShapeCall call(s);
+    if (call.run() != MHA_OK) {
       std::fprintf(stderr, "check %s: mha failed: %s\n", s.name, mha_last_error());
       continue;
     }
-    mha_bench::AttentionProblem p{s.b,
-                                  s.h,
-                                  s.hkv,
-                                  s.lq,
-                                  s.lk,
-                                  s.d,
-                                  s.dv,
-                                  in.q.data(),
-                                  in.k.data(),
-                                  in.v.data(),
-                                  blis_out.data(),
-                                  1.0f / std::sqrt(static_cast<float>(s.d)),
-                                  s.causal == MHA_CAUSAL_TOP_LEFT,
-                                  s.valid_lens ? kS5ValidLens : nullptr};
-    mha_bench::BlisUnfused(p, omp_get_num_procs(), g_blis_threading).run();
+    std::vector<float> blis_out(call.out.size());
+    mha_bench::BlisUnfused(blis_problem(s, blis_out.data()), omp_get_num_procs(),
+                           g_blis_threading)
+        .run();
     double diff = 0.0;
-    for (size_t i = 0; i < out_size; ++i)
-      diff = std::max(diff, static_cast<double>(std::fabs(ours[i] - blis_out[i])));
+    for (size_t i = 0; i < blis_out.size(); ++i) {
+      diff = std::max(diff, static_cast<double>(std::fabs(call.out[i] - blis_out[i])));
+    }
     std::fprintf(stderr, "check %s: backend %s, max |mha - blis_unfused| = %.3g\n", s.name,
                  mha_selected_backend(), diff);
   }
@@ -409,6 +401,54 @@ std::vector<int> thread_counts() {
 
 std::string name_of(const std::string& prefix, int n) {
   return prefix + "/threads:" + std::to_string(n);
+}
+
+// peak/fma/<isa>/threads:<n> for the usable ISAs, then peak/read_bw/threads:<n>.
+void register_peak_benchmarks(const std::vector<const FmaLoop*>& loops,
+                              const std::vector<int>& threads) {
+  for (const FmaLoop* loop : loops) {
+    if (g_loops.count(loop->isa) == 0) continue;
+    for (int n : threads) {
+      benchmark::RegisterBenchmark(name_of(std::string("peak/fma/") + loop->isa, n).c_str(),
+                                   bm_peak_fma, loop, n)
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+  for (int n : threads) {
+    benchmark::RegisterBenchmark(name_of("peak/read_bw", n).c_str(), bm_peak_read, n)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond)
+        ->Iterations(kReadPasses);
+  }
+}
+
+// attention/<backend>/<shape>/threads:<n>: n OpenMP threads inside one call.
+void register_attention_benchmarks(const std::vector<std::string>& backends,
+                                   const std::vector<int>& threads) {
+  for (const std::string& b : backends) {
+    for (const Shape& s : kShapes) {
+      for (int n : threads) {
+        auto* bm = benchmark::RegisterBenchmark(name_of("attention/" + b + "/" + s.name, n).c_str(),
+                                                bm_attention, b, s, n)
+                       ->UseRealTime()
+                       ->Unit(s.unit);
+        if (b == "scalar" && s.heavy) bm->Iterations(1);
+      }
+    }
+  }
+}
+
+// blis_unfused/<shape>/threads:<n>: the textbook method on the same inputs.
+void register_blis_benchmarks(const std::vector<int>& threads) {
+  for (const Shape& s : kShapes) {
+    for (int n : threads) {
+      benchmark::RegisterBenchmark(name_of(std::string("blis_unfused/") + s.name, n).c_str(),
+                                   bm_blis, s, n)
+          ->UseRealTime()
+          ->Unit(s.unit);
+    }
+  }
 }
 
 }  // namespace
@@ -447,42 +487,11 @@ int main(int argc, char** argv) {
 
   const std::vector<int> threads = thread_counts();
   // Peaks first: the figures after them are divided by these.
-  for (const FmaLoop* loop : known) {
-    if (g_loops.count(loop->isa) == 0) continue;
-    for (int n : threads) {
-      benchmark::RegisterBenchmark(name_of(std::string("peak/fma/") + loop->isa, n).c_str(),
-                                   bm_peak_fma, loop, n)
-          ->UseRealTime()
-          ->Unit(benchmark::kMillisecond);
-    }
-  }
-  for (int n : threads) {
-    benchmark::RegisterBenchmark(name_of("peak/read_bw", n).c_str(), bm_peak_read, n)
-        ->UseRealTime()
-        ->Unit(benchmark::kMillisecond)
-        ->Iterations(kReadPasses);
-  }
-  for (const std::string& b : backends) {
-    for (const Shape& s : kShapes) {
-      for (int n : threads) {
-        auto* bm = benchmark::RegisterBenchmark(name_of("attention/" + b + "/" + s.name, n).c_str(),
-                                                bm_attention, b, s, n)
-                       ->UseRealTime()
-                       ->Unit(s.unit);
-        if (b == "scalar" && s.heavy) bm->Iterations(1);
-      }
-    }
-  }
-  for (const Shape& s : kShapes) {
-    for (int n : threads) {
-      benchmark::RegisterBenchmark(name_of(std::string("blis_unfused/") + s.name, n).c_str(),
-                                   bm_blis, s, n)
-          ->UseRealTime()
-          ->Unit(s.unit);
-    }
-    // The whole module (projections + attention), module/<backend>/S1/threads:<n>.
-    register_module_benchmarks(fma_peak);
-  }
+  register_peak_benchmarks(known, threads);
+  register_attention_benchmarks(backends, threads);
+  register_blis_benchmarks(threads);
+  // The whole module (projections + attention), module/<backend>/<shape>/threads:<n>.
+  register_module_benchmarks(fma_peak);
 
   std::string names;
   for (const std::string& b : backends) names += (names.empty() ? "" : " ") + b;

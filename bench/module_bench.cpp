@@ -10,7 +10,7 @@
 // the stacked [3E, E] weights).  Counters, from the measured time per call:
 //   GFLOPS        (8·B·L·E² + attention FLOPs) / time: the four projections
 //                 (2·B·L·E² each) plus 4·D per (query, key) pair and head that
-//                 takes part (bench-shapes.md); on S5, E·(2·B·Lq·(Eq + E) +
+//                 takes part (bench/README.md); on S5, E·(2·B·Lq·(Eq + E) +
 //                 2·B·Lk·(Ek + Ev)) for the projections
 //   pct_peak      GFLOPS over the FMA peak of the widest usable ISA at the same
 //                 thread count (BLIS runs its widest kernels whatever the

@@ -16,7 +16,7 @@ namespace {
 constexpr double kU = 1.0 / 16777216.0;  // 2^-24: fp32's unit roundoff
 constexpr double kLambda = 4.0;
 constexpr double kKernelTolerance =
-    1e-5;  // decisions.md: the attention kernels' relative tolerance
+    1e-5;  // docs/decisions.md: the attention kernels' relative tolerance
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 double dot_bound(int64_t k) {

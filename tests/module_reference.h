@@ -23,14 +23,14 @@
 //     the final rounding add u·|result|.
 //   - a projection error δq, δk feeds the logit s = scale·q·k as
 //     scale·Σ(δq|k| + |q|δk); rounding the logit (and adding a mask) in fp32
-//     costs 4u·|logit|, as in the attention suite's tolerance (decisions.md).
+//     costs 4u·|logit|, as in the attention suite's tolerance (docs/decisions.md).
 //   - softmax: δp_j ≤ p_j·(|δs_j| + Σ_k p_k|δs_k|) + p_j·u·(4 + 2|s_j - max s|)
 //     (the exponent's argument and the normalisation, rounded);
 //   - attention output o = Σ p̃_j v_j (p̃ after dropout):
 //     Σ p̃_j δv_j + Σ κ_j δp_j |v_j| + g(Lk)·(Σ p̃_j|v_j| + |o|) + 1e-5·max(1, max|o|)
 //     (the sum over the keys, the softmax denominator's sum),
 //     κ_j = 1/(1-p) for kept weights (0 for dropped), the last term the
-//     attention kernels' own tolerance (decisions.md);
+//     attention kernels' own tolerance (docs/decisions.md);
 //   - out = Σ_e o_e W_o[n, e] + b_o[n]: Σ δo_e|W_o[n, e]| + g(E)·(Σ|o_e||W_o[n, e]|
 //     + |b_o[n]|) + u·|out|.
 // Second-order terms (products of two errors) are left out: they are smaller

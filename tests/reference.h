@@ -26,7 +26,7 @@ struct Reference {
 Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mha_tensor& v,
                               const mha_attention_params* params);
 
-// The tolerance of decisions.md:
+// The tolerance of docs/decisions.md:
 //   1e-5 * max(1, max|ref|) + 4 * 2^-24 * max|logit| * max(1, max|v|)
 // The second term is what rounding the logits to fp32 costs; it perturbs the
 // weights relatively, so the output moves by that much times |v| (the

@@ -1,7 +1,7 @@
 // Concurrency: many caller threads, calls from inside the user's own OpenMP
 // region, and backend / thread-count changes racing with calls.  Every result
 // is compared bit for bit with the same call made single-threaded beforehand
-// (results do not depend on the thread count: decisions.md).  Run under
+// (results do not depend on the thread count: docs/decisions.md).  Run under
 // ThreadSanitizer by scripts/test.sh (stage tsan, ctest label "concurrency").
 #include <dirent.h>
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // Numerics at the edges, on every backend this CPU can run, against the
-// float64 reference within decisions.md's tolerance (mha_test::tolerance):
+// float64 reference within docs/decisions.md's tolerance (mha_test::tolerance):
 // logits near ±1e4, scales from 1e-3 to 1e3, subnormal inputs, and (label
 // "heavy") sequences of 65536.  Also: loading and running the plugins leaves
 // the caller's floating-point environment alone (no flush-to-zero).

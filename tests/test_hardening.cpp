@@ -246,7 +246,7 @@ TEST_P(Hardening, HugeHeadSizesAreRefusedBeforeAnyWrite) {
 // The largest head size works.  Stride-0 Q and K rows with values whose
 // products and sums are exact in fp32 (q = 2^-16, k = (j + 1) / 8), so the
 // dot products over 65536 terms carry no rounding and the tolerance of
-// decisions.md applies unchanged.
+// docs/decisions.md applies unchanged.
 TEST_P(Hardening, LargestHeadSizeWorks) {
   const int64_t d = MHA_MAX_HEAD_DIM, lk = 5;
   float q = 1.0f / 65536.0f;

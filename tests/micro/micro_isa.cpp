@@ -1,0 +1,68 @@
+// The micro-kernels of one ISA (MHA_MICRO_ARCH, an xsimd architecture) behind
+// the function pointers of micro_kernels.h, as MHA_MICRO_NAME().  Compiled
+// with that ISA's flags; the table is a constant, so taking it runs no ISA
+// instruction.
+#include "micro_kernels.h"
+#include "simd/blocking.hpp"
+#include "simd/microkernels.hpp"
+#include "simd/tile_tools.hpp"
+
+namespace {
+
+using Arch = MHA_MICRO_ARCH;
+using Blk = mha_simd::Blocking<Arch>;
+constexpr int kStride = Blk::kQueryTile;
+
+bool score(bool fused, int nv, int nk, const float* qt, const float* k_rows, int64_t k_stride,
+           int64_t d, float* scores, const float* row_max, float* tile_sum) {
+  bool result = false;
+  mha_simd::with_count<Blk::kScoreQueryVectors>(nv, [&](auto NV) {
+    mha_simd::with_count<Blk::kScoreKeys>(nk, [&](auto NK) {
+      constexpr int kNV = decltype(NV)::value, kNK = decltype(NK)::value;
+      result = fused ? mha_simd::score_block<Arch, kStride, kNV, kNK, true>(
+                           qt, k_rows, k_stride, d, scores, row_max, tile_sum)
+                     : mha_simd::score_block<Arch, kStride, kNV, kNK, false>(
+                           qt, k_rows, k_stride, d, scores, row_max, tile_sum);
+    });
+  });
+  return result;
+}
+
+void pv(int nr, int nc, const float* probs, const float* alpha, const float* v_rows,
+        int64_t v_stride, int keys, float* acc, int64_t acc_stride) {
+  mha_simd::with_count<Blk::kPvRows>(nr, [&](auto NR) {
+    mha_simd::with_count<Blk::kPvVectors>(nc, [&](auto NC) {
+      mha_simd::pv_block<Arch, kStride, decltype(NR)::value, decltype(NC)::value>(
+          probs, alpha, v_rows, v_stride, keys, acc, acc_stride);
+    });
+  });
+}
+
+void row_scores(const float* q, int64_t dp, const float* k_rows, int64_t k_stride, int keys,
+                float* s) {
+  mha_simd::row_scores<Arch>(q, dp, k_rows, k_stride, keys, s);
+}
+
+void row_pv(const float* probs, int keys, float alpha, const float* v_rows, int64_t v_stride,
+            int64_t dvp, float* acc) {
+  mha_simd::row_pv<Arch>(probs, keys, alpha, v_rows, v_stride, dvp, acc);
+}
+
+}  // namespace
+
+extern "C" const mha_micro::MicroKernels* MHA_MICRO_NAME() {
+  static const mha_micro::MicroKernels kernels = {
+      MHA_MICRO_BACKEND,
+      static_cast<int>(xsimd::batch<float, Arch>::size),
+      kStride,
+      Blk::kScoreQueryVectors,
+      Blk::kScoreKeys,
+      Blk::kPvRows,
+      Blk::kPvVectors,
+      score,
+      pv,
+      row_scores,
+      row_pv,
+  };
+  return &kernels;
+}

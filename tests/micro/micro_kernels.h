@@ -1,0 +1,29 @@
+// The SIMD micro-kernels of one instruction set, behind plain function
+// pointers, for tests/micro/test_micro.cpp: micro_isa.cpp instantiates them
+// once per SIMD row of cmake/MhaIsa.cmake, compiled with that row's flags.
+#pragma once
+
+#include <cstdint>
+
+namespace mha_micro {
+
+struct MicroKernels {
+  const char* name;  // the backend's name ("avx2")
+  int lanes;         // floats per vector
+  int stride;        // the prefill tile's row stride (its query tile)
+  int max_nv, max_nk;  // score block: query vectors x keys
+  int max_nr, max_nc;  // P·V block: rows x vectors of Dv
+  // score_block<..., kFused = false / true> with nv vectors and nk keys.
+  bool (*score)(bool fused, int nv, int nk, const float* qt, const float* k_rows, int64_t k_stride,
+                int64_t d, float* scores, const float* row_max, float* tile_sum);
+  // pv_block with nr rows and nc vectors.
+  void (*pv)(int nr, int nc, const float* probs, const float* alpha, const float* v_rows,
+             int64_t v_stride, int keys, float* acc, int64_t acc_stride);
+  // row_scores and row_pv of the decode layout.
+  void (*row_scores)(const float* q, int64_t dp, const float* k_rows, int64_t k_stride, int keys,
+                     float* s);
+  void (*row_pv)(const float* probs, int keys, float alpha, const float* v_rows, int64_t v_stride,
+                 int64_t dvp, float* acc);
+};
+
+}  // namespace mha_micro

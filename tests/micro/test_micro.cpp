@@ -1,0 +1,223 @@
+// The SIMD micro-kernels of every instruction set this CPU can run, each
+// against plain float64 loops, over every block shape the kernels use
+// (XNNPACK's way: a wrong lane or a skipped tail shows here, not as a small
+// error in a full attention call).
+#include <gtest/gtest.h>
+#include <mha/mha.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "micro_kernels.h"
+#include "micro_registry.h"  // generated: kMicroIsas
+#include "test_util.h"
+
+namespace mha_test {
+namespace {
+
+using mha_micro::MicroKernels;
+
+// 64-byte aligned floats, zeroed.
+class Aligned {
+ public:
+  explicit Aligned(size_t n) : data_(static_cast<float*>(std::aligned_alloc(64, (n * 4 + 63) / 64 * 64))), n_(n) {
+    for (size_t i = 0; i < n; ++i) data_[i] = 0.0f;
+  }
+  ~Aligned() { std::free(data_); }
+  Aligned(const Aligned&) = delete;
+  Aligned& operator=(const Aligned&) = delete;
+  float* get() { return data_; }
+  float& operator[](size_t i) { return data_[i]; }
+
+ private:
+  float* data_;
+  size_t n_;
+};
+
+class Micro : public ::testing::TestWithParam<mha_micro::MicroIsa> {
+ protected:
+  void SetUp() override {
+    const auto backends = list_backends();
+    const BackendEntry* entry = find_backend(backends, GetParam().name);
+    ASSERT_NE(entry, nullptr);
+    if (!entry->usable) GTEST_SKIP() << GetParam().name << " is not usable here: " << entry->reason;
+    k_ = GetParam().get();
+  }
+  const MicroKernels* k_ = nullptr;
+};
+
+double D(float f) {
+  return static_cast<double>(f);
+}
+
+// Relative to the size of the sum's terms: fp32 rounding of d products.
+double dot_tolerance(double abs_sum, int64_t d) {
+  return 4.0 * static_cast<double>(d) * 6e-8 * abs_sum + 1e-30;
+}
+
+TEST_P(Micro, ScoreBlockMatchesPlainDotProducts) {
+  const int w = k_->lanes, stride = k_->stride;
+  Rng rng(11);
+  for (const int64_t d : {int64_t{1}, int64_t{3}, int64_t{64}, int64_t{130}}) {
+    for (int nv = 1; nv <= k_->max_nv; ++nv) {
+      for (int nk = 1; nk <= k_->max_nk; ++nk) {
+        SCOPED_TRACE("d " + std::to_string(d) + " nv " + std::to_string(nv) + " nk " +
+                     std::to_string(nk));
+        const int64_t k_stride = d + 3;  // padded rows
+        Aligned qt(static_cast<size_t>(d * stride)), scores(static_cast<size_t>(stride * (nk + 1)));
+        std::vector<float> k(static_cast<size_t>((nk + 1) * k_stride + 64));  // + the prefetched group
+        for (int64_t x = 0; x < d * stride; ++x) qt[static_cast<size_t>(x)] = rng.uniform();
+        for (float& f : k) f = rng.uniform();
+        k_->score(false, nv, nk, qt.get(), k.data(), k_stride, d, scores.get(), nullptr, nullptr);
+        for (int n = 0; n < nk; ++n) {
+          for (int lane = 0; lane < nv * w; ++lane) {
+            double ref = 0, mag = 0;
+            for (int64_t x = 0; x < d; ++x) {
+              const double t = D(qt[static_cast<size_t>(x * stride + lane)]) *
+                               D(k[static_cast<size_t>(n * k_stride + x)]);
+              ref += t;
+              mag += std::fabs(t);
+            }
+            ASSERT_NEAR(scores[static_cast<size_t>(n * stride + lane)], ref, dot_tolerance(mag, d))
+                << "key " << n << " lane " << lane;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The fused form stores 2^(score - row_max), adds them to tile_sum, and says
+// when a score exceeded the stale maximum by more than 16 (base 2).
+TEST_P(Micro, FusedScoreBlockExponentiatesAndSums) {
+  const int w = k_->lanes, stride = k_->stride;
+  const int nv = k_->max_nv, nk = k_->max_nk;
+  const int64_t d = 16, k_stride = d;
+  Rng rng(12);
+  for (const bool exceed : {false, true}) {
+    SCOPED_TRACE(exceed ? "a score far above the maximum" : "scores near the maximum");
+    Aligned qt(static_cast<size_t>(d * stride)), scores(static_cast<size_t>(stride * nk)),
+        row_max(static_cast<size_t>(stride)), tile_sum(static_cast<size_t>(stride));
+    std::vector<float> k(static_cast<size_t>((nk + 1) * k_stride + 64));
+    for (int64_t x = 0; x < d * stride; ++x) qt[static_cast<size_t>(x)] = rng.uniform(-0.5f, 0.5f);
+    for (float& f : k) f = rng.uniform(-0.5f, 0.5f);
+    for (int lane = 0; lane < stride; ++lane) {
+      row_max[static_cast<size_t>(lane)] = exceed && lane == w - 1 ? -40.0f : 1.0f;
+      tile_sum[static_cast<size_t>(lane)] = 0.25f;
+    }
+    const bool within = k_->score(true, nv, nk, qt.get(), k.data(), k_stride, d, scores.get(),
+                                  row_max.get(), tile_sum.get());
+    EXPECT_EQ(within, !exceed);
+    for (int lane = 0; lane < nv * w; ++lane) {
+      double sum = 0.25;
+      for (int n = 0; n < nk; ++n) {
+        double s = 0;
+        for (int64_t x = 0; x < d; ++x) {
+          s += D(qt[static_cast<size_t>(x * stride + lane)]) * D(k[static_cast<size_t>(n * k_stride + x)]);
+        }
+        const double e = std::exp2(s - D(row_max[static_cast<size_t>(lane)]));
+        sum += e;
+        ASSERT_NEAR(scores[static_cast<size_t>(n * stride + lane)], e, 1e-5 * e + 1e-30)
+            << "key " << n << " lane " << lane;
+      }
+      ASSERT_NEAR(tile_sum[static_cast<size_t>(lane)], sum, 1e-5 * sum) << "lane " << lane;
+    }
+  }
+}
+
+TEST_P(Micro, PvBlockMatchesPlainSums) {
+  const int w = k_->lanes, stride = k_->stride;
+  Rng rng(13);
+  for (const int keys : {1, 2, 17, 96}) {
+    for (int nr = 1; nr <= k_->max_nr; ++nr) {
+      for (int nc = 1; nc <= k_->max_nc; ++nc) {
+        SCOPED_TRACE("keys " + std::to_string(keys) + " nr " + std::to_string(nr) + " nc " +
+                     std::to_string(nc));
+        const int64_t dvp = nc * w, v_stride = dvp + 5, acc_stride = dvp + w;
+        Aligned probs(static_cast<size_t>(keys * stride)), alpha(static_cast<size_t>(stride)),
+            acc(static_cast<size_t>(nr * acc_stride));
+        std::vector<float> v(static_cast<size_t>(keys * v_stride));
+        for (int64_t x = 0; x < keys * stride; ++x) probs[static_cast<size_t>(x)] = rng.uniform(0, 1);
+        for (int r = 0; r < stride; ++r) alpha[static_cast<size_t>(r)] = rng.uniform(0, 1);
+        for (float& f : v) f = rng.uniform();
+        for (int64_t x = 0; x < nr * acc_stride; ++x) acc[static_cast<size_t>(x)] = rng.uniform();
+        std::vector<double> expected(static_cast<size_t>(nr * dvp));
+        for (int r = 0; r < nr; ++r) {
+          for (int64_t c = 0; c < dvp; ++c) {
+            double sum = 0;
+            for (int j = 0; j < keys; ++j) {
+              sum += D(probs[static_cast<size_t>(j * stride + r)]) *
+                     D(v[static_cast<size_t>(j * v_stride + c)]);
+            }
+            expected[static_cast<size_t>(r * dvp + c)] =
+                D(acc[static_cast<size_t>(r * acc_stride + c)]) * D(alpha[static_cast<size_t>(r)]) +
+                sum;
+          }
+        }
+        k_->pv(nr, nc, probs.get(), alpha.get(), v.data(), v_stride, keys, acc.get(), acc_stride);
+        for (int r = 0; r < nr; ++r) {
+          for (int64_t c = 0; c < dvp; ++c) {
+            ASSERT_NEAR(acc[static_cast<size_t>(r * acc_stride + c)],
+                        expected[static_cast<size_t>(r * dvp + c)], 1e-5 * (keys + 1))
+                << "row " << r << " column " << c;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(Micro, DecodeRowKernelsMatchPlainLoops) {
+  const int w = k_->lanes;
+  Rng rng(14);
+  for (const int keys : {1, w - 1 > 0 ? w - 1 : 1, w, 3 * w + 1, 200}) {
+    for (const int64_t dp : {int64_t{w}, int64_t{4 * w}, int64_t{128}}) {
+      if (dp % w != 0) continue;
+      SCOPED_TRACE("keys " + std::to_string(keys) + " dp " + std::to_string(dp));
+      const int64_t k_stride = dp + w;
+      Aligned q(static_cast<size_t>(dp)), s(static_cast<size_t>(keys + w)),
+          acc(static_cast<size_t>(dp));
+      std::vector<float> k(static_cast<size_t>(keys * k_stride + w));
+      for (int64_t x = 0; x < dp; ++x) q[static_cast<size_t>(x)] = rng.uniform();
+      for (float& f : k) f = rng.uniform();
+      k_->row_scores(q.get(), dp, k.data(), k_stride, keys, s.get());
+      for (int j = 0; j < keys; ++j) {
+        double ref = 0, mag = 0;
+        for (int64_t x = 0; x < dp; ++x) {
+          const double t = D(q[static_cast<size_t>(x)]) * D(k[static_cast<size_t>(j * k_stride + x)]);
+          ref += t;
+          mag += std::fabs(t);
+        }
+        ASSERT_NEAR(s[static_cast<size_t>(j)], ref, dot_tolerance(mag, dp)) << "key " << j;
+      }
+      // row_pv over the same rows as V.
+      for (int j = 0; j < keys; ++j) s[static_cast<size_t>(j)] = rng.uniform(0, 1);
+      for (int64_t x = 0; x < dp; ++x) acc[static_cast<size_t>(x)] = rng.uniform();
+      std::vector<double> expected(static_cast<size_t>(dp));
+      const float alpha = 0.75f;
+      for (int64_t x = 0; x < dp; ++x) {
+        double sum = 0;
+        for (int j = 0; j < keys; ++j) {
+          sum += D(s[static_cast<size_t>(j)]) * D(k[static_cast<size_t>(j * k_stride + x)]);
+        }
+        expected[static_cast<size_t>(x)] = D(acc[static_cast<size_t>(x)]) * D(alpha) + sum;
+      }
+      k_->row_pv(s.get(), keys, alpha, k.data(), k_stride, dp, acc.get());
+      for (int64_t x = 0; x < dp; ++x) {
+        ASSERT_NEAR(acc[static_cast<size_t>(x)], expected[static_cast<size_t>(x)], 1e-5 * (keys + 1))
+            << "column " << x;
+      }
+    }
+  }
+}
+
+std::string isa_name(const ::testing::TestParamInfo<mha_micro::MicroIsa>& info) {
+  return info.param.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Isas, Micro, ::testing::ValuesIn(mha_micro::kMicroIsas), isa_name);
+
+}  // namespace
+}  // namespace mha_test
