@@ -64,6 +64,7 @@ Result run(Main program, const char* name, std::initializer_list<std::string> ar
   std::vector<std::string> storage = {name};
   storage.insert(storage.end(), args.begin(), args.end());
   std::vector<const char*> argv;
+  argv.reserve(storage.size());
   for (const auto& s : storage) argv.push_back(s.c_str());
   ::testing::internal::CaptureStdout();
   ::testing::internal::CaptureStderr();
