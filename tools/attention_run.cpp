@@ -190,8 +190,9 @@ const CLI::Validator& non_empty() {
 void add_causal_option(CLI::App& app, std::string& causal, const char* what) {
   app.add_option("--causal", causal, what)
       ->expected(0, 1)
-      ->default_str("top-left")
-      ->check(CLI::IsMember({"none", "top-left", "bottom-right"}));
+      ->default_str("top-left")  // what --causal alone means
+      ->check(CLI::IsMember({"none", "top-left", "bottom-right"}))
+      ->option_text("[none|top-left|bottom-right]");
 }
 
 int32_t causal_mode(const std::string& causal) {
@@ -255,7 +256,8 @@ void add_attention_options(CLI::App& app, AttentionOptions& o) {
          },
          "scale of the scores (default 1/sqrt(D))")
       ->check(filled)
-      ->check(CLI::Number);
+      ->check(CLI::Number)
+      ->option_text("FLOAT");
   app.add_option("--lse", o.lse,
                  "log-sum-exp output: float32 [B,H,Lq] .npy to write ([H,Lq] for rank-3 inputs)")
       ->check(filled);
