@@ -91,7 +91,14 @@ Registry::Registry() {
 
   const char* env_backend = std::getenv("MHA_BACKEND");
   requested_ = env_backend != nullptr && *env_backend != '\0' ? env_backend : "auto";
-  const bool load_all = requested_ == "auto";
+  // A known name of this architecture loads only that plugin; "auto" -- and a
+  // name that is no plugin here (a mistake, reported below) -- loads them all,
+  // so that mha-info and the error can say what is usable.
+  bool names_a_plugin = false;
+  for (const auto& known : kKnown) {
+    names_a_plugin = names_a_plugin || (requested_ == known.name && (known.arch & cpu_) != 0);
+  }
+  const bool load_all = !names_a_plugin;
   backends_.reserve(std::size(kKnown));
   for (const auto& known : kKnown) {
     Backend backend;
