@@ -179,8 +179,8 @@ void Registry::probe_locked(Backend& backend) {
     return;
   }
   if (plugin->abi_version != MHA_PLUGIN_ABI_VERSION) {
-    refuse("plugin ABI version " + std::to_string(plugin->abi_version) +
-           ", this runtime needs " + std::to_string(MHA_PLUGIN_ABI_VERSION));
+    refuse("plugin ABI version " + std::to_string(plugin->abi_version) + ", this runtime needs " +
+           std::to_string(MHA_PLUGIN_ABI_VERSION));
     return;
   }
   if (plugin->struct_size < sizeof(mha_plugin) || plugin->name == nullptr ||
@@ -252,8 +252,8 @@ const Backend* Registry::resolve_locked(const char* name, std::string* error) {
   const auto it = std::find_if(backends_.begin(), backends_.end(),
                                [&](const Backend& b) { return b.name == name; });
   if (it == backends_.end()) {
-    *error = quoted + " is unknown (known backends: " + known_names() + "); " +
-             usable_names_locked();
+    *error =
+        quoted + " is unknown (known backends: " + known_names() + "); " + usable_names_locked();
     return nullptr;
   }
   if (!it->probed) probe_locked(*it);

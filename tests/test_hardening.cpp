@@ -180,8 +180,8 @@ TEST_P(Hardening, LogitsNearFltMaxAreFinite) {
   for (const float scale : {1e37f, -1e37f}) {
     for (const int64_t lq : {int64_t{1}, int64_t{3}, int64_t{70}}) {
       for (const int32_t causal : {MHA_CAUSAL_NONE, MHA_CAUSAL_BOTTOM_RIGHT}) {
-        SCOPED_TRACE("scale " + std::to_string(scale) + " Lq " + std::to_string(lq) +
-                     " causal " + std::to_string(causal));
+        SCOPED_TRACE("scale " + std::to_string(scale) + " Lq " + std::to_string(lq) + " causal " +
+                     std::to_string(causal));
         const int64_t B = 1, H = 2, Hkv = 1, lk = 2200, D = 32, Dv = 8;
         Rng rng(static_cast<uint64_t>(lq * 7 + causal));
         std::vector<float> q(B * H * lq * D), k(B * Hkv * lk * D), v(B * Hkv * lk * Dv),
@@ -278,8 +278,9 @@ TEST_P(Hardening, LargestHeadSizeWorks) {
 TEST_P(Hardening, HugeKeyLengthsAreRefused) {
   std::vector<float> q(8, 0.5f), out(8, -7.0f);
   float k = 0.25f, v = 1.0f;
-  for (const int64_t lk : {std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max() / 2,
-                           int64_t{1} << 50, MHA_MAX_EXTENT + 1}) {
+  for (const int64_t lk :
+       {std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max() / 2,
+        int64_t{1} << 50, MHA_MAX_EXTENT + 1}) {
     SCOPED_TRACE("Lk = " + std::to_string(lk));
     mha_tensor tq = describe(q.data(), MHA_DTYPE_F32, {1, 1, 1, 8});
     mha_tensor tk = describe(&k, MHA_DTYPE_F32, {1, 1, lk, 8}, {0, 0, 0, 0});

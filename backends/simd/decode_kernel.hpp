@@ -51,8 +51,8 @@ class DecodeKernel {
   static size_t scratch_bytes(const mha_kernel_problem& p, int64_t max_queries) {
     const int64_t rows = (p.heads / p.kv_heads) * max_queries;
     const int64_t dp = round_up(p.d, W), dvp = round_up(p.dv, W);
-    return ScratchCarver::bytes(
-        {rows * dp, rows * dvp, rows * KTP, rows, rows, 2 * rows, rows, KT * dp, KT * dvp, KT / 4 + 1});
+    return ScratchCarver::bytes({rows * dp, rows * dvp, rows * KTP, rows, rows, 2 * rows, rows,
+                                 KT * dp, KT * dvp, KT / 4 + 1});
   }
 
   static void run(const mha_kernel_problem& p, const mha_work_item& item, void* scratch) {
@@ -173,7 +173,6 @@ class DecodeKernel {
     return units.raw ? compute_in<true>(p, item, rows, nq, units)
                      : compute_in<false>(p, item, rows, nq, units);
   }
-
 
   static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
