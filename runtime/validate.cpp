@@ -246,8 +246,9 @@ mha_status check_no_overlap(const mha_tensor& output, const char* output_name,
 mha_status validate_attention(const mha_tensor* q, const mha_tensor* k, const mha_tensor* v,
                               const mha_tensor* out, const mha_attention_params* params,
                               AttentionCall* call) {
-  mha_attention_params defaults, given;
+  mha_attention_params defaults;
   mha_attention_params_init(&defaults);
+  mha_attention_params given = defaults;
   if (params == nullptr) {
     params = &defaults;
   } else {
