@@ -76,7 +76,14 @@ Registry::Registry() {
 
   const char* env_backend = std::getenv("MHA_BACKEND");
   requested_ = env_backend != nullptr && *env_backend != '\0' ? env_backend : "auto";
-  const bool load_all = requested_ == "auto";
+  // A known name of this architecture loads only that plugin; "auto" -- and a
+  // name that is no plugin here (a mistake, reported below) -- loads them all,
+  // so that mha-info and the error can say what is usable.
+  bool names_a_plugin = false;
+  for (const auto& known : kKnownBackends) {
+    names_a_plugin = names_a_plugin || (requested_ == known.name && (known.arch & cpu_) != 0);
+  }
+  const bool load_all = !names_a_plugin;
   backends_.reserve(std::size(kKnownBackends));
   for (const auto& known : kKnownBackends) {
     Backend backend;
@@ -157,8 +164,8 @@ void Registry::probe_locked(Backend& backend) {
     return;
   }
   if (plugin->abi_version != MHA_PLUGIN_ABI_VERSION) {
-    refuse("plugin ABI version " + std::to_string(plugin->abi_version) +
-           ", this runtime needs " + std::to_string(MHA_PLUGIN_ABI_VERSION));
+    refuse("plugin ABI version " + std::to_string(plugin->abi_version) + ", this runtime needs " +
+           std::to_string(MHA_PLUGIN_ABI_VERSION));
     return;
   }
   if (plugin->struct_size < sizeof(mha_plugin) || plugin->name == nullptr ||
@@ -230,8 +237,8 @@ const Backend* Registry::resolve_locked(const char* name, std::string* error) {
   const auto it = std::find_if(backends_.begin(), backends_.end(),
                                [&](const Backend& b) { return b.name == name; });
   if (it == backends_.end()) {
-    *error = quoted + " is unknown (known backends: " + known_names() + "); " +
-             usable_names_locked();
+    *error =
+        quoted + " is unknown (known backends: " + known_names() + "); " + usable_names_locked();
     return nullptr;
   }
   if (!it->probed) probe_locked(*it);

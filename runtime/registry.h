@@ -21,8 +21,8 @@ struct Backend {
   // is only published (selected) after that.
   bool probed = false;
   bool usable = false;
-  std::string path;          // the plugin file
-  const char* reason = "";   // why not usable; valid for the process's lifetime
+  std::string path;         // the plugin file
+  const char* reason = "";  // why not usable; valid for the process's lifetime
   const mha_plugin* plugin = nullptr;
 };
 
@@ -62,7 +62,7 @@ class Registry {
   const char* intern(std::string text);
 
   mutable std::mutex mutex_;
-  std::vector<Backend> backends_;  // the known backends; the vector never changes size
+  std::vector<Backend> backends_;    // the known backends; the vector never changes size
   std::deque<std::string> strings_;  // interned reasons (references stay valid)
   uint32_t cpu_ = 0;
   std::string directory_;        // absolute; empty when unusable

@@ -133,8 +133,8 @@ mha_status run_attention(const Backend& backend, KernelCall& call, int32_t threa
   float* partial_lse = nullptr;
   if (plan.chunks > 1) {
     // Fewer than kTargetItems items, each a query tile of a head group: small.
-    const size_t floats = static_cast<size_t>(n_items * rows_per_item) *
-                          static_cast<size_t>(p.dv + 1);
+    const size_t floats =
+        static_cast<size_t>(n_items * rows_per_item) * static_cast<size_t>(p.dv + 1);
     auto* buffer = static_cast<float*>(thread_scratch(ScratchSlot::kPartials, floats * 4));
     if (buffer == nullptr) {
       return fail(MHA_ERR_OUT_OF_MEMORY,
@@ -249,7 +249,8 @@ mha_status run_attention(const Backend& backend, KernelCall& call, int32_t threa
         }
       }
     };
-    run_team(n_items / plan.chunks, team, [](int32_t) { return true; }, merge_group);
+    run_team(
+        n_items / plan.chunks, team, [](int32_t) { return true; }, merge_group);
   }
   return MHA_OK;
 }

@@ -17,9 +17,9 @@ namespace mha::rt {
 
 // Every size each struct has had, oldest first; the last is this version's.
 // Add the new sizeof when a field is added, never remove an entry.
-constexpr uint32_t kAttentionParamsSizes[] = {56};         // 0.1
-constexpr uint32_t kModuleConfigSizes[] = {56};            // 0.1
-constexpr uint32_t kModuleForwardParamsSizes[] = {64};     // 0.1
+constexpr uint32_t kAttentionParamsSizes[] = {56};      // 0.1
+constexpr uint32_t kModuleConfigSizes[] = {56};         // 0.1
+constexpr uint32_t kModuleForwardParamsSizes[] = {64};  // 0.1
 static_assert(kAttentionParamsSizes[std::size(kAttentionParamsSizes) - 1] ==
               sizeof(mha_attention_params));
 static_assert(kModuleConfigSizes[std::size(kModuleConfigSizes) - 1] == sizeof(mha_module_config));

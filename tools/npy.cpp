@@ -11,6 +11,8 @@
 #include <limits>
 #include <utility>
 
+#include "tool_util.h"
+
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "mha_tools::npy assumes a little-endian host"
 #endif
@@ -376,11 +378,15 @@ bool read_fully(int fd, void* buffer, std::size_t n) {
 }
 
 NpyArray read_npy_unprefixed(const std::string& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused
+  // below, before anything is read.
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (fd.get() < 0) throw NpyError("cannot open: " + errno_text(errno));
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) throw NpyError("cannot stat: " + errno_text(errno));
   if (!S_ISREG(st.st_mode)) throw NpyError("not a regular file");
+  const int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags >= 0) (void)::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK);
   const auto total = static_cast<std::size_t>(st.st_size);
 
   unsigned char head[12] = {};
@@ -567,15 +573,15 @@ NpyArray read_npy(const std::string& path) {
   try {
     return read_npy_unprefixed(path);
   } catch (const NpyError& e) {
-    throw NpyError(printable(path, 200) + ": " + e.what());
+    throw NpyError(escape(path) + ": " + e.what());
   } catch (const std::bad_alloc&) {
-    throw NpyError(printable(path, 200) + ": out of memory");
+    throw NpyError(escape(path) + ": out of memory");
   }
 }
 
 // ---------------------------------------------------------------- writing
 
-std::vector<unsigned char> encode_npy(const NpyArray& array) {
+std::vector<unsigned char> encode_npy_header(const NpyArray& array) {
   const std::string dict = std::string("{'descr': '") + npy_descr(array.dtype()) +
                            "', 'fortran_order': " + (array.fortran_order() ? "True" : "False") +
                            ", 'shape': " + array.shape_string() + ", }";
@@ -588,37 +594,56 @@ std::vector<unsigned char> encode_npy(const NpyArray& array) {
   }
   const std::size_t header_len = hlen + pad;
 
-  std::vector<unsigned char> out;
-  out.reserve(kMagicLen + len_bytes + header_len + array.nbytes());
-  out.insert(out.end(), std::begin(kMagic), std::end(kMagic));
-  out.push_back(len_bytes == 2 ? 1 : 2);
-  out.push_back(0);
+  std::string text(std::begin(kMagic), std::end(kMagic));
+  text += static_cast<char>(len_bytes == 2 ? 1 : 2);
+  text += '\0';
   for (std::size_t i = 0; i < len_bytes; ++i) {
-    out.push_back(static_cast<unsigned char>((header_len >> (8 * i)) & 0xff));
+    text += static_cast<char>((header_len >> (8 * i)) & 0xff);
   }
-  out.insert(out.end(), dict.begin(), dict.end());
-  out.insert(out.end(), pad, ' ');
-  out.push_back('\n');
+  text += dict;
+  text.append(pad, ' ');
+  text += '\n';
+  return std::vector<unsigned char>(text.begin(), text.end());
+}
+
+std::vector<unsigned char> encode_npy(const NpyArray& array) {
+  std::vector<unsigned char> out = encode_npy_header(array);
   const auto* data = static_cast<const unsigned char*>(array.data());
   out.insert(out.end(), data, data + array.nbytes());
   return out;
 }
 
+void write_npy_fd(int fd, const NpyArray& array) {
+  const std::vector<unsigned char> header = encode_npy_header(array);
+  const struct {
+    const unsigned char* p;
+    std::size_t n;
+  } parts[2] = {{header.data(), header.size()},
+                {static_cast<const unsigned char*>(array.data()), array.nbytes()}};
+  for (const auto& part : parts) {
+    const unsigned char* p = part.p;
+    std::size_t left = part.n;
+    while (left > 0) {
+      const ssize_t put = ::write(fd, p, left);
+      if (put < 0) {
+        if (errno == EINTR) continue;
+        throw NpyError("write error: " + errno_text(errno));
+      }
+      if (put == 0) throw NpyError("write error: nothing written");
+      p += put;
+      left -= static_cast<std::size_t>(put);
+    }
+  }
+}
+
 void write_npy(const std::string& path, const NpyArray& array) {
-  const std::vector<unsigned char> bytes = encode_npy(array);
-  const std::string where = printable(path, 200) + ": ";
+  const std::string where = escape(path) + ": ";
   Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666));
   if (fd.get() < 0) throw NpyError(where + "cannot create: " + errno_text(errno));
-  const unsigned char* p = bytes.data();
-  std::size_t left = bytes.size();
-  while (left > 0) {
-    const ssize_t put = ::write(fd.get(), p, left);
-    if (put < 0) {
-      if (errno == EINTR) continue;
-      throw NpyError(where + "write error: " + errno_text(errno));
-    }
-    p += put;
-    left -= static_cast<std::size_t>(put);
+  try {
+    write_npy_fd(fd.get(), array);
+  } catch (const NpyError& e) {
+    throw NpyError(where + e.what());
   }
   if (::close(fd.release()) != 0) throw NpyError(where + "write error: " + errno_text(errno));
 }

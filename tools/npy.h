@@ -99,7 +99,13 @@ NpyArray read_npy(const std::string& path);
 // written as stored, with the array's own fortran_order flag (C order unless
 // the array was made or read in Fortran order).
 std::vector<unsigned char> encode_npy(const NpyArray& array);
+// The magic string, version, header length and padded header: the bytes that
+// precede array.data() in the file.
+std::vector<unsigned char> encode_npy_header(const NpyArray& array);
 void write_npy(const std::string& path, const NpyArray& array);
+// Writes the file's bytes to an open descriptor (header, then the data without
+// a copy); throws NpyError("write error: ...") without a path.
+void write_npy_fd(int fd, const NpyArray& array);
 
 // ---------------------------------------------------------------- templates
 

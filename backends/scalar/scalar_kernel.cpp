@@ -225,7 +225,7 @@ extern "C" __attribute__((visibility("default"))) const mha_plugin* mha_plugin_e
       sizeof(mha_plugin),
       "scalar",
       "portable C++, no SIMD intrinsics",
-      0,  // runs on any CPU
+      0,                    // runs on any CPU
       MHA_SCALAR_PRIORITY,  // the plugin's claim; the runtime ranks backends itself
       1,
       kRows,

@@ -22,7 +22,6 @@
 // Scratch is per calling thread and reused: it grows to the largest call.
 #include <mha/mha.h>
 
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>

@@ -167,8 +167,9 @@ mha_status check_forward(mha_module* module, const mha_tensor* query, const mha_
                          const mha_tensor* value, const mha_tensor* out,
                          const mha_module_forward_params* params, ModuleCall* call) {
   if (module == nullptr) return fail(MHA_ERR_NULL_POINTER, "module is NULL");
-  mha_module_forward_params defaults, given;
+  mha_module_forward_params defaults;
   mha_module_forward_params_init(&defaults);
+  mha_module_forward_params given = defaults;
   if (params == nullptr) {
     params = &defaults;
   } else {
@@ -330,25 +331,25 @@ mha_status mha_module_create(const mha_module_config* config, mha_module** modul
   return guarded([&] {
     if (module == nullptr) return fail(MHA_ERR_NULL_POINTER, "module is NULL");
     if (config == nullptr) return fail(MHA_ERR_NULL_POINTER, "config is NULL");
-    mha_module_config defaults, given;
+    mha_module_config defaults;
     mha_module_config_init(&defaults);
+    mha_module_config given = defaults;
     if (mha_status s = read_versioned(config, defaults, kModuleConfigSizes, "config",
                                       "mha_module_config_init", &given);
         s != MHA_OK) {
       return s;
     }
-    config = &given;
-    if (mha_status s = check_config(config); s != MHA_OK) return s;
+    if (mha_status s = check_config(&given); s != MHA_OK) return s;
     auto* m = new mha_module;
-    const int64_t e = config->embed_dim;
+    const int64_t e = given.embed_dim;
     m->embed_dim = e;
-    m->num_heads = config->num_heads;
-    m->head_dim = e / config->num_heads;
-    m->query_dim = config->query_dim != 0 ? config->query_dim : e;
-    m->key_dim = config->key_dim != 0 ? config->key_dim : e;
-    m->value_dim = config->value_dim != 0 ? config->value_dim : e;
-    m->bias = config->bias != 0;
-    m->dropout = config->dropout;
+    m->num_heads = given.num_heads;
+    m->head_dim = e / given.num_heads;  // NOLINT(clang-analyzer-core.DivideZero): checked above
+    m->query_dim = given.query_dim != 0 ? given.query_dim : e;
+    m->key_dim = given.key_dim != 0 ? given.key_dim : e;
+    m->value_dim = given.value_dim != 0 ? given.value_dim : e;
+    m->bias = given.bias != 0;
+    m->dropout = given.dropout;
     try {
       m->w_in.assign(static_cast<size_t>(e * (m->query_dim + m->key_dim + m->value_dim)), 0.0f);
       const auto at = [e](int64_t row) { return static_cast<size_t>(row * e); };

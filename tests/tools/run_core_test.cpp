@@ -1,6 +1,6 @@
 // The steps of mha-run, in process: pair counting (against brute force), the
 // timing line, option checks, and the command's failure paths (each must
-// return 1 with a message, never crash).
+// return 1, or 2 for a wrong command line, with a message, never crash).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -197,6 +197,8 @@ class MhaRunCommand : public ::testing::Test {
     write("k_bad_d", NpyArray(NpyDtype::F32, {1, 1, 5, 6}), 0.2);
     write("q_f64", NpyArray(NpyDtype::F64, {1, 2, 3, 4}), 0.1);
     write("q_rank3", NpyArray(NpyDtype::F32, {2, 3, 4}), 0.1);
+    write("q_rank2", NpyArray(NpyDtype::F32, {3, 4}), 0.1);
+    write("q_i32", NpyArray(NpyDtype::I32, {1, 2, 3, 4}), 1);
     write("q_empty", NpyArray(NpyDtype::F32, {1, 0, 3, 4}), 0.1);
     write("vl_f32", NpyArray(NpyDtype::F32, {1}), 2);
     write("vl_too_long", NpyArray(NpyDtype::I32, {1}), 0, 6);  // Lk is 5
@@ -238,22 +240,25 @@ TEST_F(MhaRunCommand, Succeeds) {
 }
 
 TEST_F(MhaRunCommand, FailuresReturnOne) {
-  const auto fails = [this](const char* what, auto change) {
+  const auto fails = [this](const char* what, auto change, int status = 1) {
     AttentionOptions o = o_;
     change(o);
     ::testing::internal::CaptureStderr();
     const int rc = mha_tools::run_attention_command(o);
     std::string err = ::testing::internal::GetCapturedStderr();
-    EXPECT_EQ(rc, 1) << what;
+    EXPECT_EQ(rc, status) << what;
     EXPECT_EQ(err.rfind("mha-run: ", 0), 0u) << what << ": " << err;
     EXPECT_EQ(err.find('\n'), err.size() - 1) << what << ": " << err;
     return err;
   };
   EXPECT_NE(fails("missing", [&](AttentionOptions& o) { o.q = path("nope"); }).find("--q "),
             std::string::npos);
-  EXPECT_NE(fails("dtype", [&](AttentionOptions& o) { o.q = path("q_f64"); }).find("float32"),
+  EXPECT_NE(fails("dtype", [&](AttentionOptions& o) { o.q = path("q_i32"); }).find("float32"),
             std::string::npos);
-  fails("rank", [&](AttentionOptions& o) { o.q = path("q_rank3"); });
+  // Q of rank 3 with K and V of rank 4.
+  EXPECT_NE(fails("rank", [&](AttentionOptions& o) { o.q = path("q_rank3"); }).find("all rank 3"),
+            std::string::npos);
+  fails("rank 2", [&](AttentionOptions& o) { o.q = path("q_rank2"); });
   EXPECT_NE(fails("empty", [&](AttentionOptions& o) { o.q = path("q_empty"); }).find("shape[1]"),
             std::string::npos);
   EXPECT_NE(fails("shape", [&](AttentionOptions& o) { o.k = path("k_bad_d"); })
@@ -272,7 +277,13 @@ TEST_F(MhaRunCommand, FailuresReturnOne) {
   fails("scale", [](AttentionOptions& o) { o.scale = 0.0; });
   fails("scale inf", [](AttentionOptions& o) { o.scale = HUGE_VAL; });
   fails("out dir", [&](AttentionOptions& o) { o.out = dir_ + "no/such/dir/out.npy"; });
-  fails("nothing", [](AttentionOptions& o) { o = AttentionOptions{}; });
+  // The command line is wrong: 2.
+  fails(
+      "nothing", [](AttentionOptions& o) { o = AttentionOptions{}; }, 2);
+  fails(
+      "same output", [&](AttentionOptions& o) { o.lse = o.out; }, 2);
+  fails(
+      "output is input", [&](AttentionOptions& o) { o.out = o.k; }, 2);
 }
 
 }  // namespace

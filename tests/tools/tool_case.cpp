@@ -8,13 +8,21 @@
 //                                         the float64 reference
 //   mha_tools_case check-info FILE [--selected NAME]
 //                                         checks the JSON of `mha-info --json`
+//   mha_tools_case same A B               two .npy files hold the same values
+//                                         (bit for bit, in C order) and shapes
+//                                         that differ at most by leading 1s
+//   mha_tools_case write-module DIR       weight directories and inputs for
+//                                         `mha-run module`
 #include <mha/mha.h>
 
+#include <sys/stat.h>
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -87,7 +95,34 @@ Files d2l_case() {
   f["k_d19"] = random_floats(rng, {2, 5, 6, 19});
   f["vl_f32"] = filled(NpyDtype::F32, {2}, {3, 2});
   f["vl_too_long"] = filled(NpyDtype::I64, {2}, {7, 2});
+  NpyArray q_i32(NpyDtype::I32, {2, 5, 4, 20});
+  f["q_i32"] = std::move(q_i32);
+  f["q_copy"] = f["q"];  // q.npy as written, to see that no run changed it
+  // One batch as rank-3 [H, L, D] files and the same values as [1, H, L, D].
+  NpyArray q3 = random_floats(rng, {5, 4, 20}), k3 = random_floats(rng, {5, 6, 20}),
+           v3 = random_floats(rng, {5, 6, 12});
+  const auto batch_of_one = [](const NpyArray& a) {
+    std::vector<int64_t> shape = a.shape();
+    shape.insert(shape.begin(), 1);
+    NpyArray b(a.dtype(), shape);
+    std::memcpy(b.data(), a.data(), a.nbytes());
+    return b;
+  };
+  f["q1"] = batch_of_one(q3);
+  f["k1"] = batch_of_one(k3);
+  f["v1"] = batch_of_one(v3);
+  f["q3"] = std::move(q3);
+  f["k3"] = std::move(k3);
+  f["v3"] = std::move(v3);
   return f;
+}
+
+// A float64 copy of a float32 array (exact: the tool's conversion gives the
+// float32 values back).
+NpyArray as_f64(const NpyArray& a) {
+  NpyArray d(NpyDtype::F64, a.shape(), a.fortran_order());
+  for (int64_t i = 0; i < a.size(); ++i) d.set_from_double(i, a.value_as_double(i));
+  return d;
 }
 
 // Grouped-query attention (6 query heads over 2 KV heads, Dv != D), Q in
@@ -125,6 +160,7 @@ Files additive_case() {
   NpyArray vl(NpyDtype::I32, {batch, lq});
   for (int64_t i = 0; i < vl.size(); ++i) vl.set_from_double(i, static_cast<double>(i % (lk + 1)));
   f["valid_lens"] = std::move(vl);
+  f["mask_f64"] = as_f64(f["mask"]);
   return f;
 }
 
@@ -146,6 +182,20 @@ int write_case(const std::string& name, const std::string& dir) {
   }
   // A file that is not .npy at all.
   std::ofstream(dir + "/garbage.npy") << "this is not a NumPy file\n";
+  if (name == "d2l") {
+    // Inputs under other names: a FIFO (which must not block the reader), a
+    // symbolic and a hard link (an output must not replace them); Q and K as
+    // float64.
+    namespace fs = std::filesystem;
+    for (const char* file : {"fifo.npy", "q_link.npy", "v_hard.npy"}) fs::remove(dir + "/" + file);
+    if (::mkfifo((dir + "/fifo.npy").c_str(), 0600) != 0) {
+      std::fprintf(stderr, "mha_tools_case: mkfifo: %s\n", std::strerror(errno));
+      return 1;
+    }
+    fs::create_symlink("q.npy", dir + "/q_link.npy");
+    fs::create_hard_link(dir + "/v.npy", dir + "/v_hard.npy");
+    mha_tools::write_npy(dir + "/k_f64.npy", as_f64(mha_tools::read_npy(dir + "/k.npy")));
+  }
   std::printf("wrote case %s into %s\n", name.c_str(), dir.c_str());
   return 0;
 }
@@ -312,6 +362,87 @@ int check_info(const std::string& file, const std::string& expected_selected) {
   return problems.empty() ? 0 : 1;
 }
 
+// ---------------------------------------------------------------- same
+
+std::vector<int64_t> without_leading_ones(std::vector<int64_t> shape) {
+  while (!shape.empty() && shape.front() == 1) shape.erase(shape.begin());
+  return shape;
+}
+
+int same(const std::string& a_path, const std::string& b_path) {
+  const NpyArray a = load_c(a_path), b = load_c(b_path);
+  std::printf("%s: %s\n%s: %s\n", a_path.c_str(), a.describe().c_str(), b_path.c_str(),
+              b.describe().c_str());
+  if (a.dtype() != b.dtype() ||
+      without_leading_ones(a.shape()) != without_leading_ones(b.shape())) {
+    std::printf("different dtypes or shapes\n");
+    return 1;
+  }
+  if (a.nbytes() != b.nbytes() || std::memcmp(a.data(), b.data(), a.nbytes()) != 0) {
+    std::printf("different values\n");
+    return 1;
+  }
+  std::printf("same values\n");
+  return 0;
+}
+
+// ---------------------------------------------------------------- write-module
+
+// Weight directories for `mha-run module` (E = 8, 2 heads), all with the
+// same weights:
+//   plain/          PyTorch's four files with biases, no config.json
+//   seq_first/      + config.json as the export script writes it, batch_first false
+//   batch_first/    + config.json with batch_first true
+//   no_out/         no out_proj.weight.npy (config.json: bias false, no bias files)
+//   no_bias/        no bias files, config.json "bias": false
+//   bias_missing/   no bias files, config.json "bias": true
+//   zero_attn/      config.json "add_zero_attn": true
+// and the inputs query.npy [2, 3, 8] (read as [B, L, E] or as [L, B, E]),
+// query_f64.npy (the same values), key.npy [2, 5, 8].
+int write_module(const std::string& dir) {
+  namespace fs = std::filesystem;
+  Random rng(99);
+  const int64_t e = 8;
+  const NpyArray in_w = random_floats(rng, {3 * e, e}), in_b = random_floats(rng, {3 * e}),
+                 out_w = random_floats(rng, {e, e}), out_b = random_floats(rng, {e});
+  const auto config = [](bool bias, const char* batch_first, bool zero_attn) {
+    return std::string("{\"embed_dim\": 8, \"num_heads\": 2, \"dropout\": 0.0, \"bias\": ") +
+           (bias ? "true" : "false") +
+           ", \"add_bias_kv\": false, \"add_zero_attn\": " + (zero_attn ? "true" : "false") +
+           ", \"kdim\": 8, \"vdim\": 8, \"batch_first\": " + batch_first + "}\n";
+  };
+  struct Dir {
+    const char* name;
+    bool out_weight, biases;
+    std::string config;  // empty: none
+  };
+  const Dir dirs[] = {{"plain", true, true, ""},
+                      {"seq_first", true, true, config(true, "false", false)},
+                      {"batch_first", true, true, config(true, "true", false)},
+                      {"no_out", false, false, config(false, "true", false)},
+                      {"no_bias", true, false, config(false, "true", false)},
+                      {"bias_missing", true, false, config(true, "true", false)},
+                      {"zero_attn", true, true, config(true, "true", true)}};
+  for (const Dir& d : dirs) {
+    const std::string path = dir + "/" + d.name;
+    fs::remove_all(path);
+    fs::create_directories(path);
+    mha_tools::write_npy(path + "/in_proj_weight.npy", in_w);
+    if (d.out_weight) mha_tools::write_npy(path + "/out_proj.weight.npy", out_w);
+    if (d.biases) {
+      mha_tools::write_npy(path + "/in_proj_bias.npy", in_b);
+      mha_tools::write_npy(path + "/out_proj.bias.npy", out_b);
+    }
+    if (!d.config.empty()) std::ofstream(path + "/config.json") << d.config;
+  }
+  const NpyArray query = random_floats(rng, {2, 3, e});
+  mha_tools::write_npy(dir + "/query.npy", query);
+  mha_tools::write_npy(dir + "/query_f64.npy", as_f64(query));
+  mha_tools::write_npy(dir + "/key.npy", random_floats(rng, {2, 5, e}));
+  std::printf("wrote the module cases into %s\n", dir.c_str());
+  return 0;
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"Ends of the mha-run / mha-info test chains.", "mha_tools_case"};
   app.require_subcommand(1);
@@ -330,6 +461,15 @@ int run(int argc, char** argv) {
   info->add_option("file", info_file)->required();
   info->add_option("--selected", selected, "the expected selected backend, or null");
 
+  std::string same_a, same_b;
+  CLI::App* same_cmd = app.add_subcommand("same", "two .npy files hold the same values");
+  same_cmd->add_option("a", same_a)->required();
+  same_cmd->add_option("b", same_b)->required();
+
+  std::string module_dir;
+  CLI::App* module = app.add_subcommand("write-module", "write the cases of mha-run module");
+  module->add_option("dir", module_dir)->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -337,6 +477,8 @@ int run(int argc, char** argv) {
   }
   if (write->parsed()) return write_case(case_name, dir);
   if (check->parsed()) return check_case(attention);
+  if (same_cmd->parsed()) return same(same_a, same_b);
+  if (module->parsed()) return write_module(module_dir);
   return check_info(info_file, selected);
 }
 

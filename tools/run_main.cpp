@@ -1,0 +1,62 @@
+// mha-run's command line: the attention flags sit on the top-level command;
+// further modes come as subcommands (`mha-run module ...`), each registered
+// here and dispatched when parsed, without changing the flags above.
+#include <mha/mha.h>
+
+#include <CLI/CLI.hpp>
+#include <exception>
+#include <string>
+
+#include "attention_run.h"
+#include "module_run.h"
+#include "tool_main.h"
+#include "tool_util.h"
+
+namespace mha_tools {
+namespace {
+
+std::string one_line_failure(const CLI::App* /*app*/, const CLI::Error& e) {
+  return "mha-run: " + escape(e.what()) + " (see mha-run --help)\n";
+}
+
+int run(int argc, const char* const* argv) {
+  CLI::App app{"Scaled dot-product attention on .npy files with the mha library.", "mha-run"};
+  app.failure_message(one_line_failure);
+  app.require_subcommand(0, 1);
+  const std::string version = std::string("mha-run ") + mha_version();
+  app.set_version_flag("--version", version, "print the version of the mha library and exit");
+  app.footer(kRunExitStatusHelp);
+
+  AttentionOptions attention;
+  add_attention_options(app, attention);
+
+  ModuleOptions module_options;
+  CLI::App* module = app.add_subcommand(
+      "module", "The multi-head attention module (PyTorch's nn.MultiheadAttention) on .npy files");
+  add_module_options(*module, module_options);
+  module->set_version_flag("--version", version, "print the version of the mha library and exit");
+  module->footer(kRunExitStatusHelp);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (module->parsed()) return run_module_command(module_options);
+  return run_attention_command(attention);
+}
+
+}  // namespace
+
+int mha_run_main(int argc, const char* const* argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    print_error(e.what());
+  } catch (...) {
+    print_error("unknown exception");
+  }
+  return kExitFailure;
+}
+
+}  // namespace mha_tools

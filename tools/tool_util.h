@@ -1,0 +1,28 @@
+// Small helpers the command-line tools share: text made safe to print,
+// MHA_VERBOSE, and reading small regular files without blocking.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace mha_tools {
+
+// Text made safe to print on a terminal, on one line: tab, newline and
+// carriage return as \t \n \r; other control characters (C0, DEL, the C1
+// range U+0080..U+009F) and bytes that are not valid UTF-8 as \xNN.  Valid
+// UTF-8 otherwise passes unchanged, and so does text that is already
+// escaped (escape(escape(s)) == escape(s)).
+std::string escape(std::string_view text);
+
+// MHA_VERBOSE set to a level >= 1 (the library's own verbose switch).
+bool verbose();
+
+// The whole content of a small regular file.  The file is opened with
+// O_NONBLOCK and checked to be a regular file before anything is read (a
+// FIFO is refused instead of blocking).  Throws NpyError ("cannot open: ...",
+// "not a regular file", "larger than N bytes") with a message that does not
+// name the path.
+std::string read_small_file(const std::string& path, std::size_t limit);
+
+}  // namespace mha_tools
