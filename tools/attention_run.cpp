@@ -11,6 +11,7 @@
 #include <new>
 #include <nlohmann/json.hpp>
 
+#include "common/visibility.h"
 #include "tool_util.h"
 
 namespace mha_tools {
@@ -77,19 +78,17 @@ bool mask_allows(const mha_tensor& mask, int64_t offset) {
   return static_cast<const float*>(mask.data)[offset] != -INFINITY;
 }
 
-// Keys 0 .. limit-1 of (batch b, query i) survive the causal mode and valid lengths.
+// Keys 0 .. limit-1 of (batch b, query i) survive the causal mode and valid
+// lengths: the library's own visibility rule (common/visibility.h).
 int64_t key_limit(const AttentionCall& call, int64_t b, int64_t i) {
   const int64_t lq = call.q.shape[2], lk = call.k.shape[2];
-  int64_t limit = lk;
-  if (call.causal == MHA_CAUSAL_TOP_LEFT) limit = std::min(limit, i + 1);
-  if (call.causal == MHA_CAUSAL_BOTTOM_RIGHT) limit = std::min(limit, i + lk - lq + 1);
+  int64_t valid_length = lk;
   if (call.valid_lens) {
     const mha_tensor& vl = *call.valid_lens;
-    int64_t offset = b * vl.strides[0];
-    if (vl.ndim == 2) offset += i * vl.strides[1];
-    limit = std::min(limit, integer_at(vl, offset));
+    valid_length = integer_at(vl, b * vl.strides[0] + (vl.ndim == 2 ? i * vl.strides[1] : 0));
   }
-  return std::max<int64_t>(limit, 0);
+  return mha_rules::visible_keys(i, lk, mha_rules::causal_diagonal(call.causal, lq, lk),
+                                 valid_length);
 }
 
 // Element offset in a mask broadcast (NumPy style, aligned right) to [B,H,Lq,Lk].
@@ -178,30 +177,6 @@ int run_guarded(const std::function<int()>& body) {
   return kExitFailure;
 }
 
-const CLI::Validator& non_empty() {
-  static const CLI::Validator validator(
-      [](const std::string& value) {
-        return value.empty() ? std::string("the value is empty") : std::string();
-      },
-      "", "NON-EMPTY");
-  return validator;
-}
-
-void add_causal_option(CLI::App& app, std::string& causal, const char* what) {
-  app.add_option("--causal", causal, what)
-      ->expected(0, 1)
-      ->default_str("top-left")  // what --causal alone means
-      ->check(CLI::IsMember({"none", "top-left", "bottom-right"}))
-      ->option_text("[none|top-left|bottom-right]");
-}
-
-int32_t causal_mode(const std::string& causal) {
-  if (causal == "none") return MHA_CAUSAL_NONE;
-  if (causal == "top-left") return MHA_CAUSAL_TOP_LEFT;
-  if (causal == "bottom-right") return MHA_CAUSAL_BOTTOM_RIGHT;
-  throw UsageError("--causal " + causal + ": it must be none, top-left or bottom-right");
-}
-
 NpyArray read_float_input(const char* flag, const std::string& path) {
   NpyArray a = read_input(flag, path);
   if (a.dtype() != NpyDtype::F64) return a;
@@ -261,15 +236,7 @@ void add_attention_options(CLI::App& app, AttentionOptions& o) {
   app.add_option("--lse", o.lse,
                  "log-sum-exp output: float32 [B,H,Lq] .npy to write ([H,Lq] for rank-3 inputs)")
       ->check(filled);
-  app.add_option("--backend", o.backend, "backend to use (default: MHA_BACKEND, else auto)")
-      ->check(filled);
-  app.add_option_function<int>(
-         "--threads", [&o](const int& n) { o.threads = n; }, "threads inside one call")
-      ->check(filled);
-  app.add_option("--repeat", o.repeat,
-                 "time N calls after the first and print one JSON line with the median")
-      ->check(filled)
-      ->check(CLI::Range(1, 1000000000));
+  add_run_options(app, o);
 }
 
 namespace {

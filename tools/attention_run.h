@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_options.h"
 #include "npy.h"
 #include "output_files.h"
 
@@ -22,54 +23,18 @@ class Validator;
 
 namespace mha_tools {
 
-// The exit status of mha-run (and, 0 and 1, of mha-info); --help lists them.
-// CLI11's own parse errors keep CLI11's codes (100 to 127).
-constexpr int kExitOk = 0;
-constexpr int kExitFailure = 1;  // the run failed: files, the library, memory, output
-constexpr int kExitUsage = 2;    // the command line is wrong (found after parsing)
-// The "Exit status" part of mha-run's --help.
-extern const char* const kRunExitStatusHelp;
-
-// A failure with a one-line message for the user (without the "mha-run: "
-// prefix) and the exit status it gives.
-class ToolError : public std::runtime_error {
- public:
-  explicit ToolError(const std::string& what, int exit_status = kExitFailure)
-      : std::runtime_error(what), exit_status_(exit_status) {}
-  int exit_status() const { return exit_status_; }
-
- private:
-  int exit_status_;
-};
-// A command line that is wrong: flags missing or contradicting, a value refused.
-class UsageError : public ToolError {
- public:
-  explicit UsageError(const std::string& what) : ToolError(what, kExitUsage) {}
-};
-
 // Prints "mha-run: <message>" on stderr, the message escaped (escape()).
 void print_error(const std::string& message);
 // Runs the body; an exception becomes its message on stderr and its exit
 // status: ToolError its own, OutputConflict 2, anything else 1.
 int run_guarded(const std::function<int()>& body);
 
-// A CLI11 validator that refuses an empty value ("--threads ''").
-const CLI::Validator& non_empty();
-// The --causal option of both modes: "--causal" alone is top-left,
-// "--causal none|top-left|bottom-right" says which.
-void add_causal_option(CLI::App& app, std::string& causal, const char* what);
-// The mha_causal value of the option's text.
-int32_t causal_mode(const std::string& causal);
-
-struct AttentionOptions {
+struct AttentionOptions : RunOptions {
   std::string q, k, v, out;
   std::string mask, valid_lens, lse;  // empty: not given
   std::string causal = "none";        // none | top-left | bottom-right
   std::optional<double> scale;
   std::string scale_text;  // --scale as typed
-  std::string backend;     // empty: keep the library's choice (MHA_BACKEND or auto)
-  std::optional<int> threads;
-  int repeat = 0;  // 0: one call, no timing
 };
 
 // Registers the attention flags (--q, --k, ...) on a CLI11 app or subcommand.

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "attention_run.h"
+#include "common/visibility.h"
 #include "output_files.h"
 #include "tool_util.h"
 
@@ -180,15 +181,14 @@ double count_pairs(const mha_module_forward_params& p, int64_t batch, int64_t he
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t h = 0; h < (per_head ? heads : 1); ++h) {
       for (int64_t i = 0; i < lq; ++i) {
-        int64_t end = lk;
-        if (p.causal == MHA_CAUSAL_TOP_LEFT) end = std::min(end, i + 1);
-        if (p.causal == MHA_CAUSAL_BOTTOM_RIGHT) end = std::min(end, i + lk - lq + 1);
+        int64_t valid_length = lk;
         if (const mha_tensor* vl = p.valid_lens; vl != nullptr) {
-          const int64_t at = b * vl->strides[0] + (vl->ndim == 2 ? i * vl->strides[1] : 0);
-          end =
-              std::min(end, vl->dtype == MHA_DTYPE_I64 ? static_cast<const int64_t*>(vl->data)[at]
-                                                       : static_cast<const int32_t*>(vl->data)[at]);
+          valid_length = mha_rules::valid_length_at(
+              vl->data, vl->dtype == MHA_DTYPE_I64,
+              b * vl->strides[0] + (vl->ndim == 2 ? i * vl->strides[1] : 0));
         }
+        const int64_t end = mha_rules::visible_keys(
+            i, lk, mha_rules::causal_diagonal(p.causal, lq, lk), valid_length);
         for (int64_t j = 0; j < end; ++j) {
           if (const mha_tensor* m = p.key_padding_mask;
               m != nullptr && !allowed(m, b * m->strides[0] + j * m->strides[1])) {
@@ -271,15 +271,7 @@ void add_module_options(CLI::App& app, ModuleOptions& o) {
   app.add_flag("--allow-missing-weights", o.allow_missing_weights,
                "take weights without a file as zero (by default a missing weight is an error, as "
                "in PyTorch's load_state_dict)");
-  app.add_option("--backend", o.backend, "backend to use (default: MHA_BACKEND, else auto)")
-      ->check(filled);
-  app.add_option_function<int>(
-         "--threads", [&o](const int& n) { o.threads = n; }, "threads inside one call")
-      ->check(filled);
-  app.add_option("--repeat", o.repeat,
-                 "time N calls after the first and print one JSON line with the median")
-      ->check(filled)
-      ->check(CLI::Range(1, 1000000000));
+  add_run_options(app, o);
 }
 
 void check_module_options(const ModuleOptions& o) {

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_options.h"
 #include "npy.h"
 
 namespace CLI {
@@ -36,7 +37,7 @@ class App;
 
 namespace mha_tools {
 
-struct ModuleOptions {
+struct ModuleOptions : RunOptions {
   std::string weights_dir, query, key, value, out;
   std::optional<int64_t> heads;
   std::string valid_lens, key_padding_mask, attn_mask, need_weights;  // empty: not given
@@ -45,9 +46,6 @@ struct ModuleOptions {
   bool sequence_first = false;  // --sequence-first
   bool batch_first = false;     // --batch-first
   bool allow_missing_weights = false;
-  std::string backend;
-  std::optional<int> threads;
-  int repeat = 0;
 };
 
 void add_module_options(CLI::App& app, ModuleOptions& options);

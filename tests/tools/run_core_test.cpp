@@ -279,7 +279,7 @@ TEST_F(MhaRunCommand, FailuresReturnOne) {
   fails("out dir", [&](AttentionOptions& o) { o.out = dir_ + "no/such/dir/out.npy"; });
   // The command line is wrong: 2.
   fails(
-      "nothing", [](AttentionOptions& o) { o = AttentionOptions{}; }, 2);
+      "nothing", [](AttentionOptions& o) { o = AttentionOptions(); }, 2);
   fails(
       "same output", [&](AttentionOptions& o) { o.lse = o.out; }, 2);
   fails(
