@@ -377,8 +377,7 @@ void check_against_blis() {
       continue;
     }
     std::vector<float> blis_out(call.out.size());
-    mha_bench::BlisUnfused(blis_problem(s, blis_out.data()), omp_get_num_procs(),
-                           g_blis_threading)
+    mha_bench::BlisUnfused(blis_problem(s, blis_out.data()), omp_get_num_procs(), g_blis_threading)
         .run();
     double diff = 0.0;
     for (size_t i = 0; i < blis_out.size(); ++i) {

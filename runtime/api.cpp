@@ -19,7 +19,6 @@
 
 using namespace mha::rt;
 
-
 extern "C" {
 
 const char* mha_status_name(mha_status status) {

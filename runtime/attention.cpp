@@ -13,8 +13,8 @@
 namespace mha::rt {
 namespace {
 
-void log_call(const Backend& backend, const KernelCall& call, const WorkPlan& plan,
-              int32_t threads, double ms) {
+void log_call(const Backend& backend, const KernelCall& call, const WorkPlan& plan, int32_t threads,
+              double ms) {
   const mha_kernel_problem& p = call.problem;
   std::fprintf(
       stderr,

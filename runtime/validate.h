@@ -46,7 +46,7 @@ mha_status check_no_overlap(const mha_tensor& output, const char* output_name,
                             const mha_tensor* const* others, const char* const* other_names,
                             int count);
 const char* dtype_name(int32_t dtype);
-int64_t dtype_size(int32_t dtype);  // 0 for unknown
+int64_t dtype_size(int32_t dtype);            // 0 for unknown
 std::string shape_text(const mha_tensor& t);  // "[2, 3]"
 
 }  // namespace mha::rt

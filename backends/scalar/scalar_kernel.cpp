@@ -74,7 +74,6 @@ size_t scratch_bytes(const mha_kernel_problem* p, int64_t /*max_queries*/) {
   return static_cast<size_t>(floats) * sizeof(float) + kRows * (sizeof(int64_t) + 4) + 64;
 }
 
-
 // Scores of one key tile for one block of rows, with every mask applied.
 void score_tile(const mha_kernel_problem& p, const Workspace& w, const Units& u, int64_t b,
                 int64_t h, int64_t kvh, int64_t i0, int64_t rows, int64_t j0, int64_t keys) {

@@ -90,9 +90,9 @@ class DecodeKernel {
       write_row<Arch>(rows.acc + r * dvp, p.dv, rows.row_max[r], rows.row_sum[r], units,
                       item.out + row_h * item.out_strides[0] + row_i * item.out_strides[1],
                       item.out_strides[2],
-                      item.lse == nullptr ? nullptr
-                                          : item.lse + row_h * item.lse_strides[0] +
-                                                row_i * item.lse_strides[1]);
+                      item.lse == nullptr
+                          ? nullptr
+                          : item.lse + row_h * item.lse_strides[0] + row_i * item.lse_strides[1]);
     }
   }
 

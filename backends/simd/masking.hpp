@@ -60,8 +60,8 @@ inline void apply_mask_tile(const mha_kernel_problem& p, float* scores, int64_t 
 }
 
 // The explicit mask on one query's row of scores s[0, keys).
-inline void apply_mask_row(const mha_kernel_problem& p, int64_t b, int64_t h, int64_t i,
-                           int64_t j0, int keys, float* s, const ScoreUnits& units) {
+inline void apply_mask_row(const mha_kernel_problem& p, int64_t b, int64_t h, int64_t i, int64_t j0,
+                           int keys, float* s, const ScoreUnits& units) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t ms = p.mask_strides[3];
   const int64_t row = mha_kernel::mask_row_offset(p, b, h, i) + j0 * ms;
@@ -82,8 +82,8 @@ inline void apply_mask_row(const mha_kernel_problem& p, int64_t b, int64_t h, in
 // tile (tile_last: scratch of nqv·W floats), where every value is a small
 // integer: exact for any sequence length.
 template <class Arch, int kStride>
-inline void apply_visibility_tile(float* scores, const int64_t* last_key, float* tile_last,
-                                  int nqv, int64_t j_rel0, int keys) {
+inline void apply_visibility_tile(float* scores, const int64_t* last_key, float* tile_last, int nqv,
+                                  int64_t j_rel0, int keys) {
   using B = xsimd::batch<float, Arch>;
   constexpr int W = static_cast<int>(B::size);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();

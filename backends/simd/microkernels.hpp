@@ -87,8 +87,8 @@ inline bool score_block(const float* qt, const float* k_rows, int64_t k_stride, 
 // the rescale riding on it): the rounding of a row grows with the tile width
 // plus the number of tiles, not with the number of keys.
 template <class Arch, int kStride, int NR, int NC>
-inline void pv_block(const float* probs, const float* alpha, const float* v_rows,
-                     int64_t v_stride, int keys, float* acc, int64_t acc_stride) {
+inline void pv_block(const float* probs, const float* alpha, const float* v_rows, int64_t v_stride,
+                     int keys, float* acc, int64_t acc_stride) {
   using B = xsimd::batch<float, Arch>;
   constexpr int W = static_cast<int>(B::size);
   B o[NR][NC];
@@ -144,8 +144,8 @@ inline void row_scores(const float* q, int64_t dp, const float* k_rows, int64_t 
 // number of keys (which matters when many keys are alike and their rounding
 // errors do not cancel).
 template <class Arch>
-inline void row_pv(const float* probs, int keys, float alpha, const float* v_rows,
-                   int64_t v_stride, int64_t dvp, float* acc) {
+inline void row_pv(const float* probs, int keys, float alpha, const float* v_rows, int64_t v_stride,
+                   int64_t dvp, float* acc) {
   using B = xsimd::batch<float, Arch>;
   constexpr int W = static_cast<int>(B::size);
   constexpr int kRun = 32;

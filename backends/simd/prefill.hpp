@@ -115,9 +115,9 @@ class PrefillKernel {
       write_row<Arch>(t.acc + r * dvp, p.dv, t.row_max[r], t.row_sum[r], units,
                       item.out + row_h * item.out_strides[0] + row_i * item.out_strides[1],
                       item.out_strides[2],
-                      item.lse == nullptr ? nullptr
-                                          : item.lse + row_h * item.lse_strides[0] +
-                                                row_i * item.lse_strides[1]);
+                      item.lse == nullptr
+                          ? nullptr
+                          : item.lse + row_h * item.lse_strides[0] + row_i * item.lse_strides[1]);
     }
   }
 
@@ -218,18 +218,18 @@ class PrefillKernel {
           apply_mask_tile<Arch, QT>(p, t.scores, b, h, q0, nq, nqv, j0, keys, units);
         }
         if (j0 + keys - 1 > min_last) {
-          apply_visibility_tile<Arch, QT>(t.scores, t.last_key, t.tile_last, nqv,
-                                          j0 - item.k_begin, keys);
+          apply_visibility_tile<Arch, QT>(t.scores, t.last_key, t.tile_last, nqv, j0 - item.k_begin,
+                                          keys);
         }
         skip_removed = (careful || !maskless) && !rows_finite<Arch>(v_rows, v_stride, keys, dvp);
         if (skip_removed) {
           for (int64_t x = 0; x < int64_t{keys} * QT; ++x) t.removed[x] = t.scores[x] == kNegInf;
         }
-        lanes_have_maximum =
-            units.raw ? update_softmax_vertical<Arch, QT, true>(t.scores, t.row_max, t.row_sum,
-                                                                t.alpha, nqv, keys, units)
-                      : update_softmax_vertical<Arch, QT, false>(t.scores, t.row_max, t.row_sum,
-                                                                 t.alpha, nqv, keys, units);
+        lanes_have_maximum = units.raw
+                                 ? update_softmax_vertical<Arch, QT, true>(
+                                       t.scores, t.row_max, t.row_sum, t.alpha, nqv, keys, units)
+                                 : update_softmax_vertical<Arch, QT, false>(
+                                       t.scores, t.row_max, t.row_sum, t.alpha, nqv, keys, units);
       }
       if (p.dropout_p > 0.0f) {
         apply_dropout_tile<Arch, QT>(p.dropout_p, t.row_key, t.scores, nqv, j0, keys);

@@ -31,11 +31,11 @@
 #include <limits>
 #include <new>
 
+#include "attention.h"
+#include "blis.h"
 #include "common/dropout.h"
 #include "common/softmax.h"
 #include "common/visibility.h"
-#include "attention.h"
-#include "blis.h"
 #include "env.h"
 #include "module.h"
 #include "scratch.h"
@@ -59,7 +59,6 @@ void* take(AlignedBuffer& buffer, size_t bytes) {
   if (memory == nullptr) throw std::bad_alloc();
   return memory;
 }
-
 
 size_t float_bytes(int64_t count) {
   return static_cast<size_t>(count) * sizeof(float);
@@ -263,9 +262,9 @@ struct WeightsPath {
 int64_t key_end(const ModuleCall& c, int64_t b, int64_t i) {
   int64_t valid_length = c.lk;
   if (const mha_tensor* vl = c.valid_lens; vl != nullptr) {
-    valid_length = mha_rules::valid_length_at(
-        vl->data, vl->dtype == MHA_DTYPE_I64,
-        b * vl->strides[0] + (vl->ndim == 2 ? i * vl->strides[1] : 0));
+    valid_length =
+        mha_rules::valid_length_at(vl->data, vl->dtype == MHA_DTYPE_I64,
+                                   b * vl->strides[0] + (vl->ndim == 2 ? i * vl->strides[1] : 0));
   }
   return mha_rules::visible_keys(i, c.lk, mha_rules::causal_diagonal(c.causal, c.lq, c.lk),
                                  valid_length);

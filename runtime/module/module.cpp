@@ -229,7 +229,9 @@ mha_status check_forward(mha_module* module, const mha_tensor* query, const mha_
                 params->causal);
   }
   if (params->valid_lens != nullptr) {
-    if (mha_status s = check_valid_lens(params->valid_lens, "params->valid_lens", batch, lq, lk); s != MHA_OK) return s;
+    if (mha_status s = check_valid_lens(params->valid_lens, "params->valid_lens", batch, lq, lk);
+        s != MHA_OK)
+      return s;
   }
   if (const mha_tensor* kpm = params->key_padding_mask; kpm != nullptr) {
     if (mha_status s = check_tensor(kpm, "params->key_padding_mask", 2, 2); s != MHA_OK) return s;

@@ -8,9 +8,9 @@
 namespace mha_micro {
 
 struct MicroKernels {
-  const char* name;  // the backend's name ("avx2")
-  int lanes;         // floats per vector
-  int stride;        // the prefill tile's row stride (its query tile)
+  const char* name;    // the backend's name ("avx2")
+  int lanes;           // floats per vector
+  int stride;          // the prefill tile's row stride (its query tile)
   int max_nv, max_nk;  // score block: query vectors x keys
   int max_nr, max_nc;  // P·V block: rows x vectors of Dv
   // score_block<..., kFused = false / true> with nv vectors and nk keys.

@@ -22,7 +22,8 @@ using mha_micro::MicroKernels;
 // 64-byte aligned floats, zeroed.
 class Aligned {
  public:
-  explicit Aligned(size_t n) : data_(static_cast<float*>(std::aligned_alloc(64, (n * 4 + 63) / 64 * 64))), n_(n) {
+  explicit Aligned(size_t n)
+      : data_(static_cast<float*>(std::aligned_alloc(64, (n * 4 + 63) / 64 * 64))), n_(n) {
     for (size_t i = 0; i < n; ++i) data_[i] = 0.0f;
   }
   ~Aligned() { std::free(data_); }
@@ -67,7 +68,8 @@ TEST_P(Micro, ScoreBlockMatchesPlainDotProducts) {
                      std::to_string(nk));
         const int64_t k_stride = d + 3;  // padded rows
         Aligned qt(static_cast<size_t>(d * stride)), scores(static_cast<size_t>(stride * (nk + 1)));
-        std::vector<float> k(static_cast<size_t>((nk + 1) * k_stride + 64));  // + the prefetched group
+        std::vector<float> k(
+            static_cast<size_t>((nk + 1) * k_stride + 64));  // + the prefetched group
         for (int64_t x = 0; x < d * stride; ++x) qt[static_cast<size_t>(x)] = rng.uniform();
         for (float& f : k) f = rng.uniform();
         k_->score(false, nv, nk, qt.get(), k.data(), k_stride, d, scores.get(), nullptr, nullptr);
@@ -115,7 +117,8 @@ TEST_P(Micro, FusedScoreBlockExponentiatesAndSums) {
       for (int n = 0; n < nk; ++n) {
         double s = 0;
         for (int64_t x = 0; x < d; ++x) {
-          s += D(qt[static_cast<size_t>(x * stride + lane)]) * D(k[static_cast<size_t>(n * k_stride + x)]);
+          s += D(qt[static_cast<size_t>(x * stride + lane)]) *
+               D(k[static_cast<size_t>(n * k_stride + x)]);
         }
         const double e = std::exp2(s - D(row_max[static_cast<size_t>(lane)]));
         sum += e;
@@ -139,7 +142,8 @@ TEST_P(Micro, PvBlockMatchesPlainSums) {
         Aligned probs(static_cast<size_t>(keys * stride)), alpha(static_cast<size_t>(stride)),
             acc(static_cast<size_t>(nr * acc_stride));
         std::vector<float> v(static_cast<size_t>(keys * v_stride));
-        for (int64_t x = 0; x < keys * stride; ++x) probs[static_cast<size_t>(x)] = rng.uniform(0, 1);
+        for (int64_t x = 0; x < keys * stride; ++x)
+          probs[static_cast<size_t>(x)] = rng.uniform(0, 1);
         for (int r = 0; r < stride; ++r) alpha[static_cast<size_t>(r)] = rng.uniform(0, 1);
         for (float& f : v) f = rng.uniform();
         for (int64_t x = 0; x < nr * acc_stride; ++x) acc[static_cast<size_t>(x)] = rng.uniform();
@@ -186,7 +190,8 @@ TEST_P(Micro, DecodeRowKernelsMatchPlainLoops) {
       for (int j = 0; j < keys; ++j) {
         double ref = 0, mag = 0;
         for (int64_t x = 0; x < dp; ++x) {
-          const double t = D(q[static_cast<size_t>(x)]) * D(k[static_cast<size_t>(j * k_stride + x)]);
+          const double t =
+              D(q[static_cast<size_t>(x)]) * D(k[static_cast<size_t>(j * k_stride + x)]);
           ref += t;
           mag += std::fabs(t);
         }
@@ -206,7 +211,8 @@ TEST_P(Micro, DecodeRowKernelsMatchPlainLoops) {
       }
       k_->row_pv(s.get(), keys, alpha, k.data(), k_stride, dp, acc.get());
       for (int64_t x = 0; x < dp; ++x) {
-        ASSERT_NEAR(acc[static_cast<size_t>(x)], expected[static_cast<size_t>(x)], 1e-5 * (keys + 1))
+        ASSERT_NEAR(acc[static_cast<size_t>(x)], expected[static_cast<size_t>(x)],
+                    1e-5 * (keys + 1))
             << "column " << x;
       }
     }
