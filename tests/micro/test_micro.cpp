@@ -152,7 +152,8 @@ TEST_P(Micro, PvBlockMatchesPlainSums) {
           for (int64_t c = 0; c < dvp; ++c) {
             double sum = 0;
             for (int j = 0; j < keys; ++j) {
-              sum += D(probs[static_cast<size_t>(j * stride + r)]) *
+              sum += D(probs[static_cast<size_t>(j) * static_cast<size_t>(stride) +
+                             static_cast<size_t>(r)]) *
                      D(v[static_cast<size_t>(j * v_stride + c)]);
             }
             expected[static_cast<size_t>(r * dvp + c)] =
