@@ -41,9 +41,11 @@
 #include <thread>
 #include <vector>
 
+#include "bench_inputs.h"
 #include "blis_unfused.h"
 #include "common/visibility.h"
 #include "peak.h"
+#include "peak_loops.h"
 #include "usable_backends.h"
 
 // bench/module_bench.cpp
@@ -115,18 +117,6 @@ struct Inputs {
   std::vector<float> q, k, v;
 };
 
-void fill_uniform(std::vector<float>& x, uint64_t seed) {
-  uint64_t state = seed;
-  for (float& e : x) {
-    state += 0x9e3779b97f4a7c15ull;  // splitmix64
-    uint64_t z = state;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    e = static_cast<float>(static_cast<double>(z >> 40) * 0x1p-23 - 1.0);
-  }
-}
-
 const Inputs& inputs(const Shape& s) {
   static std::map<std::string, std::unique_ptr<Inputs>> cache;
   auto& slot = cache[s.name];
@@ -135,9 +125,9 @@ const Inputs& inputs(const Shape& s) {
     slot->q.resize(static_cast<size_t>(s.b * s.h * s.lq * s.d));
     slot->k.resize(static_cast<size_t>(s.b * s.hkv * s.lk * s.d));
     slot->v.resize(static_cast<size_t>(s.b * s.hkv * s.lk * s.dv));
-    fill_uniform(slot->q, 1);
-    fill_uniform(slot->k, 2);
-    fill_uniform(slot->v, 3);
+    mha_bench::fill_uniform(slot->q, 1);
+    mha_bench::fill_uniform(slot->k, 2);
+    mha_bench::fill_uniform(slot->v, 3);
   }
   return *slot;
 }
@@ -467,14 +457,7 @@ int main(int argc, char** argv) {
 
   // The peak loop of each usable backend's ISA; never one the runtime did not
   // declare usable on this CPU.
-  std::vector<const FmaLoop*> known{&mha_bench::kFmaScalar};
-#if defined(MHA_BENCH_HAVE_X86_PEAKS)
-  known.push_back(&mha_bench::kFmaAvx2);
-  known.push_back(&mha_bench::kFmaAvx512);
-#endif
-#if defined(MHA_BENCH_HAVE_NEON_PEAK)
-  known.push_back(&mha_bench::kFmaNeon);
-#endif
+  const std::vector<const FmaLoop*> known = mha_bench::all_fma_loops();
   for (const std::string& b : backends) {
     for (const FmaLoop* loop : known) {
       if (b == loop->isa) {

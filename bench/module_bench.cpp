@@ -38,6 +38,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_inputs.h"
 #include "usable_backends.h"
 
 using ModulePeakFn = double (*)(const std::string& isa, int threads);
@@ -61,18 +62,6 @@ const std::array<int32_t, 2> kD2lValidLens = {3, 2};
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-void fill(std::vector<float>& x, uint64_t seed, float amplitude) {
-  uint64_t state = seed;
-  for (float& e : x) {
-    state += 0x9e3779b97f4a7c15ull;  // splitmix64
-    uint64_t z = state;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    e = amplitude * static_cast<float>(static_cast<double>(z >> 40) * 0x1p-23 - 1.0);
-  }
 }
 
 double module_flops(const ModuleShape& s) {
@@ -103,7 +92,7 @@ double attention_alone_ms(const ModuleShape& s) {
   const int64_t d = s.e / s.h;
   std::vector<float> qkv(static_cast<size_t>(s.b * s.lq * 3 * s.e)),
       o(static_cast<size_t>(s.b * s.lq * s.e));
-  fill(qkv, 5, 1.0f);
+  mha_bench::fill_uniform(qkv, 5, 1.0f);
   const int64_t row = 3 * s.e;
   const int64_t shape[4] = {s.b, s.h, s.lq, d};
   const int64_t in_strides[4] = {s.lq * row, d, row, 1};
@@ -140,10 +129,10 @@ void bm_module(benchmark::State& st, const std::string& backend, const ModuleSha
   const float a = 1.0f / std::sqrt(static_cast<float>(s.e));
   std::vector<float> w_in(static_cast<size_t>(3 * s.e * s.e)), b_in(static_cast<size_t>(3 * s.e)),
       w_out(static_cast<size_t>(s.e * s.e)), b_out(static_cast<size_t>(s.e));
-  fill(w_in, 11, a);
-  fill(b_in, 12, a);
-  fill(w_out, 13, a);
-  fill(b_out, 14, a);
+  mha_bench::fill_uniform(w_in, 11, a);
+  mha_bench::fill_uniform(b_in, 12, a);
+  mha_bench::fill_uniform(w_out, 13, a);
+  mha_bench::fill_uniform(b_out, 14, a);
   const struct {
     const char* name;
     std::vector<float>* data;
@@ -164,8 +153,8 @@ void bm_module(benchmark::State& st, const std::string& backend, const ModuleSha
 
   std::vector<float> x(static_cast<size_t>(s.b * s.lq * s.e)),
       y(static_cast<size_t>(s.b * s.lk * s.e)), o(static_cast<size_t>(s.b * s.lq * s.e));
-  fill(x, 1, 1.0f);
-  fill(y, 2, 1.0f);
+  mha_bench::fill_uniform(x, 1, 1.0f);
+  mha_bench::fill_uniform(y, 2, 1.0f);
   const int64_t xs[3] = {s.b, s.lq, s.e}, ys[3] = {s.b, s.lk, s.e}, ls[1] = {s.b};
   mha_tensor xt, yt, ot, lens;
   mha_tensor_init(&xt, x.data(), MHA_DTYPE_F32, 3, xs, nullptr);

@@ -1,8 +1,8 @@
 // The reference loops of mha_bench: FMA throughput per ISA and read bandwidth.
 //
-// Each ISA's loop lives in its own source file compiled with that ISA's flags
-// (see CMakeLists.txt); mha_bench calls a loop only when the runtime reports
-// the backend of the same ISA usable, so no instruction the CPU lacks runs.
+// Each SIMD ISA's loop is peak_simd.cpp compiled with that ISA's flags (see
+// CMakeLists.txt); mha_bench calls a loop only when the runtime reports the
+// backend of the same ISA usable, so no instruction the CPU lacks runs.
 #ifndef MHA_BENCH_PEAK_H
 #define MHA_BENCH_PEAK_H
 
@@ -25,13 +25,8 @@ struct FmaLoop {
 // no FMA); on aarch64 the compiler contracts it to NEON fmla.  This is the most
 // a kernel built with default flags -- the scalar backend -- can reach.
 extern const FmaLoop kFmaScalar;
-#if defined(MHA_BENCH_HAVE_X86_PEAKS)
-extern const FmaLoop kFmaAvx2;    // ymm vfmadd, -mavx2 -mfma
-extern const FmaLoop kFmaAvx512;  // zmm vfmadd, -mavx512f
-#endif
-#if defined(MHA_BENCH_HAVE_NEON_PEAK)
-extern const FmaLoop kFmaNeon;  // q-register fmla
-#endif
+// The SIMD instruction sets' loops (peak_simd.cpp, one per row of
+// cmake/MhaIsa.cmake) are listed by the generated peak_loops.h.
 
 // Sum of n floats (n a multiple of 64) with 128-bit vector loads and several
 // independent accumulators: streams memory as fast as one core can read it.

@@ -15,37 +15,11 @@
 #include <vector>
 
 #include "reference.h"
+#include "small_call.h"
 #include "test_util.h"
 
 namespace mha_test {
 namespace {
-
-std::string env(const char* name, const char* fallback = nullptr) {
-  const char* value = std::getenv(name);
-  if (value != nullptr) return value;
-  return fallback != nullptr ? fallback : "";
-}
-
-// A small valid problem, compared against the reference on success.
-struct SmallProblem {
-  Arena q{2 * 2 * 5 * 8}, k{2 * 1 * 7 * 8}, v{2 * 1 * 7 * 8}, out{2 * 2 * 5 * 8};
-  mha_tensor tq, tk, tv, tout;
-  SmallProblem() {
-    Rng rng(5);
-    tq = q.view(make_shape(Layout::BHLD, 2, 2, 5, 8));
-    tk = k.view(make_shape(Layout::BHLD, 2, 1, 7, 8));
-    tv = v.view(make_shape(Layout::BHLD, 2, 1, 7, 8));
-    tout = out.view(make_shape(Layout::BHLD, 2, 2, 5, 8));
-    fill_uniform(tq, rng);
-    fill_uniform(tk, rng);
-    fill_uniform(tv, rng);
-  }
-  mha_status call() { return mha_attention(&tq, &tk, &tv, &tout, nullptr); }
-  void expect_correct() {
-    const Reference ref = reference_attention(tq, tk, tv, nullptr);
-    EXPECT_LE(max_abs_error(tout, ref), tolerance(ref));
-  }
-};
 
 // The value of MHA_BACKEND this entry was started with; fails the test when
 // the entry's ENVIRONMENT and what the process sees disagree.
@@ -69,7 +43,7 @@ void expect_unavailable_everywhere(const std::string& requested, const BackendEn
     EXPECT_NE(why.find(known->reason), std::string::npos) << "does not say why: " << why;
   }
 
-  SmallProblem p;
+  SmallCall p;
   const std::vector<float> before = p.out.all();
   EXPECT_EQ(p.call(), MHA_ERR_BACKEND_UNAVAILABLE);
   const std::string message = mha_last_error();
@@ -97,7 +71,7 @@ TEST(BackendEnv, SelectionFollowsEnvironment) {
     const char* selected = mha_selected_backend();
     ASSERT_NE(selected, nullptr) << mha_last_error();
     EXPECT_EQ(std::string(selected), best->name) << "auto must pick the highest priority";
-    SmallProblem p;
+    SmallCall p;
     ASSERT_EQ(p.call(), MHA_OK) << mha_last_error();
     p.expect_correct();
     return;
@@ -107,7 +81,7 @@ TEST(BackendEnv, SelectionFollowsEnvironment) {
     const char* selected = mha_selected_backend();
     ASSERT_NE(selected, nullptr) << mha_last_error();
     EXPECT_EQ(std::string(selected), requested);
-    SmallProblem p;
+    SmallCall p;
     ASSERT_EQ(p.call(), MHA_OK) << mha_last_error();
     p.expect_correct();
     return;
@@ -125,7 +99,7 @@ TEST(BackendSelection, ApiOverridesAndFailedSelectionKeepsChoice) {
     ASSERT_EQ(mha_select_backend(b.name.c_str()), MHA_OK) << mha_last_error();
     ASSERT_NE(mha_selected_backend(), nullptr);
     EXPECT_EQ(std::string(mha_selected_backend()), b.name);
-    SmallProblem p;
+    SmallCall p;
     ASSERT_EQ(p.call(), MHA_OK) << mha_last_error();
     p.expect_correct();
     EXPECT_EQ(mha_select_backend("nonsense"), MHA_ERR_BACKEND_UNAVAILABLE);
@@ -200,7 +174,7 @@ TEST(Threads, Precedence) {
               expected);
   EXPECT_EQ(mha_get_num_threads(), expected);
 
-  SmallProblem p;  // and calls work with that many threads
+  SmallCall p;  // and calls work with that many threads
   ASSERT_EQ(p.call(), MHA_OK) << mha_last_error();
   p.expect_correct();
 
@@ -209,7 +183,7 @@ TEST(Threads, Precedence) {
     ASSERT_EQ(mha_set_num_threads(n), MHA_OK);
     EXPECT_EQ(mha_get_num_threads(), n);
   }
-  SmallProblem p5;
+  SmallCall p5;
   ASSERT_EQ(mha_set_num_threads(5), MHA_OK);
   ASSERT_EQ(p5.call(), MHA_OK) << mha_last_error();
   p5.expect_correct();

@@ -16,36 +16,11 @@
 #include <vector>
 
 #include "reference.h"
+#include "small_call.h"
 #include "test_util.h"
 
 namespace mha_test {
 namespace {
-
-std::string env(const char* name) {
-  const char* value = std::getenv(name);
-  return value != nullptr ? value : "";
-}
-
-// A small valid call; checks against the reference when it succeeds.
-struct SmallCall {
-  Arena q{1 * 2 * 3 * 8}, k{1 * 1 * 5 * 8}, v{1 * 1 * 5 * 8}, out{1 * 2 * 3 * 8};
-  mha_tensor tq, tk, tv, tout;
-  SmallCall() {
-    Rng rng(17);
-    tq = q.view(make_shape(Layout::BHLD, 1, 2, 3, 8));
-    tk = k.view(make_shape(Layout::BHLD, 1, 1, 5, 8));
-    tv = v.view(make_shape(Layout::BHLD, 1, 1, 5, 8));
-    tout = out.view(make_shape(Layout::BHLD, 1, 2, 3, 8));
-    fill_uniform(tq, rng);
-    fill_uniform(tk, rng);
-    fill_uniform(tv, rng);
-  }
-  mha_status call() { return mha_attention(&tq, &tk, &tv, &tout, nullptr); }
-  void expect_correct() {
-    const Reference ref = reference_attention(tq, tk, tv, nullptr);
-    EXPECT_LE(max_abs_error(tout, ref), tolerance(ref));
-  }
-};
 
 class PluginFault : public ::testing::Test {
  protected:
