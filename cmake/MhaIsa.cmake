@@ -49,16 +49,16 @@ mha_isa(scalar ARCH any PRIORITY 0 LANES 1
 mha_isa(avx2 ARCH x86_64 PRIORITY 20 LANES 8
   DESCRIPTION "AVX2 + FMA, xsimd fma3<avx2>"
   XSIMD "xsimd::fma3<xsimd::avx2>"
-  FEATURES MHA_CPU_AVX MHA_CPU_AVX2 MHA_CPU_FMA
-  FLAGS -mavx2 -mfma)
+  FEATURES MHA_CPU_AVX MHA_CPU_AVX2 MHA_CPU_FMA MHA_CPU_F16C
+  FLAGS -mavx2 -mfma -mf16c)
 # -Wno-(maybe-)uninitialized: GCC 12.2 warns inside its own avx512fintrin.h
 # (bug 105593, fixed in 12.3).
 mha_isa(avx512 ARCH x86_64 PRIORITY 30 LANES 16
   DESCRIPTION "AVX-512 F/CD/DQ/BW/VL, xsimd avx512bw"
   XSIMD "xsimd::avx512bw"
   FEATURES MHA_CPU_AVX512F MHA_CPU_AVX512CD MHA_CPU_AVX512DQ MHA_CPU_AVX512BW MHA_CPU_AVX512VL
-           MHA_CPU_AVX2 MHA_CPU_FMA
-  FLAGS -mavx512f -mavx512cd -mavx512dq -mavx512bw -mavx512vl -mavx2 -mfma
+           MHA_CPU_AVX2 MHA_CPU_FMA MHA_CPU_F16C
+  FLAGS -mavx512f -mavx512cd -mavx512dq -mavx512bw -mavx512vl -mavx2 -mfma -mf16c
         $<$<CXX_COMPILER_ID:GNU>:-Wno-uninitialized -Wno-maybe-uninitialized>)
 # Advanced SIMD is part of the aarch64 baseline: no extra flags.
 mha_isa(neon ARCH aarch64 PRIORITY 20 LANES 4

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "common/dtype.h"
 #include "common/visibility.h"
 
 namespace mha_kernel {
@@ -26,14 +27,57 @@ inline int64_t kv_head_of(const mha_kernel_problem& p, int64_t h) {
   return h / (p.heads / p.kv_heads);
 }
 
-inline const float* q_row(const mha_kernel_problem& p, int64_t b, int64_t h, int64_t i) {
-  return p.q + b * p.q_strides[0] + h * p.q_strides[1] + i * p.q_strides[2];
+// The first element of a row of Q, K or V, as the element type T of its dtype
+// (float for F32, uint16_t for BF16 and F16, int8_t for I8).
+template <class T = float>
+inline const T* q_row(const mha_kernel_problem& p, int64_t b, int64_t h, int64_t i) {
+  return static_cast<const T*>(p.q) + b * p.q_strides[0] + h * p.q_strides[1] + i * p.q_strides[2];
 }
-inline const float* k_row(const mha_kernel_problem& p, int64_t b, int64_t kvh, int64_t j) {
-  return p.k + b * p.k_strides[0] + kvh * p.k_strides[1] + j * p.k_strides[2];
+template <class T = float>
+inline const T* k_row(const mha_kernel_problem& p, int64_t b, int64_t kvh, int64_t j) {
+  return static_cast<const T*>(p.k) + b * p.k_strides[0] + kvh * p.k_strides[1] +
+         j * p.k_strides[2];
 }
-inline const float* v_row(const mha_kernel_problem& p, int64_t b, int64_t kvh, int64_t j) {
-  return p.v + b * p.v_strides[0] + kvh * p.v_strides[1] + j * p.v_strides[2];
+template <class T = float>
+inline const T* v_row(const mha_kernel_problem& p, int64_t b, int64_t kvh, int64_t j) {
+  return static_cast<const T*>(p.v) + b * p.v_strides[0] + kvh * p.v_strides[1] +
+         j * p.v_strides[2];
+}
+
+// The int8 row scales of keys j0 .. of (b, kvh): scales[j · stride].
+inline const float* k_scales(const mha_kernel_problem& p, int64_t b, int64_t kvh, int64_t j0) {
+  return p.k_scale + b * p.k_scale_strides[0] + kvh * p.k_scale_strides[1] +
+         j0 * p.k_scale_strides[2];
+}
+inline const float* v_scales(const mha_kernel_problem& p, int64_t b, int64_t kvh, int64_t j0) {
+  return p.v_scale + b * p.v_scale_strides[0] + kvh * p.v_scale_strides[1] +
+         j0 * p.v_scale_strides[2];
+}
+
+// The additive mask's value at element `at`, as fp32 (F32, BF16 or F16).
+inline float mask_value(const mha_kernel_problem& p, int64_t at) {
+  return mha_types::load_float(p.mask, p.mask_dtype, at);
+}
+
+// Row of a dtype's elements at `row` (element index), widened to fp32: n
+// elements `stride` apart, times `scale` (the int8 row scale; 1 otherwise).
+inline void widen_row(const void* data, int32_t dtype, int64_t row, int64_t stride, int64_t n,
+                      float scale, float* dst) {
+  switch (dtype) {
+    case MHA_DTYPE_I8: {
+      const int8_t* src = static_cast<const int8_t*>(data) + row;
+      for (int64_t x = 0; x < n; ++x) dst[x] = scale * static_cast<float>(src[x * stride]);
+      break;
+    }
+    case MHA_DTYPE_BF16:
+    case MHA_DTYPE_F16:
+      for (int64_t x = 0; x < n; ++x) dst[x] = mha_types::load_float(data, dtype, row + x * stride);
+      break;
+    default: {
+      const float* src = static_cast<const float*>(data) + row;
+      for (int64_t x = 0; x < n; ++x) dst[x] = src[x * stride];
+    }
+  }
 }
 
 // Offset of mask element [b, h, i, 0]; keys step by mask_strides[3].

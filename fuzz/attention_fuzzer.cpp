@@ -432,6 +432,63 @@ int run_case(FuzzedDataProvider& fdp) {
   mha_tensor k = describe4(kb.data(), MHA_DTYPE_F32, lk_layout);
   mha_tensor v = describe4(vb.data(), MHA_DTYPE_F32, lv_layout);
 
+  // ---- dtypes: Q in f32/bf16/f16, K and V in those or int8 (quantised by
+  // mha_quantize_kv, which must refuse non-finite rows), an additive mask in
+  // f32/bf16/f16.  The reference reads the same stored values.
+  static const mha_dtype kFloatTypes[] = {MHA_DTYPE_F32, MHA_DTYPE_BF16, MHA_DTYPE_F16};
+  const mha_dtype q_dtype =
+      merge_mode ? MHA_DTYPE_F32 : kFloatTypes[fdp.ConsumeIntegralInRange<int>(0, 2)];
+  const int kv_pick = merge_mode ? 0 : fdp.ConsumeIntegralInRange<int>(0, 3);
+  const mha_dtype mask_dtype = kFloatTypes[fdp.ConsumeIntegralInRange<int>(0, 2)];
+  mha_test::TypedCopy q_typed(q, q_dtype);
+  std::vector<mha_test::TypedCopy> kv_typed;
+  std::vector<int8_t> k8, v8;
+  std::vector<float> k_scales(static_cast<size_t>(B * Hkv * Lk)), v_scales(k_scales.size());
+  mha_tensor k_scale{}, v_scale{};
+  q = q_typed.get();
+  if (kv_pick == 3) {
+    // Dense int8 copies (the fuzzed layouts may broadcast, which an output
+    // cannot).
+    k8.assign(static_cast<size_t>(B * Hkv * Lk * D), 0);
+    v8.assign(static_cast<size_t>(B * Hkv * Lk * Dv), 0);
+    mha_tensor k_int8 = mha_test::describe(k8.data(), MHA_DTYPE_I8, {B, Hkv, Lk, D});
+    mha_tensor v_int8 = mha_test::describe(v8.data(), MHA_DTYPE_I8, {B, Hkv, Lk, Dv});
+    k_scale = mha_test::describe(k_scales.data(), MHA_DTYPE_F32, {B, Hkv, Lk});
+    v_scale = mha_test::describe(v_scales.data(), MHA_DTYPE_F32, {B, Hkv, Lk});
+    bool finite = true;
+    for (const mha_tensor* t : {&k, &v}) {
+      mha_test::for_each_offset(*t, [&](int64_t at) {
+        finite = finite && std::isfinite(static_cast<const float*>(t->data)[at]);
+      });
+    }
+    const mha_status sk = mha_quantize_kv(&k, &k_int8, &k_scale);
+    const mha_status sv = mha_quantize_kv(&v, &v_int8, &v_scale);
+    if (finite && (sk != MHA_OK || sv != MHA_OK)) {
+      finding(std::string("mha_quantize_kv refused finite rows: ") + mha_last_error());
+    }
+    if (!finite && (sk == MHA_OK && sv == MHA_OK)) finding("mha_quantize_kv took a non-finite row");
+    if (finite) {
+      k = k_int8;
+      v = v_int8;
+      params.k_scale = &k_scale;
+      params.v_scale = &v_scale;
+      note(" kv i8");
+    }
+  } else if (kv_pick != 0) {
+    kv_typed.emplace_back(k, kFloatTypes[kv_pick]);
+    kv_typed.emplace_back(v, kFloatTypes[kv_pick]);
+    k = kv_typed[0].get();
+    v = kv_typed[1].get();
+    note(" kv %s", kv_pick == 1 ? "bf16" : "f16");
+  }
+  if (q_dtype != MHA_DTYPE_F32) note(" q %s", q_dtype == MHA_DTYPE_BF16 ? "bf16" : "f16");
+  std::vector<mha_test::TypedCopy> mask_typed;
+  if (mask_kind == 2 && mask_dtype != MHA_DTYPE_F32) {
+    mask_typed.emplace_back(mask, mask_dtype);
+    mask = mask_typed.back().get();
+    note(" mask %s", mask_dtype == MHA_DTYPE_BF16 ? "bf16" : "f16");
+  }
+
   // ---- outputs
   Guarded out_buf(lo_layout.extent);
   mha_tensor out = describe4(out_buf.base(), MHA_DTYPE_F32, lo_layout);

@@ -19,11 +19,14 @@ void log_call(const Backend& backend, const KernelCall& call, const WorkPlan& pl
   std::fprintf(
       stderr,
       "mha_verbose,exec,attention,backend=%s,B=%lld,H=%lld,Hkv=%lld,Lq=%lld,Lk=%lld,"
-      "D=%lld,Dv=%lld,scale=%g,causal_diag=%s,valid_lens=%s,mask=%s,lse=%s,layout=%s,"
+      "D=%lld,Dv=%lld,q=%s,kv=%s,out=%s,path=%s,scale=%g,causal_diag=%s,valid_lens=%s,mask=%s,"
+      "lse=%s,layout=%s,"
       "items=%lld,chunks=%lld,threads=%d,ms=%.4f\n",
       backend.name.c_str(), static_cast<long long>(p.batch), static_cast<long long>(p.heads),
       static_cast<long long>(p.kv_heads), static_cast<long long>(p.lq),
       static_cast<long long>(p.lk), static_cast<long long>(p.d), static_cast<long long>(p.dv),
+      dtype_name(p.q_dtype), dtype_name(p.kv_dtype), dtype_name(call.out_dtype),
+      p.q_dtype == MHA_DTYPE_F32 && p.kv_dtype == MHA_DTYPE_F32 ? "fp32" : "widened-to-fp32",
       static_cast<double>(p.scale),
       p.causal_diag >= INT64_MAX / 4 ? "none" : std::to_string(p.causal_diag).c_str(),
       p.valid_lens == nullptr ? "no" : (p.valid_lens_strides[1] != 0 ? "per-query" : "per-batch"),

@@ -33,6 +33,7 @@ uint32_t detect() {
   const bool avx = ((ecx >> 28) & 1u) && ymm_state;
   if (avx) features |= MHA_CPU_AVX;
   if (avx && ((ecx >> 12) & 1u)) features |= MHA_CPU_FMA;
+  if (avx && ((ecx >> 29) & 1u)) features |= MHA_CPU_F16C;
 
   unsigned max_leaf = __get_cpuid_max(0, nullptr);
   if (max_leaf < 7) return features;
@@ -88,6 +89,7 @@ std::string feature_names(uint32_t features) {
       {MHA_CPU_AVX512BW, "avx512bw"},
       {MHA_CPU_AVX512VL, "avx512vl"},
       {MHA_CPU_AVX512BF16, "avx512bf16"},
+      {MHA_CPU_F16C, "f16c"},
       {MHA_CPU_NEON, "neon"},
   };
   std::string names;

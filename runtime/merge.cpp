@@ -82,6 +82,7 @@ extern "C" mha_status mha_merge_partials(int32_t n, const mha_tensor* outs, cons
   std::vector<const float*> part_rows(static_cast<size_t>(n));
   std::vector<float> part_lses(static_cast<size_t>(n));
   std::vector<int64_t> part_strides(static_cast<size_t>(n));
+  std::vector<float> part_weights(static_cast<size_t>(n));
   for (int32_t c = 0; c < n; ++c) part_strides[c] = outs[c].strides[3];
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t h = 0; h < heads; ++h) {
@@ -99,8 +100,8 @@ extern "C" mha_status mha_merge_partials(int32_t n, const mha_tensor* outs, cons
         float* dst_lse = lse == nullptr ? nullptr
                                         : static_cast<float*>(lse->data) + b * lse->strides[0] +
                                               h * lse->strides[1] + i * lse->strides[2];
-        merge_row(n, part_rows.data(), part_strides.data(), part_lses.data(), dv, dst,
-                  out->strides[3], dst_lse);
+        merge_row(n, part_rows.data(), part_strides.data(), part_lses.data(), part_weights.data(),
+                  dv, dst, MHA_DTYPE_F32, out->strides[3], dst_lse);
       }
     }
   }

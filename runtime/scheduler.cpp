@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "common/dtype.h"
 #include "error.h"
 #include "scratch.h"
 #include "threads.h"
@@ -79,42 +80,45 @@ WorkPlan plan_work(const mha_kernel_problem& p, const mha_plugin& plugin) {
 }
 
 void merge_row(int64_t n, const float* const* outs, const int64_t* strides, const float* lses,
-               int64_t dv, float* dst, int64_t dst_stride, float* lse) {
+               float* weights, int64_t dv, void* dst, int32_t dst_dtype, int64_t dst_stride,
+               float* lse) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   float max_lse = kNegInf;
   for (int64_t c = 0; c < n; ++c) {
     if (std::isnan(lses[c])) {  // a NaN anywhere in the row makes the row NaN
       const float nan = std::numeric_limits<float>::quiet_NaN();
-      for (int64_t d = 0; d < dv; ++d) dst[d * dst_stride] = nan;
+      for (int64_t d = 0; d < dv; ++d) mha_types::store_float(dst, dst_dtype, d * dst_stride, nan);
       if (lse != nullptr) *lse = nan;
       return;
     }
     max_lse = std::max(max_lse, lses[c]);
   }
   if (max_lse == kNegInf) {
-    for (int64_t d = 0; d < dv; ++d) dst[d * dst_stride] = 0.0f;
+    for (int64_t d = 0; d < dv; ++d) mha_types::store_float(dst, dst_dtype, d * dst_stride, 0.0f);
     if (lse != nullptr) *lse = kNegInf;
     return;
   }
-  // dst accumulates the weighted parts in a fixed order.  Only parts without
-  // any key (LSE -inf) are skipped: a part whose weight merely underflows still
-  // passes on a NaN of its values, as the same keys in one part would.
+  // Each element sums the weighted parts in a fixed order, c = 0..n-1, in
+  // fp32, and is rounded to dst's dtype once.  Only parts without any key
+  // (LSE -inf) are skipped: a part whose weight merely underflows still passes
+  // on a NaN of its values, as the same keys in one part would.
   float weights_sum = 0.0f;
-  bool first = true;
   for (int64_t c = 0; c < n; ++c) {
-    if (lses[c] == kNegInf) continue;
-    const float w = std::exp(lses[c] - max_lse);
-    weights_sum += w;
-    const float* src = outs[c];
-    const int64_t stride = strides[c];
-    for (int64_t d = 0; d < dv; ++d) {
-      const float part = w * src[d * stride];
-      dst[d * dst_stride] = first ? part : dst[d * dst_stride] + part;
-    }
-    first = false;
+    weights[c] = lses[c] == kNegInf ? 0.0f : std::exp(lses[c] - max_lse);
+    weights_sum += weights[c];
   }
   const float inv = 1.0f / weights_sum;
-  for (int64_t d = 0; d < dv; ++d) dst[d * dst_stride] *= inv;
+  for (int64_t d = 0; d < dv; ++d) {
+    float sum = 0.0f;
+    bool first = true;
+    for (int64_t c = 0; c < n; ++c) {
+      if (lses[c] == kNegInf) continue;
+      const float part = weights[c] * outs[c][d * strides[c]];
+      sum = first ? part : sum + part;
+      first = false;
+    }
+    mha_types::store_float(dst, dst_dtype, d * dst_stride, sum * inv);
+  }
   if (lse != nullptr) *lse = max_lse + std::log(weights_sum);
 }
 
@@ -125,6 +129,7 @@ mha_status run_attention(const Backend& backend, KernelCall& call, int32_t threa
   p.layout = plan.layout;
 
   const int64_t n_items = plan.items();
+  const int64_t out_bytes = mha_types::float_bytes(call.out_dtype);
   const int64_t rows_per_item = plan.heads_per_item * plan.q_tile;
   const size_t scratch_bytes = plugin.scratch_bytes(&p, plan.q_tile);
 
@@ -179,6 +184,7 @@ mha_status run_attention(const Backend& backend, KernelCall& call, int32_t threa
     item.k_end = std::min(item.k_begin + plan.chunk_len, p.lk);
     if (plan.chunks > 1) {
       item.out = partial_out + index * rows_per_item * p.dv;
+      item.out_dtype = MHA_DTYPE_F32;
       item.out_strides[0] = plan.q_tile * p.dv;
       item.out_strides[1] = p.dv;
       item.out_strides[2] = 1;
@@ -186,8 +192,11 @@ mha_status run_attention(const Backend& backend, KernelCall& call, int32_t threa
       item.lse_strides[0] = plan.q_tile;
       item.lse_strides[1] = 1;
     } else {
-      item.out = call.out + b * call.out_strides[0] + item.h_begin * call.out_strides[1] +
-                 item.q_begin * call.out_strides[2];
+      item.out = static_cast<char*>(call.out) +
+                 (b * call.out_strides[0] + item.h_begin * call.out_strides[1] +
+                  item.q_begin * call.out_strides[2]) *
+                     out_bytes;
+      item.out_dtype = call.out_dtype;
       item.out_strides[0] = call.out_strides[1];
       item.out_strides[1] = call.out_strides[2];
       item.out_strides[2] = call.out_strides[3];
@@ -229,7 +238,7 @@ mha_status run_attention(const Backend& backend, KernelCall& call, int32_t threa
       const int64_t q0 = (plan.q_tiles - 1 - tile_rank) * plan.q_tile;
       const int64_t nq = std::min(plan.q_tile, p.lq - q0);
       const float* outs[kMaxChunks];
-      float lses[kMaxChunks];
+      float lses[kMaxChunks], weights[kMaxChunks];
       int64_t unit_strides[kMaxChunks];
       std::fill(unit_strides, unit_strides + plan.chunks, int64_t{1});
       for (int64_t h = 0; h < plan.heads_per_item; ++h) {
@@ -239,13 +248,16 @@ mha_status run_attention(const Backend& backend, KernelCall& call, int32_t threa
             outs[c] = partial_out + ((first + c) * rows_per_item + row) * p.dv;
             lses[c] = partial_lse[(first + c) * rows_per_item + row];
           }
-          float* dst = call.out + b * call.out_strides[0] + (h0 + h) * call.out_strides[1] +
-                       (q0 + i) * call.out_strides[2];
+          void* dst = static_cast<char*>(call.out) +
+                      (b * call.out_strides[0] + (h0 + h) * call.out_strides[1] +
+                       (q0 + i) * call.out_strides[2]) *
+                          out_bytes;
           float* lse = call.lse == nullptr
                            ? nullptr
                            : call.lse + b * call.lse_strides[0] + (h0 + h) * call.lse_strides[1] +
                                  (q0 + i) * call.lse_strides[2];
-          merge_row(plan.chunks, outs, unit_strides, lses, p.dv, dst, call.out_strides[3], lse);
+          merge_row(plan.chunks, outs, unit_strides, lses, weights, p.dv, dst, call.out_dtype,
+                    call.out_strides[3], lse);
         }
       }
     };

@@ -30,12 +30,15 @@ WorkPlan plan_work(const mha_kernel_problem& problem, const mha_plugin& plugin);
 // Runs the call on the backend with up to `threads` threads.
 mha_status run_attention(const Backend& backend, KernelCall& call, int32_t threads);
 
-// Combines n partial results of one row over disjoint key ranges — each
+// Combines n partial results of one row over disjoint key ranges -- each
 // normalised over its own keys (outs[c][d * strides[c]]) with its log-sum-exp
-// lses[c] — into the row over all of them, in the order c = 0..n-1.  A row
-// whose partials are all -inf gets zeros and -inf.  lse may be nullptr.
+// lses[c] -- into the row over all of them, in the order c = 0..n-1, in fp32,
+// written to dst (d * dst_stride) as dst_dtype (F32, BF16, F16).  weights:
+// scratch of n floats.  A row whose partials are all -inf gets zeros and
+// -inf.  lse may be nullptr.
 void merge_row(int64_t n, const float* const* outs, const int64_t* strides, const float* lses,
-               int64_t dv, float* dst, int64_t dst_stride, float* lse);
+               float* weights, int64_t dv, void* dst, int32_t dst_dtype, int64_t dst_stride,
+               float* lse);
 
 // The most key chunks the scheduler splits a row into.
 constexpr int64_t kMaxChunks = 64;

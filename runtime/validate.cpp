@@ -6,6 +6,7 @@
 #include <cstring>
 #include <utility>
 
+#include "common/dtype.h"
 #include "common/visibility.h"
 #include "error.h"
 #include "versioned.h"
@@ -68,8 +69,8 @@ void broadcast_mask_strides(const mha_tensor& mask, int64_t strides[4]) {
 
 mha_status check_mask(const mha_tensor* mask, const int64_t full[4]) {
   if (mha_status s = check_tensor(mask, "mask", 2, 4); s != MHA_OK) return s;
-  if (mask->dtype != MHA_DTYPE_BOOL && mask->dtype != MHA_DTYPE_F32) {
-    return fail(MHA_ERR_INVALID_DTYPE, "mask has dtype %s; it must be bool or f32",
+  if (mask->dtype != MHA_DTYPE_BOOL && mha_types::float_bytes(mask->dtype) == 0) {
+    return fail(MHA_ERR_INVALID_DTYPE, "mask has dtype %s; it must be bool, f32, bf16 or f16",
                 dtype_name(mask->dtype));
   }
   static const char* const kAxis[4] = {"batch", "heads", "Lq", "Lk"};
@@ -105,6 +106,8 @@ const char* dtype_name(int32_t dtype) {
       return "i32";
     case MHA_DTYPE_I64:
       return "i64";
+    case MHA_DTYPE_I8:
+      return "i8";
     default:
       return "unknown";
   }
@@ -118,6 +121,7 @@ int64_t dtype_size(int32_t dtype) {
     case MHA_DTYPE_BF16:
       return 2;
     case MHA_DTYPE_BOOL:
+    case MHA_DTYPE_I8:
       return 1;
     case MHA_DTYPE_I32:
       return 4;
@@ -248,6 +252,64 @@ mha_status check_no_overlap(const mha_tensor& output, const char* output_name,
 
 namespace {
 
+// The dtypes mha_attention takes: q F32/BF16/F16; k and v one of those or I8
+// (an int8 cache), both the same; out F32 or q's dtype.
+mha_status check_dtypes(const mha_tensor& q, const mha_tensor& k, const mha_tensor& v,
+                        const mha_tensor& out) {
+  if (mha_types::float_bytes(q.dtype) == 0) {
+    return fail(MHA_ERR_INVALID_DTYPE, "q has dtype %s; it must be f32, bf16 or f16",
+                dtype_name(q.dtype));
+  }
+  if (mha_types::float_bytes(k.dtype) == 0 && k.dtype != MHA_DTYPE_I8) {
+    return fail(MHA_ERR_INVALID_DTYPE, "k has dtype %s; it must be f32, bf16, f16 or i8",
+                dtype_name(k.dtype));
+  }
+  if (v.dtype != k.dtype) {
+    return fail(MHA_ERR_INVALID_DTYPE, "v has dtype %s but k has %s; k and v share one dtype",
+                dtype_name(v.dtype), dtype_name(k.dtype));
+  }
+  if (out.dtype != MHA_DTYPE_F32 && out.dtype != q.dtype) {
+    return fail(MHA_ERR_INVALID_DTYPE, "out has dtype %s; it must be f32 or q's dtype (%s)",
+                dtype_name(out.dtype), dtype_name(q.dtype));
+  }
+  return MHA_OK;
+}
+
+// The row scales of an int8 KV cache: F32 [B, Hkv, Lk], both, exactly when
+// K and V are I8.
+mha_status check_scales(const mha_attention_params& params, bool int8_kv, int64_t batch,
+                        int64_t kv_heads, int64_t lk) {
+  const mha_tensor* scales[2] = {params.k_scale, params.v_scale};
+  const char* names[2] = {"k_scale", "v_scale"};
+  for (int i = 0; i < 2; ++i) {
+    const mha_tensor* t = scales[i];
+    if (!int8_kv) {
+      if (t != nullptr) {
+        return fail(MHA_ERR_INVALID_VALUE,
+                    "params->%s is given but k and v are not i8 (scales belong to an int8 KV "
+                    "cache)",
+                    names[i]);
+      }
+      continue;
+    }
+    if (t == nullptr) {
+      return fail(MHA_ERR_NULL_POINTER,
+                  "params->%s is NULL; k and v are i8 and need their row scales, F32 "
+                  "[B, Hkv, Lk]",
+                  names[i]);
+    }
+    if (mha_status s = check_tensor(t, names[i], 3, 3); s != MHA_OK) return s;
+    if (mha_status s = check_f32(t, names[i]); s != MHA_OK) return s;
+    if (t->shape[0] != batch || t->shape[1] != kv_heads || t->shape[2] != lk) {
+      return fail(MHA_ERR_SHAPE_MISMATCH,
+                  "%s has shape %s; it must be [B, Hkv, Lk] = [%lld, %lld, %lld]", names[i],
+                  shape_text(*t).c_str(), static_cast<long long>(batch),
+                  static_cast<long long>(kv_heads), static_cast<long long>(lk));
+    }
+  }
+  return MHA_OK;
+}
+
 // Every check of mha_attention's arguments (params already completed to this
 // version's struct); nothing is written.
 mha_status check_attention(const mha_tensor* q, const mha_tensor* k, const mha_tensor* v,
@@ -257,9 +319,7 @@ mha_status check_attention(const mha_tensor* q, const mha_tensor* k, const mha_t
   for (int i = 0; i < 4; ++i) {
     if (mha_status s = check_tensor(tensors[i], names[i], 4, 4); s != MHA_OK) return s;
   }
-  for (int i = 0; i < 4; ++i) {
-    if (mha_status s = check_f32(tensors[i], names[i]); s != MHA_OK) return s;
-  }
+  if (mha_status s = check_dtypes(*q, *k, *v, *out); s != MHA_OK) return s;
 
   const int64_t batch = q->shape[0], heads = q->shape[1], lq = q->shape[2], d = q->shape[3];
   const int64_t kv_heads = k->shape[1], lk = k->shape[2], dv = v->shape[3];
@@ -314,6 +374,10 @@ mha_status check_attention(const mha_tensor* q, const mha_tensor* k, const mha_t
     return fail(MHA_ERR_INVALID_VALUE, "params->dropout_p = %g; it must be in [0, 1)",
                 static_cast<double>(params.dropout_p));
   }
+  if (mha_status s = check_scales(params, k->dtype == MHA_DTYPE_I8, batch, kv_heads, lk);
+      s != MHA_OK) {
+    return s;
+  }
   if (params.valid_lens != nullptr) {
     if (mha_status s = check_valid_lens(params.valid_lens, "valid_lens", batch, lq, lk);
         s != MHA_OK) {
@@ -335,11 +399,12 @@ mha_status check_attention(const mha_tensor* q, const mha_tensor* k, const mha_t
     }
   }
 
-  const mha_tensor* inputs[] = {q, k, v, params.mask, params.valid_lens, lse};
-  const char* input_names[] = {"q", "k", "v", "mask", "valid_lens", "lse"};
-  if (mha_status s = check_no_overlap(*out, "out", inputs, input_names, 6); s != MHA_OK) return s;
+  const mha_tensor* inputs[] = {
+      q, k, v, params.mask, params.valid_lens, params.k_scale, params.v_scale, lse};
+  const char* input_names[] = {"q", "k", "v", "mask", "valid_lens", "k_scale", "v_scale", "lse"};
+  if (mha_status s = check_no_overlap(*out, "out", inputs, input_names, 8); s != MHA_OK) return s;
   if (lse != nullptr) {
-    if (mha_status s = check_no_overlap(*lse, "lse", inputs, input_names, 5); s != MHA_OK) {
+    if (mha_status s = check_no_overlap(*lse, "lse", inputs, input_names, 7); s != MHA_OK) {
       return s;
     }
   }
@@ -354,9 +419,9 @@ void describe_attention(const mha_tensor& q, const mha_tensor& k, const mha_tens
   mha_kernel_problem& p = call->problem;
   std::memset(&p, 0, sizeof p);
   p.struct_size = static_cast<uint32_t>(sizeof p);
-  p.q = static_cast<const float*>(q.data);
-  p.k = static_cast<const float*>(k.data);
-  p.v = static_cast<const float*>(v.data);
+  p.q = q.data;
+  p.k = k.data;
+  p.v = v.data;
   std::memcpy(p.q_strides, q.strides, sizeof p.q_strides);
   std::memcpy(p.k_strides, k.strides, sizeof p.k_strides);
   std::memcpy(p.v_strides, v.strides, sizeof p.v_strides);
@@ -372,6 +437,14 @@ void describe_attention(const mha_tensor& q, const mha_tensor& k, const mha_tens
   p.causal_diag = mha_rules::causal_diagonal(params.causal, p.lq, p.lk);
   p.dropout_p = params.dropout_p;
   p.dropout_seed = params.dropout_seed;
+  p.q_dtype = q.dtype;
+  p.kv_dtype = k.dtype;
+  if (params.k_scale != nullptr && params.v_scale != nullptr) {
+    p.k_scale = static_cast<const float*>(params.k_scale->data);
+    p.v_scale = static_cast<const float*>(params.v_scale->data);
+    std::memcpy(p.k_scale_strides, params.k_scale->strides, sizeof p.k_scale_strides);
+    std::memcpy(p.v_scale_strides, params.v_scale->strides, sizeof p.v_scale_strides);
+  }
   if (const mha_tensor* vl = params.valid_lens; vl != nullptr) {
     p.valid_lens = vl->data;
     p.valid_lens_is_i64 = vl->dtype == MHA_DTYPE_I64 ? 1 : 0;
@@ -381,9 +454,11 @@ void describe_attention(const mha_tensor& q, const mha_tensor& k, const mha_tens
   if (const mha_tensor* mask = params.mask; mask != nullptr) {
     p.mask = mask->data;
     p.mask_kind = mask->dtype == MHA_DTYPE_BOOL ? MHA_MASK_BOOL : MHA_MASK_ADDITIVE;
+    p.mask_dtype = mask->dtype;
     broadcast_mask_strides(*mask, p.mask_strides);
   }
-  call->out = static_cast<float*>(out.data);
+  call->out = out.data;
+  call->out_dtype = out.dtype;
   std::memcpy(call->out_strides, out.strides, sizeof call->out_strides);
   call->lse = nullptr;
   if (const mha_tensor* lse = params.lse; lse != nullptr) {

@@ -12,7 +12,8 @@ namespace mha::rt {
 // A call the kernels can run: their view of it plus where the results go.
 struct KernelCall {
   mha_kernel_problem problem;
-  float* out;
+  void* out;
+  int32_t out_dtype;  // F32, BF16 or F16
   int64_t out_strides[4];
   float* lse;  // nullptr when not wanted
   int64_t lse_strides[3];

@@ -27,11 +27,46 @@ void require_tensor(const mha_tensor& t, const char* name, int32_t min_ndim, int
   }
 }
 
-// Element (i0, i1, i2, i3) of a rank-4 F32 descriptor.
+// IEEE binary16 and bfloat16 bits as the double they denote, written here
+// from the formats' definitions (independent of the library's conversions).
+double from_f16(uint16_t bits) {
+  const double sign = (bits & 0x8000u) != 0 ? -1.0 : 1.0;
+  const int exponent = (bits >> 10) & 0x1F;
+  const int mantissa = bits & 0x3FF;
+  if (exponent == 0x1F) {
+    return mantissa != 0 ? std::numeric_limits<double>::quiet_NaN() : sign * kInf;
+  }
+  if (exponent == 0) return sign * std::ldexp(mantissa, -24);
+  return sign * std::ldexp(1024 + mantissa, exponent - 25);
+}
+double from_bf16(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &wide, sizeof f);
+  return static_cast<double>(f);
+}
+
+// Element `offset` of a descriptor of a floating dtype (F32, BF16, F16) or I8.
+double value_at(const mha_tensor& t, int64_t offset) {
+  switch (t.dtype) {
+    case MHA_DTYPE_BF16:
+      return from_bf16(static_cast<const uint16_t*>(t.data)[offset]);
+    case MHA_DTYPE_F16:
+      return from_f16(static_cast<const uint16_t*>(t.data)[offset]);
+    case MHA_DTYPE_I8:
+      return static_cast<double>(static_cast<const int8_t*>(t.data)[offset]);
+    default:
+      return static_cast<double>(static_cast<const float*>(t.data)[offset]);
+  }
+}
+
+// Element (i0, i1, i2, i3) of a rank-4 descriptor.
 double at4(const mha_tensor& t, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
-  const int64_t offset =
-      i0 * t.strides[0] + i1 * t.strides[1] + i2 * t.strides[2] + i3 * t.strides[3];
-  return static_cast<double>(static_cast<const float*>(t.data)[offset]);
+  return value_at(t, i0 * t.strides[0] + i1 * t.strides[1] + i2 * t.strides[2] + i3 * t.strides[3]);
+}
+
+bool floating(int32_t dtype) {
+  return dtype == MHA_DTYPE_F32 || dtype == MHA_DTYPE_BF16 || dtype == MHA_DTYPE_F16;
 }
 
 // The mask, right-aligned against [B, H, Lq, Lk]: strides of the four logical
@@ -45,8 +80,8 @@ MaskView make_mask_view(const mha_tensor* mask, const int64_t full[4]) {
   MaskView view;
   if (mask == nullptr) return view;
   require_tensor(*mask, "mask", 2, 4);
-  require(mask->dtype == MHA_DTYPE_BOOL || mask->dtype == MHA_DTYPE_F32,
-          "mask must be bool or f32");
+  require(mask->dtype == MHA_DTYPE_BOOL || floating(mask->dtype),
+          "mask must be bool, f32, bf16 or f16");
   const int32_t offset = 4 - mask->ndim;
   for (int32_t axis = offset; axis < 4; ++axis) {
     const int64_t size = mask->shape[axis - offset];
@@ -70,8 +105,9 @@ Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mh
   require_tensor(q, "q", 4, 4);
   require_tensor(k, "k", 4, 4);
   require_tensor(v, "v", 4, 4);
-  require(q.dtype == MHA_DTYPE_F32 && k.dtype == MHA_DTYPE_F32 && v.dtype == MHA_DTYPE_F32,
-          "q, k and v must be f32");
+  require(floating(q.dtype), "q must be f32, bf16 or f16");
+  require((floating(k.dtype) || k.dtype == MHA_DTYPE_I8) && v.dtype == k.dtype,
+          "k and v must share a floating dtype or i8");
   const int64_t batch = q.shape[0], heads = q.shape[1], lq = q.shape[2], d = q.shape[3];
   const int64_t kv_heads = k.shape[1], lk = k.shape[2], dv = v.shape[3];
   require(k.shape[0] == batch && v.shape[0] == batch, "batch sizes differ");
@@ -84,12 +120,25 @@ Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mh
   int32_t causal = MHA_CAUSAL_NONE;
   const mha_tensor* vl = nullptr;
   const mha_tensor* mask = nullptr;
+  const mha_tensor* k_scale = nullptr;
+  const mha_tensor* v_scale = nullptr;
   if (params != nullptr) {
     if (params->has_scale != 0) scale = static_cast<double>(params->scale);
     causal = params->causal;
     vl = params->valid_lens;
     mask = params->mask;
+    if (params->struct_size >= sizeof(mha_attention_params)) {
+      k_scale = params->k_scale;
+      v_scale = params->v_scale;
+    }
   }
+  // An int8 cache: value = row scale · int8, the scales F32 [B, Hkv, Lk].
+  const bool int8 = k.dtype == MHA_DTYPE_I8;
+  require(!int8 || (k_scale != nullptr && v_scale != nullptr), "i8 k and v need their scales");
+  const auto row_scale = [](const mha_tensor* scales, int64_t b, int64_t h, int64_t j) {
+    return static_cast<double>(static_cast<const float*>(
+        scales->data)[b * scales->strides[0] + h * scales->strides[1] + j * scales->strides[2]]);
+  };
   require(causal == MHA_CAUSAL_NONE || causal == MHA_CAUSAL_TOP_LEFT ||
               causal == MHA_CAUSAL_BOTTOM_RIGHT,
           "unknown causal mode");
@@ -101,7 +150,7 @@ Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mh
   const int64_t full[4] = {batch, heads, lq, lk};
   const MaskView mv = make_mask_view(mask, full);
   const bool bool_mask = mv.t != nullptr && mv.t->dtype == MHA_DTYPE_BOOL;
-  const bool additive_mask = mv.t != nullptr && mv.t->dtype == MHA_DTYPE_F32;
+  const bool additive_mask = mv.t != nullptr && floating(mv.t->dtype);
 
   Reference ref;
   ref.batch = batch;
@@ -137,10 +186,9 @@ Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mh
           if (bool_mask && static_cast<const uint8_t*>(mv.t->data)[mask_offset] == 0) continue;
           double dot = 0;
           for (int64_t c = 0; c < d; ++c) dot += at4(q, b, h, i, c) * at4(k, b, hk, j, c);
+          if (int8) dot *= row_scale(k_scale, b, hk, j);
           double logit = scale * dot;
-          if (additive_mask) {
-            logit += static_cast<double>(static_cast<const float*>(mv.t->data)[mask_offset]);
-          }
+          if (additive_mask) logit += value_at(*mv.t, mask_offset);
           if (logit == -kInf) continue;  // -inf removes the key
           logits[static_cast<size_t>(j)] = logit;
           keys.push_back(j);
@@ -159,8 +207,9 @@ Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mh
         for (const int64_t j : keys) {
           const double p = std::exp(logits[static_cast<size_t>(j)] - row_max);
           sum += p;
+          const double value_scale = int8 ? row_scale(v_scale, b, hk, j) : 1.0;
           for (int64_t c = 0; c < dv; ++c) {
-            const double value = at4(v, b, hk, j, c);
+            const double value = value_scale * at4(v, b, hk, j, c);
             acc[static_cast<size_t>(c)] += p * value;
             if (std::isfinite(value))
               ref.max_abs_value = std::max(ref.max_abs_value, std::fabs(value));
@@ -184,10 +233,18 @@ double tolerance(const Reference& ref) {
          4.0 * std::ldexp(1.0, -24) * ref.max_abs_logit * std::max(1.0, ref.max_abs_value);
 }
 
+double tolerance(const Reference& ref, int32_t out_dtype) {
+  // Rounding the output once to a half type: half an ulp, 2^-8 (bf16: 8
+  // significant bits) or 2^-11 (f16: 11) of the largest value.
+  const double rounding = out_dtype == MHA_DTYPE_BF16  ? std::ldexp(1.0, -8)
+                          : out_dtype == MHA_DTYPE_F16 ? std::ldexp(1.0, -11)
+                                                       : 0.0;
+  return tolerance(ref) + rounding * ref.max_abs_out;
+}
+
 double max_abs_error(const mha_tensor& out, const Reference& ref) {
-  if (out.data == nullptr || out.dtype != MHA_DTYPE_F32 || out.ndim != 4 ||
-      out.shape[0] != ref.batch || out.shape[1] != ref.heads || out.shape[2] != ref.lq ||
-      out.shape[3] != ref.dv) {
+  if (out.data == nullptr || !floating(out.dtype) || out.ndim != 4 || out.shape[0] != ref.batch ||
+      out.shape[1] != ref.heads || out.shape[2] != ref.lq || out.shape[3] != ref.dv) {
     return kInf;
   }
   double worst = 0;

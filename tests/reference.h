@@ -21,7 +21,9 @@ struct Reference {
   double max_abs_value = 0;  // max finite |v| over keys that take part
 };
 
-// Same arguments and semantics as mha_attention (params may be nullptr).
+// Same arguments and semantics as mha_attention (params may be nullptr):
+// q, k, v of any dtype mha_attention takes (bf16/f16 values exactly as
+// stored, int8 times its row scale), additive masks of f32/bf16/f16.
 // Dropout is not modelled here.
 Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mha_tensor& v,
                               const mha_attention_params* params);
@@ -33,7 +35,12 @@ Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mh
 // decision's form, written for |v| <= 1, is the same there).
 double tolerance(const Reference& ref);
 
-// Largest |out - ref| over all elements; out is an F32 [B, H, Lq, Dv] descriptor.
+// tolerance(ref) plus what rounding the output once to out_dtype costs (half
+// an ulp of the largest value for BF16 and F16; nothing for F32).
+double tolerance(const Reference& ref, int32_t out_dtype);
+
+// Largest |out - ref| over all elements; out is an F32, BF16 or F16
+// [B, H, Lq, Dv] descriptor.
 // NaN in either side where the other is not NaN counts as +inf.
 double max_abs_error(const mha_tensor& out, const Reference& ref);
 

@@ -4,6 +4,7 @@
 
 #include <mha/mha.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -191,6 +192,96 @@ inline void fill_uniform(const mha_tensor& t, Rng& rng, float lo = -1.0f, float 
   float* data = static_cast<float*>(t.data);
   for_each_offset(t, [&](int64_t offset) { data[offset] = rng.uniform(lo, hi); });
 }
+
+// ------------------------------------------------------------------ half precision
+
+// x rounded to nearest (ties to even) as IEEE binary16 / bfloat16 bits,
+// computed in double from the formats' definitions -- independent of the
+// library's own conversions.
+inline uint16_t round_to_f16_bits(float x) {
+  if (std::isnan(x)) return 0x7E00;
+  const uint16_t sign = std::signbit(x) ? 0x8000 : 0;
+  const double a = std::fabs(static_cast<double>(x));
+  if (a >= 65520.0) return static_cast<uint16_t>(sign | 0x7C00);  // rounds to infinity
+  if (a < std::ldexp(1.0, -14)) {  // subnormal: units of 2^-24 (1024 units: the smallest normal)
+    return static_cast<uint16_t>(sign | static_cast<uint16_t>(std::nearbyint(std::ldexp(a, 24))));
+  }
+  int e = 0;
+  std::frexp(a, &e);                                     // a = f · 2^e, f in [0.5, 1)
+  double units = std::nearbyint(std::ldexp(a, 11 - e));  // 11 significant bits
+  int exponent = e - 1;
+  if (units == 2048.0) {
+    units = 1024.0;
+    ++exponent;
+  }
+  if (exponent > 15) return static_cast<uint16_t>(sign | 0x7C00);
+  return static_cast<uint16_t>(sign | ((exponent + 15) << 10) |
+                               static_cast<uint16_t>(units - 1024.0));
+}
+
+inline uint16_t round_to_bf16_bits(float x) {
+  if (std::isnan(x)) return 0x7FC0;
+  const uint16_t sign = std::signbit(x) ? 0x8000 : 0;
+  const double a = std::fabs(static_cast<double>(x));
+  if (std::isinf(a)) return static_cast<uint16_t>(sign | 0x7F80);
+  if (a < std::ldexp(1.0, -126)) {  // subnormal: units of 2^-133
+    return static_cast<uint16_t>(sign | static_cast<uint16_t>(std::nearbyint(std::ldexp(a, 133))));
+  }
+  int e = 0;
+  std::frexp(a, &e);
+  double units = std::nearbyint(std::ldexp(a, 8 - e));  // 8 significant bits
+  int exponent = e - 1;
+  if (units == 256.0) {
+    units = 128.0;
+    ++exponent;
+  }
+  if (exponent > 127) return static_cast<uint16_t>(sign | 0x7F80);
+  return static_cast<uint16_t>(sign | ((exponent + 127) << 7) |
+                               static_cast<uint16_t>(units - 128.0));
+}
+
+// The value of binary16 / bfloat16 bits, from the formats' definitions.
+inline double half_bits_value(uint16_t bits, int32_t dtype) {
+  if (dtype == MHA_DTYPE_BF16) {
+    const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+    float f;
+    std::memcpy(&f, &wide, sizeof f);
+    return static_cast<double>(f);
+  }
+  const double sign = (bits & 0x8000u) != 0 ? -1.0 : 1.0;
+  const int exponent = (bits >> 10) & 0x1F, mantissa = bits & 0x3FF;
+  if (exponent == 0x1F) return mantissa != 0 ? std::nan("") : sign * HUGE_VAL;
+  if (exponent == 0) return sign * std::ldexp(mantissa, -24);
+  return sign * std::ldexp(1024 + mantissa, exponent - 25);
+}
+
+// A float tensor's values stored as another dtype (F32, BF16 or F16): the
+// buffer, and a descriptor over it with the original's shape and strides.
+class TypedCopy {
+ public:
+  TypedCopy(const mha_tensor& source, int32_t dtype) : t_(source) {
+    int64_t extent = 1;
+    for (int32_t d = 0; d < source.ndim; ++d) extent += (source.shape[d] - 1) * source.strides[d];
+    bytes_.assign(static_cast<size_t>(extent) * (dtype == MHA_DTYPE_F32 ? 4 : 2), 0);
+    t_.data = bytes_.data();
+    t_.dtype = dtype;
+    const float* from = static_cast<const float*>(source.data);
+    for_each_offset(source, [&](int64_t at) {
+      if (dtype == MHA_DTYPE_F32) {
+        std::memcpy(bytes_.data() + at * 4, from + at, 4);
+      } else {
+        const uint16_t bits =
+            dtype == MHA_DTYPE_BF16 ? round_to_bf16_bits(from[at]) : round_to_f16_bits(from[at]);
+        std::memcpy(bytes_.data() + at * 2, &bits, 2);
+      }
+    });
+  }
+  mha_tensor& get() { return t_; }
+
+ private:
+  std::vector<unsigned char> bytes_;
+  mha_tensor t_;
+};
 
 // ------------------------------------------------------------------ backends
 

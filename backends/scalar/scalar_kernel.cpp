@@ -13,6 +13,7 @@
 #include <limits>
 
 #include "common/dropout.h"
+#include "common/dtype.h"
 #include "common/problem.h"
 #include "common/softmax.h"
 
@@ -48,6 +49,8 @@ struct Units {
 
 struct Workspace {
   float* q;                // [kRows][D], pre-scaled
+  float* k_tile;           // [kKeys][D]: the key tile, widened to fp32 (int8: times its scales)
+  float* v_tile;           // [kKeys][Dv]: the value tile, likewise
   float* scores;           // [kRows][kKeys]
   float* acc;              // [kRows][Dv]
   float* tile_acc;         // [Dv]: one row's sum over the current key tile
@@ -60,7 +63,9 @@ Workspace carve(void* scratch, int64_t d, int64_t dv) {
   auto* f = static_cast<float*>(scratch);
   Workspace w{};
   w.q = f;
-  w.scores = w.q + kRows * d;
+  w.k_tile = w.q + kRows * d;
+  w.v_tile = w.k_tile + kKeys * d;
+  w.scores = w.v_tile + kKeys * dv;
   w.acc = w.scores + kRows * kKeys;
   w.tile_acc = w.acc + kRows * dv;
   w.rows = reinterpret_cast<mha_softmax::Row*>(w.tile_acc + dv + (dv % 2));  // 8-byte aligned
@@ -70,13 +75,29 @@ Workspace carve(void* scratch, int64_t d, int64_t dv) {
 }
 
 size_t scratch_bytes(const mha_kernel_problem* p, int64_t /*max_queries*/) {
-  const int64_t floats = kRows * (p->d + kKeys + p->dv + 3) + p->dv + 1;
+  const int64_t floats = kRows * (p->d + kKeys + p->dv + 3) + kKeys * (p->d + p->dv) + p->dv + 1;
   return static_cast<size_t>(floats) * sizeof(float) + kRows * (sizeof(int64_t) + 4) + 64;
+}
+
+// The key tile's K and V rows widened to fp32 (an int8 row times its scale):
+// each is read once per block of query rows, whatever its dtype.
+void load_tile(const mha_kernel_problem& p, const Workspace& w, int64_t b, int64_t kvh, int64_t j0,
+               int64_t keys) {
+  const bool int8 = p.kv_dtype == MHA_DTYPE_I8;
+  for (int64_t jj = 0; jj < keys; ++jj) {
+    const int64_t j = j0 + jj;
+    const int64_t k_at = b * p.k_strides[0] + kvh * p.k_strides[1] + j * p.k_strides[2];
+    const int64_t v_at = b * p.v_strides[0] + kvh * p.v_strides[1] + j * p.v_strides[2];
+    mha_kernel::widen_row(p.k, p.kv_dtype, k_at, p.k_strides[3], p.d,
+                          int8 ? *mha_kernel::k_scales(p, b, kvh, j) : 1.0f, w.k_tile + jj * p.d);
+    mha_kernel::widen_row(p.v, p.kv_dtype, v_at, p.v_strides[3], p.dv,
+                          int8 ? *mha_kernel::v_scales(p, b, kvh, j) : 1.0f, w.v_tile + jj * p.dv);
+  }
 }
 
 // Scores of one key tile for one block of rows, with every mask applied.
 void score_tile(const mha_kernel_problem& p, const Workspace& w, const Units& u, int64_t b,
-                int64_t h, int64_t kvh, int64_t i0, int64_t rows, int64_t j0, int64_t keys) {
+                int64_t h, int64_t i0, int64_t rows, int64_t j0, int64_t keys) {
   for (int64_t r = 0; r < rows; ++r) {
     float* s = w.scores + r * kKeys;
     const float* q = w.q + r * p.d;
@@ -86,9 +107,9 @@ void score_tile(const mha_kernel_problem& p, const Workspace& w, const Units& u,
         s[jj] = kNegInf;
         continue;
       }
-      const float* k = mha_kernel::k_row(p, b, kvh, j);
+      const float* k = w.k_tile + jj * p.d;
       float dot = 0.0f;
-      for (int64_t d = 0; d < p.d; ++d) dot += q[d] * k[d * p.k_strides[3]];
+      for (int64_t d = 0; d < p.d; ++d) dot += q[d] * k[d];
       s[jj] = dot;
     }
     if (p.mask_kind == MHA_MASK_NONE) continue;
@@ -102,7 +123,7 @@ void score_tile(const mha_kernel_problem& p, const Workspace& w, const Units& u,
       if (p.mask_kind == MHA_MASK_BOOL) {
         if (static_cast<const uint8_t*>(p.mask)[at] == 0) s[jj] = kNegInf;
       } else {
-        s[jj] += u.mask(static_cast<const float*>(p.mask)[at]);
+        s[jj] += u.mask(mha_kernel::mask_value(p, at));
       }
     }
   }
@@ -113,8 +134,8 @@ void score_tile(const mha_kernel_problem& p, const Workspace& w, const Units& u,
 // A tile's products are summed apart and then added to the row, so rounding
 // grows with the tile width plus the number of tiles, not with the number of
 // keys (which matters when many keys are alike).
-void accumulate_tile(const mha_kernel_problem& p, const Workspace& w, const Units& u, int64_t b,
-                     int64_t kvh, int64_t rows, int64_t j0, int64_t keys) {
+void accumulate_tile(const mha_kernel_problem& p, const Workspace& w, const Units& u, int64_t rows,
+                     int64_t j0, int64_t keys) {
   const bool dropout = p.dropout_p > 0.0f;
   const uint32_t drop_below = mha_dropout::threshold(p.dropout_p);
   const float keep_scale = 1.0f / (1.0f - p.dropout_p);
@@ -135,8 +156,8 @@ void accumulate_tile(const mha_kernel_problem& p, const Workspace& w, const Unit
         if (!mha_dropout::keep(w.row_key[r], j0 + jj, drop_below)) continue;
         weight *= keep_scale;
       }
-      const float* v = mha_kernel::v_row(p, b, kvh, j0 + jj);
-      for (int64_t d = 0; d < p.dv; ++d) w.tile_acc[d] += weight * v[d * p.v_strides[3]];
+      const float* v = w.v_tile + jj * p.dv;
+      for (int64_t d = 0; d < p.dv; ++d) w.tile_acc[d] += weight * v[d];
     }
     for (int64_t d = 0; d < p.dv; ++d) acc[d] += w.tile_acc[d];
   }
@@ -154,16 +175,20 @@ bool compute_block(const mha_kernel_problem& p, const mha_work_item& item, const
   for (int64_t r = 0; r < rows; ++r) {
     w.last[r] = std::min(last_visible_key(p, b, i0 + r), item.k_end - 1);
     key_end = std::max(key_end, w.last[r] + 1);
-    const float* q = mha_kernel::q_row(p, b, h, i0 + r);
-    for (int64_t d = 0; d < p.d; ++d) w.q[r * p.d + d] = q[d * p.q_strides[3]] * u.q_factor;
+    const int64_t q_at = b * p.q_strides[0] + h * p.q_strides[1] + (i0 + r) * p.q_strides[2];
+    for (int64_t d = 0; d < p.d; ++d) {
+      w.q[r * p.d + d] =
+          mha_types::load_float(p.q, p.q_dtype, q_at + d * p.q_strides[3]) * u.q_factor;
+    }
     w.rows[r] = mha_softmax::Row{};
     w.row_key[r] = mha_dropout::row_key(p.dropout_seed, b, h, i0 + r, p.heads, p.lq);
     for (int64_t d = 0; d < p.dv; ++d) w.acc[r * p.dv + d] = 0.0f;
   }
   for (int64_t j0 = item.k_begin; j0 < key_end; j0 += kKeys) {
     const int64_t keys = std::min(kKeys, key_end - j0);
-    score_tile(p, w, u, b, h, kvh, i0, rows, j0, keys);
-    accumulate_tile(p, w, u, b, kvh, rows, j0, keys);
+    load_tile(p, w, b, kvh, j0, keys);
+    score_tile(p, w, u, b, h, i0, rows, j0, keys);
+    accumulate_tile(p, w, u, rows, j0, keys);
   }
   for (int64_t r = 0; r < rows; ++r) {
     if (w.rows[r].sum == 0.0f && w.last[r] >= item.k_begin) return false;  // no weight: overflow?
@@ -187,12 +212,13 @@ int attend(const mha_kernel_problem* problem, const mha_work_item* item, void* s
       const Units& u = finite ? natural : raw;
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t row_h = h - item->h_begin, row_i = i0 + r - item->q_begin;
-        float* out = item->out + row_h * item->out_strides[0] + row_i * item->out_strides[1];
+        const int64_t out_at = row_h * item->out_strides[0] + row_i * item->out_strides[1];
         const float sum = w.rows[r].sum;
         const bool empty = sum == 0.0f;  // no key took part
         const float inv = empty ? 0.0f : 1.0f / sum;
         for (int64_t d = 0; d < p.dv; ++d) {
-          out[d * item->out_strides[2]] = empty ? 0.0f : w.acc[r * p.dv + d] * inv;
+          mha_types::store_float(item->out, item->out_dtype, out_at + d * item->out_strides[2],
+                                 empty ? 0.0f : w.acc[r * p.dv + d] * inv);
         }
         if (item->lse != nullptr) {
           item->lse[row_h * item->lse_strides[0] + row_i * item->lse_strides[1]] =

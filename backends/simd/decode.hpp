@@ -22,6 +22,7 @@
 #include "common/dropout.h"
 #include "common/problem.h"
 #include "simd/blocking.hpp"
+#include "simd/convert.hpp"
 #include "simd/epilogue.hpp"
 #include "simd/masking.hpp"
 #include "simd/microkernels.hpp"
@@ -87,12 +88,14 @@ class DecodeKernel {
     }
     for (int64_t r = 0; r < rows.count; ++r) {
       const int64_t row_h = r / nq, row_i = r % nq;
-      write_row<Arch>(rows.acc + r * dvp, p.dv, rows.row_max[r], rows.row_sum[r], units,
-                      item.out + row_h * item.out_strides[0] + row_i * item.out_strides[1],
-                      item.out_strides[2],
-                      item.lse == nullptr
-                          ? nullptr
-                          : item.lse + row_h * item.lse_strides[0] + row_i * item.lse_strides[1]);
+      write_row<Arch>(
+          rows.acc + r * dvp, p.dv, rows.row_max[r], rows.row_sum[r], units,
+          mha_types::element_at(item.out, item.out_dtype,
+                                row_h * item.out_strides[0] + row_i * item.out_strides[1]),
+          item.out_dtype, item.out_strides[2],
+          item.lse == nullptr
+              ? nullptr
+              : item.lse + row_h * item.lse_strides[0] + row_i * item.lse_strides[1]);
     }
   }
 
@@ -101,15 +104,25 @@ class DecodeKernel {
 
   static bool compute(const mha_kernel_problem& p, const mha_work_item& item, const Rows& rows,
                       int64_t nq, const ScoreUnits& units) {
-    return units.raw ? compute_in<true>(p, item, rows, nq, units)
-                     : compute_in<false>(p, item, rows, nq, units);
+    bool ok = false;
+    with_dtype(p.kv_dtype, [&](auto kv) {
+      constexpr int32_t kKv = decltype(kv)::value;
+      ok = units.raw ? compute_in<true, kKv>(p, item, rows, nq, units)
+                     : compute_in<false, kKv>(p, item, rows, nq, units);
+    });
+    return ok;
   }
 
   // One pass over the item's keys; returns false when a row needs the raw
   // pass: its accumulator is not finite, or it has visible keys but no weight.
-  template <bool kRaw>
+  // K and V of dtype kKv are read in place and widened in registers (int8:
+  // the key's scale folded into its score, the value's into its weight), or
+  // widened into packed fp32 tiles when their rows are strided.
+  template <bool kRaw, int32_t kKv>
   static bool compute_in(const mha_kernel_problem& p, const mha_work_item& item, const Rows& rows,
                          int64_t nq, const ScoreUnits& units) {
+    using T = element_t<kKv>;
+    constexpr bool kInt8 = kKv == MHA_DTYPE_I8;
     const int64_t dp = round_up(p.d, W), dvp = round_up(p.dv, W);
     const int64_t b = item.b;
     const int64_t kvh = mha_kernel::kv_head_of(p, item.h_begin);
@@ -121,9 +134,11 @@ class DecodeKernel {
       max_last = std::max(max_last, last);
       rows.last_key[r] = last;
       rows.row_key[r] = mha_dropout::row_key(p.dropout_seed, b, h, i, p.heads, p.lq);
-      const float* q = mha_kernel::q_row(p, b, h, i);
+      const int64_t q_at = b * p.q_strides[0] + h * p.q_strides[1] + i * p.q_strides[2];
       float* dst = rows.q + r * dp;
-      for (int64_t x = 0; x < p.d; ++x) dst[x] = q[x * p.q_strides[3]] * c;
+      for (int64_t x = 0; x < p.d; ++x) {
+        dst[x] = mha_types::load_float(p.q, p.q_dtype, q_at + x * p.q_strides[3]) * c;
+      }
       for (int64_t x = p.d; x < dp; ++x) dst[x] = 0.0f;
       rows.row_max[r] = kNegInf;
       rows.row_sum[r] = 0.0f;
@@ -134,35 +149,62 @@ class DecodeKernel {
     const bool v_direct = p.v_strides[3] == 1 && p.dv % W == 0;
     for (int64_t j0 = item.k_begin; j0 <= max_last; j0 += KT) {
       const int keys = static_cast<int>(std::min<int64_t>(KT, max_last + 1 - j0));
-      const float* k_rows = mha_kernel::k_row(p, b, kvh, j0);
-      int64_t k_stride = p.k_strides[2];
+      const float* k_scale = kInt8 ? mha_kernel::k_scales(p, b, kvh, j0) : nullptr;
+      const float* v_scale = kInt8 ? mha_kernel::v_scales(p, b, kvh, j0) : nullptr;
+      const int64_t ks = p.k_scale_strides[2], vs = p.v_scale_strides[2];
+      const T* k_typed = mha_kernel::k_row<T>(p, b, kvh, j0);
+      const float* k_packed = nullptr;
       if (!k_direct) {
-        pack_rows(k_rows, p.k_strides[2], p.k_strides[3], keys, p.d, rows.k_pack, dp);
-        k_rows = rows.k_pack;
-        k_stride = dp;
+        widen_rows<Arch, kKv>(k_typed, p.k_strides[2], p.k_strides[3], keys, p.d, k_scale, ks,
+                              rows.k_pack, dp);
+        k_packed = rows.k_pack;
       }
-      const float* v_rows = mha_kernel::v_row(p, b, kvh, j0);
-      int64_t v_stride = p.v_strides[2];
+      const T* v_typed = mha_kernel::v_row<T>(p, b, kvh, j0);
+      const float* v_rows = nullptr;  // fp32 rows, once V is packed
+      int64_t v_stride = dvp;
       if (!v_direct) {
-        pack_rows(v_rows, p.v_strides[2], p.v_strides[3], keys, p.dv, rows.v_pack, dvp);
+        widen_rows<Arch, kKv>(v_typed, p.v_strides[2], p.v_strides[3], keys, p.dv, v_scale, vs,
+                              rows.v_pack, dvp);
         v_rows = rows.v_pack;
-        v_stride = dvp;
+      } else if constexpr (kKv == MHA_DTYPE_F32) {
+        v_rows = reinterpret_cast<const float*>(v_typed);
+        v_stride = p.v_strides[2];
       }
       int v_finite = -1;  // not checked yet
       for (int64_t r = 0; r < rows.count; ++r) {
         const int64_t h = item.h_begin + r / nq, i = item.q_begin + r % nq;
         float* s = rows.scores + r * KTP;
-        row_scores<Arch>(rows.q + r * dp, dp, k_rows, k_stride, keys, s);
+        if (k_direct) {
+          row_scores<Arch, kKv>(rows.q + r * dp, dp, k_typed, p.k_strides[2], keys, s);
+          if constexpr (kInt8) {
+            for (int j = 0; j < keys; ++j) s[j] *= k_scale[j * ks];
+          }
+        } else {
+          row_scores<Arch, MHA_DTYPE_F32>(rows.q + r * dp, dp, k_packed, dp, keys, s);
+        }
         if (p.mask_kind != MHA_MASK_NONE) apply_mask_row(p, b, h, i, j0, keys, s, units);
         const int64_t hidden_from = rows.last_key[r] + 1 - j0;
         for (int64_t j = std::max<int64_t>(hidden_from, 0); j < keys; ++j) s[j] = kNegInf;
         // A key a mask or a -inf logit removed must not pass on a NaN or
         // infinity of its V row through 0 · V: rows with removed keys check
-        // the tile once.
+        // the tile once (the guarded P·V then reads fp32 rows: V in place is
+        // widened into the packed tile first).
         const bool masked =
             p.mask_kind != MHA_MASK_NONE || hidden_from < keys || has_minus_inf<Arch>(s, keys);
         if (masked && v_finite < 0) {
-          v_finite = rows_finite<Arch>(v_rows, v_stride, keys, dvp) ? 1 : 0;
+          if (v_rows != nullptr) {
+            v_finite = rows_finite<Arch>(v_rows, v_stride, keys, dvp) ? 1 : 0;
+          } else {
+            v_finite = typed_rows_finite<Arch, kKv>(v_typed, p.v_strides[2], keys, dvp, v_scale, vs)
+                           ? 1
+                           : 0;
+            if (v_finite == 0) {
+              widen_rows<Arch, kKv>(v_typed, p.v_strides[2], 1, keys, p.dv, v_scale, vs,
+                                    rows.v_pack, dvp);
+              v_rows = rows.v_pack;
+              v_stride = dvp;
+            }
+          }
         }
         const bool skip_removed = masked && v_finite == 0;
         if (skip_removed) {
@@ -173,11 +215,16 @@ class DecodeKernel {
         if (p.dropout_p > 0.0f) {
           apply_dropout_row<Arch>(p.dropout_p, rows.row_key[r], j0, keys, s);
         }
-        if (skip_removed) {
+        if (skip_removed) {  // v_rows is the packed fp32 tile here
           pv_guarded_row(s, rows.removed, 1, keys, alpha, v_rows, v_stride, dvp,
                          rows.acc + r * dvp);
+        } else if (v_rows != nullptr) {
+          row_pv<Arch, MHA_DTYPE_F32>(s, keys, alpha, v_rows, v_stride, dvp, rows.acc + r * dvp);
         } else {
-          row_pv<Arch>(s, keys, alpha, v_rows, v_stride, dvp, rows.acc + r * dvp);
+          if constexpr (kInt8) {
+            for (int j = 0; j < keys; ++j) s[j] *= v_scale[j * vs];  // after the row's sum
+          }
+          row_pv<Arch, kKv>(s, keys, alpha, v_typed, p.v_strides[2], dvp, rows.acc + r * dvp);
         }
       }
     }

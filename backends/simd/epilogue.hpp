@@ -3,32 +3,43 @@
 // no key took part is zeros with LSE -inf, never NaN.
 #pragma once
 
+#include <mha/mha.h>
 #include <xsimd/xsimd.hpp>
 
 #include <cstdint>
 #include <limits>
 
+#include "common/dtype.h"
 #include "simd/tile_tools.hpp"
 
 namespace mha_simd {
 
-// out[x · out_stride] = acc[x] / sum for x < dv; *lse (when not null) =
-// ln(denominator) from the row maximum and sum in the given units.
+// out[x · out_stride] = acc[x] / sum for x < dv, rounded once to out_dtype
+// (F32, BF16, F16); *lse (when not null) = ln(denominator) from the row
+// maximum and sum in the given units.
 template <class Arch>
 inline void write_row(const float* acc, int64_t dv, float row_max, float sum,
-                      const ScoreUnits& units, float* out, int64_t out_stride, float* lse) {
+                      const ScoreUnits& units, void* out, int32_t out_dtype, int64_t out_stride,
+                      float* lse) {
   using B = xsimd::batch<float, Arch>;
   constexpr int W = static_cast<int>(B::size);
   const bool empty = sum == 0.0f;
   const float inv = empty ? 0.0f : 1.0f / sum;
-  if (empty) {
-    for (int64_t x = 0; x < dv; ++x) out[x * out_stride] = 0.0f;
+  if (out_dtype != MHA_DTYPE_F32) {
+    for (int64_t x = 0; x < dv; ++x) {
+      mha_types::store_float(out, out_dtype, x * out_stride, empty ? 0.0f : acc[x] * inv);
+    }
+  } else if (empty) {
+    auto* o = static_cast<float*>(out);
+    for (int64_t x = 0; x < dv; ++x) o[x * out_stride] = 0.0f;
   } else if (out_stride == 1) {
+    auto* o = static_cast<float*>(out);
     int64_t x = 0;
-    for (; x + W <= dv; x += W) (B::load_aligned(acc + x) * B(inv)).store_unaligned(out + x);
-    for (; x < dv; ++x) out[x] = acc[x] * inv;
+    for (; x + W <= dv; x += W) (B::load_aligned(acc + x) * B(inv)).store_unaligned(o + x);
+    for (; x < dv; ++x) o[x] = acc[x] * inv;
   } else {
-    for (int64_t x = 0; x < dv; ++x) out[x * out_stride] = acc[x] * inv;
+    auto* o = static_cast<float*>(out);
+    for (int64_t x = 0; x < dv; ++x) o[x * out_stride] = acc[x] * inv;
   }
   if (lse != nullptr) {
     *lse = empty ? -std::numeric_limits<float>::infinity() : units.lse(row_max, sum);

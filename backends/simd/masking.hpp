@@ -39,7 +39,7 @@ inline void apply_mask_tile(const mha_kernel_problem& p, float* scores, int64_t 
         if (static_cast<const uint8_t*>(p.mask)[row + j * ms] != 0) continue;
         for (int v = 0; v < nqv; ++v) B(kNegInf).store_aligned(s + v * W);
       } else {
-        const B add(units.mask(static_cast<const float*>(p.mask)[row + j * ms]));
+        const B add(units.mask(mha_kernel::mask_value(p, row + j * ms)));
         for (int v = 0; v < nqv; ++v) (B::load_aligned(s + v * W) + add).store_aligned(s + v * W);
       }
     }
@@ -53,8 +53,9 @@ inline void apply_mask_tile(const mha_kernel_problem& p, float* scores, int64_t 
         if (m[j * ms] == 0) scores[j * kStride + r] = kNegInf;
       }
     } else {
-      const auto* m = static_cast<const float*>(p.mask) + row;
-      for (int j = 0; j < keys; ++j) scores[j * kStride + r] += units.mask(m[j * ms]);
+      for (int j = 0; j < keys; ++j) {
+        scores[j * kStride + r] += units.mask(mha_kernel::mask_value(p, row + j * ms));
+      }
     }
   }
 }
@@ -71,8 +72,7 @@ inline void apply_mask_row(const mha_kernel_problem& p, int64_t b, int64_t h, in
       if (m[j * ms] == 0) s[j] = kNegInf;
     }
   } else {
-    const auto* m = static_cast<const float*>(p.mask) + row;
-    for (int j = 0; j < keys; ++j) s[j] += units.mask(m[j * ms]);
+    for (int j = 0; j < keys; ++j) s[j] += units.mask(mha_kernel::mask_value(p, row + j * ms));
   }
 }
 

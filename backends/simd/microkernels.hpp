@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "simd/blocking.hpp"
+#include "simd/convert.hpp"
 #include "simd/exp2.hpp"
 #include "simd/row_sums.hpp"
 
@@ -118,10 +119,11 @@ inline void pv_block(const float* probs, const float* alpha, const float* v_rows
 }
 
 // s[j] = q · K[j] for `keys` keys, W keys per horizontal reduction; q holds
-// dp floats (a multiple of W, zero-padded), s room for whole vectors.
-template <class Arch>
-inline void row_scores(const float* q, int64_t dp, const float* k_rows, int64_t k_stride, int keys,
-                       float* s) {
+// dp floats (a multiple of W, zero-padded), s room for whole vectors.  K rows
+// are of dtype kKv (convert.hpp), widened in registers as they are read.
+template <class Arch, int32_t kKv = MHA_DTYPE_F32>
+inline void row_scores(const float* q, int64_t dp, const element_t<kKv>* k_rows, int64_t k_stride,
+                       int keys, float* s) {
   using B = xsimd::batch<float, Arch>;
   constexpr int W = static_cast<int>(B::size);
   for (int j0 = 0; j0 < keys; j0 += W) {
@@ -131,7 +133,7 @@ inline void row_scores(const float* q, int64_t dp, const float* k_rows, int64_t 
     for (int64_t x = 0; x < dp; x += W) {
       const B qv = B::load_aligned(q + x);
       for (int k = 0; k < n; ++k) {
-        acc[k] = xsimd::fma(qv, B::load_unaligned(k_rows + (j0 + k) * k_stride + x), acc[k]);
+        acc[k] = xsimd::fma(qv, load_widen<Arch, kKv>(k_rows + (j0 + k) * k_stride + x), acc[k]);
       }
     }
     sums_of<Arch>(acc).store_aligned(s + j0);
@@ -142,10 +144,10 @@ inline void row_scores(const float* q, int64_t dp, const float* k_rows, int64_t 
 // levels -- runs of kRun keys from zero, then the runs into the tile's total
 // -- so that rounding grows with kRun + keys / kRun rather than with the
 // number of keys (which matters when many keys are alike and their rounding
-// errors do not cancel).
-template <class Arch>
-inline void row_pv(const float* probs, int keys, float alpha, const float* v_rows, int64_t v_stride,
-                   int64_t dvp, float* acc) {
+// errors do not cancel).  V rows are of dtype kKv, widened as they are read.
+template <class Arch, int32_t kKv = MHA_DTYPE_F32>
+inline void row_pv(const float* probs, int keys, float alpha, const element_t<kKv>* v_rows,
+                   int64_t v_stride, int64_t dvp, float* acc) {
   using B = xsimd::batch<float, Arch>;
   constexpr int W = static_cast<int>(B::size);
   constexpr int kRun = 32;
@@ -160,8 +162,8 @@ inline void row_pv(const float* probs, int keys, float alpha, const float* v_row
       for (int c = 0; c < nc; ++c) o[c] = B(0.0f);
       for (int j = j0; j < end; ++j) {
         const B pj(probs[j]);
-        const float* v = v_rows + j * v_stride + c0;
-        for (int c = 0; c < nc; ++c) o[c] = xsimd::fma(pj, B::load_unaligned(v + c * W), o[c]);
+        const element_t<kKv>* v = v_rows + j * v_stride + c0;
+        for (int c = 0; c < nc; ++c) o[c] = xsimd::fma(pj, load_widen<Arch, kKv>(v + c * W), o[c]);
       }
       for (int c = 0; c < nc; ++c) total[c] += o[c];
     }

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <limits>
 
+#include "simd/convert.hpp"
+
 namespace mha_simd {
 
 // True when every one of the n floats at data (a multiple of W, aligned) is finite.
@@ -38,6 +40,29 @@ inline bool rows_finite(const float* v_rows, int64_t v_stride, int keys, int64_t
     }
   }
   return xsimd::all(poison == poison);
+}
+
+// rows_finite for rows of dtype kKv read in place: half-precision values
+// widened; int8 values are always finite, so their rows' scales are checked.
+template <class Arch, int32_t kKv>
+inline bool typed_rows_finite(const element_t<kKv>* v_rows, int64_t v_stride, int keys, int64_t dvp,
+                              const float* scales, int64_t scale_stride) {
+  using B = xsimd::batch<float, Arch>;
+  constexpr int W = static_cast<int>(B::size);
+  if constexpr (kKv == MHA_DTYPE_I8) {
+    float poison = 0.0f;
+    for (int j = 0; j < keys; ++j) poison += scales[j * scale_stride] - scales[j * scale_stride];
+    return poison == poison;
+  } else {
+    B poison(0.0f);
+    for (int j = 0; j < keys; ++j) {
+      for (int64_t x = 0; x < dvp; x += W) {
+        const B v = load_widen<Arch, kKv>(v_rows + j * v_stride + x);
+        poison += v - v;
+      }
+    }
+    return xsimd::all(poison == poison);
+  }
 }
 
 // True when a score of s[0, keys) is -inf (a key the data itself removed).

@@ -24,6 +24,7 @@
 #include "common/dropout.h"
 #include "common/problem.h"
 #include "simd/blocking.hpp"
+#include "simd/convert.hpp"
 #include "simd/epilogue.hpp"
 #include "simd/masking.hpp"
 #include "simd/microkernels.hpp"
@@ -47,6 +48,7 @@ class PrefillKernel {
 
   struct Tile {
     float* qt;          // [D][QT]: Q transposed, times scale·log2(e)
+    float* q_stage;     // [QT][D]: a half-precision Q tile widened to fp32
     float* scores;      // [KT][QT]: scores, then probabilities, of one key tile
     float* acc;         // [QT][Dvp]: the unnormalised output
     float* row_max;     // [QT], in the units of the scores
@@ -65,7 +67,7 @@ class PrefillKernel {
   static size_t scratch_bytes(const mha_kernel_problem& p) {
     const int64_t dvp = round_up(p.dv, W);
     return ScratchCarver::bytes({p.d * QT, int64_t{KT} * QT, QT * dvp, QT, QT, QT, QT, 2 * QT, QT,
-                                 QT, KT * p.d, KT * dvp, int64_t{KT} * QT / 4});
+                                 QT, KT * p.d, KT * dvp, int64_t{KT} * QT / 4, QT * p.d});
   }
 
   static void run(const mha_kernel_problem& p, const mha_work_item& item, void* scratch) {
@@ -85,6 +87,7 @@ class PrefillKernel {
     t.k_pack = carve.floats(KT * p.d);
     t.v_pack = carve.floats(KT * dvp);
     t.removed = reinterpret_cast<uint8_t*>(carve.floats(int64_t{KT} * QT / 4));
+    t.q_stage = carve.floats(QT * p.d);
     for (int64_t h = item.h_begin; h < item.h_end; ++h) {
       for (int64_t q0 = item.q_begin; q0 < item.q_end; q0 += QT) {
         query_tile(p, item, t, h, q0, std::min<int64_t>(QT, item.q_end - q0));
@@ -112,12 +115,14 @@ class PrefillKernel {
     const int64_t dvp = round_up(p.dv, W);
     for (int64_t r = 0; r < nq; ++r) {
       const int64_t row_h = h - item.h_begin, row_i = q0 + r - item.q_begin;
-      write_row<Arch>(t.acc + r * dvp, p.dv, t.row_max[r], t.row_sum[r], units,
-                      item.out + row_h * item.out_strides[0] + row_i * item.out_strides[1],
-                      item.out_strides[2],
-                      item.lse == nullptr
-                          ? nullptr
-                          : item.lse + row_h * item.lse_strides[0] + row_i * item.lse_strides[1]);
+      write_row<Arch>(
+          t.acc + r * dvp, p.dv, t.row_max[r], t.row_sum[r], units,
+          mha_types::element_at(item.out, item.out_dtype,
+                                row_h * item.out_strides[0] + row_i * item.out_strides[1]),
+          item.out_dtype, item.out_strides[2],
+          item.lse == nullptr
+              ? nullptr
+              : item.lse + row_h * item.lse_strides[0] + row_i * item.lse_strides[1]);
     }
   }
 
@@ -175,8 +180,12 @@ class PrefillKernel {
       prefetch.pace(key_tiles * blocks_per_key_tile);
     }
 
-    const bool k_direct = p.k_strides[3] == 1;
-    const bool v_direct = p.v_strides[3] == 1 && p.dv % W == 0;
+    // K and V are used in place when they are fp32 rows; otherwise each tile
+    // is packed -- widened to fp32, int8 rows times their scales -- once per
+    // query tile.
+    const bool fp32_kv = p.kv_dtype == MHA_DTYPE_F32;
+    const bool k_direct = p.k_strides[3] == 1 && fp32_kv;
+    const bool v_direct = p.v_strides[3] == 1 && p.dv % W == 0 && fp32_kv;
     bool lanes_have_maximum = false;
     int keys = 0;
     for (int64_t j0 = item.k_begin; j0 <= max_last; j0 += keys) {
@@ -185,26 +194,18 @@ class PrefillKernel {
       // key on instead of from the next full tile.
       const int span = j0 == item.k_begin && p.mask_kind == MHA_MASK_NONE ? kWarmUpKeys : KT;
       keys = static_cast<int>(std::min<int64_t>(span, max_last + 1 - j0));
-      const float* k_rows = mha_kernel::k_row(p, b, kvh, j0);
-      int64_t k_stride = p.k_strides[2];
-      if (!k_direct) {
-        pack_rows(k_rows, p.k_strides[2], p.k_strides[3], keys, p.d, t.k_pack, p.d);
-        k_rows = t.k_pack;
-        k_stride = p.d;
-      }
+      const float* k_rows = k_direct ? mha_kernel::k_row(p, b, kvh, j0) : t.k_pack;
+      const int64_t k_stride = k_direct ? p.k_strides[2] : p.d;
+      if (!k_direct) pack_tile(p, p.k, p.k_strides, b, kvh, j0, keys, p.d, t.k_pack, p.d, true);
       // Fused path: once every lane has a finite running maximum, a tile with
       // no mask to apply computes its probabilities straight from the score
       // registers against that (stale) maximum; it is exact as long as no
       // score exceeds the maximum by more than kMaxGrowth (2^16 cannot
       // overflow), which the epilogue checks.  Otherwise, and on the first
       // tile, the two-pass path: scores, masks, new maximum, rescale.
-      const float* v_rows = mha_kernel::v_row(p, b, kvh, j0);
-      int64_t v_stride = p.v_strides[2];
-      if (!v_direct) {
-        pack_rows(v_rows, p.v_strides[2], p.v_strides[3], keys, p.dv, t.v_pack, dvp);
-        v_rows = t.v_pack;
-        v_stride = dvp;
-      }
+      const float* v_rows = v_direct ? mha_kernel::v_row(p, b, kvh, j0) : t.v_pack;
+      const int64_t v_stride = v_direct ? p.v_strides[2] : dvp;
+      if (!v_direct) pack_tile(p, p.v, p.v_strides, b, kvh, j0, keys, p.dv, t.v_pack, dvp, false);
       const bool maskless = p.mask_kind == MHA_MASK_NONE && j0 + keys - 1 <= min_last;
       const bool fused = maskless && !careful && lanes_have_maximum &&
                          compute_scores<true>(t, k_rows, k_stride, p.d, nqv, keys, prefetch);
@@ -245,6 +246,31 @@ class PrefillKernel {
     }
   }
 
+  // Rows j0 .. j0 + keys of K or V (data, strides) of KV head kvh packed as
+  // dense fp32 rows of `padded` floats: copied (fp32), or widened with the
+  // int8 rows' scales folded in.
+  static void pack_tile(const mha_kernel_problem& p, const void* data, const int64_t* strides,
+                        int64_t b, int64_t kvh, int64_t j0, int keys, int64_t cols, float* dst,
+                        int64_t padded, bool is_k) {
+    const int64_t first = b * strides[0] + kvh * strides[1] + j0 * strides[2];
+    if (p.kv_dtype == MHA_DTYPE_F32) {
+      pack_rows(static_cast<const float*>(data) + first, strides[2], strides[3], keys, cols, dst,
+                padded);
+      return;
+    }
+    const float* scales = nullptr;
+    int64_t scale_stride = 0;
+    if (p.kv_dtype == MHA_DTYPE_I8) {
+      scales = is_k ? mha_kernel::k_scales(p, b, kvh, j0) : mha_kernel::v_scales(p, b, kvh, j0);
+      scale_stride = is_k ? p.k_scale_strides[2] : p.v_scale_strides[2];
+    }
+    with_dtype(p.kv_dtype, [&](auto kv) {
+      constexpr int32_t kKv = decltype(kv)::value;
+      widen_rows<Arch, kKv>(static_cast<const element_t<kKv>*>(data) + first, strides[2],
+                            strides[3], keys, cols, scales, scale_stride, dst, padded);
+    });
+  }
+
   // What comes next, to fetch while this tile computes: this tile's output
   // rows; then, after the last tile of a head in an item of several heads
   // (short sequences), the next head's Q, K and V; otherwise the Q rows just
@@ -253,30 +279,40 @@ class PrefillKernel {
   static void queue_next_rows(const mha_kernel_problem& p, const mha_work_item& item, int64_t h,
                               int64_t q0, int64_t nq, PrefetchQueue& prefetch) {
     const int64_t b = item.b;
+    const int64_t q_bytes = mha_types::float_bytes(p.q_dtype);
+    const int64_t kv_bytes = p.kv_dtype == MHA_DTYPE_I8 ? 1 : mha_types::float_bytes(p.kv_dtype);
+    // The byte address of row (b, head, i) of a tensor.
+    const auto row_address = [b](const void* data, const int64_t* strides, int64_t bytes,
+                                 int64_t head, int64_t i) {
+      return static_cast<const char*>(data) +
+             (b * strides[0] + head * strides[1] + i * strides[2]) * bytes;
+    };
     if (item.out_strides[2] == 1) {
-      prefetch.add(item.out + (h - item.h_begin) * item.out_strides[0] +
-                       (q0 - item.q_begin) * item.out_strides[1],
-                   item.out_strides[1], nq, p.dv, true);
+      prefetch.add(mha_types::element_at(item.out, item.out_dtype,
+                                         (h - item.h_begin) * item.out_strides[0] +
+                                             (q0 - item.q_begin) * item.out_strides[1]),
+                   item.out_strides[1], nq, p.dv, mha_types::float_bytes(item.out_dtype), true);
     }
     if (q0 + nq >= item.q_end && h + 1 < item.h_end) {
       if (p.q_strides[3] == 1) {
-        prefetch.add(mha_kernel::q_row(p, b, h + 1, item.q_begin), p.q_strides[2],
-                     std::min<int64_t>(QT, item.q_end - item.q_begin), p.d, false);
+        prefetch.add(row_address(p.q, p.q_strides, q_bytes, h + 1, item.q_begin), p.q_strides[2],
+                     std::min<int64_t>(QT, item.q_end - item.q_begin), p.d, q_bytes, false);
       }
       const int64_t kvh = mha_kernel::kv_head_of(p, h + 1);
       if (kvh != mha_kernel::kv_head_of(p, h)) {
         const int64_t keys = std::min<int64_t>(KT, item.k_end - item.k_begin);
         if (p.k_strides[3] == 1) {
-          prefetch.add(mha_kernel::k_row(p, b, kvh, item.k_begin), p.k_strides[2], keys, p.d,
-                       false);
+          prefetch.add(row_address(p.k, p.k_strides, kv_bytes, kvh, item.k_begin), p.k_strides[2],
+                       keys, p.d, kv_bytes, false);
         }
         if (p.v_strides[3] == 1) {
-          prefetch.add(mha_kernel::v_row(p, b, kvh, item.k_begin), p.v_strides[2], keys, p.dv,
-                       false);
+          prefetch.add(row_address(p.v, p.v_strides, kv_bytes, kvh, item.k_begin), p.v_strides[2],
+                       keys, p.dv, kv_bytes, false);
         }
       }
     } else if (q0 >= QT && p.q_strides[3] == 1) {
-      prefetch.add(mha_kernel::q_row(p, b, h, q0 - QT), p.q_strides[2], QT, p.d, false);
+      prefetch.add(row_address(p.q, p.q_strides, q_bytes, h, q0 - QT), p.q_strides[2], QT, p.d,
+                   q_bytes, false);
     }
   }
 
@@ -285,30 +321,45 @@ class PrefillKernel {
   // element; padding lanes are 0.
   static void pack_queries(const mha_kernel_problem& p, const Tile& t, int64_t b, int64_t h,
                            int64_t q0, int64_t nq, float c) {
+    // Half-precision Q is widened into a dense fp32 staging tile first.
+    const float* first = nullptr;
+    int64_t row_stride = p.q_strides[2], col_stride = p.q_strides[3];
+    if (p.q_dtype == MHA_DTYPE_F32) {
+      first = mha_kernel::q_row(p, b, h, q0);
+    } else {
+      with_dtype(p.q_dtype, [&](auto dt) {
+        constexpr int32_t kQ = decltype(dt)::value;
+        widen_rows<Arch, kQ>(mha_kernel::q_row<element_t<kQ>>(p, b, h, q0), p.q_strides[2],
+                             p.q_strides[3], nq, p.d, nullptr, 0, t.q_stage, p.d);
+      });
+      first = t.q_stage;
+      row_stride = p.d;
+      col_stride = 1;
+    }
     // The partial last vector is zeroed first, so its padding lanes are 0.
     const int64_t whole = nq / W * W;
     if (whole < nq) {
       for (int64_t x = 0; x < p.d; ++x) B(0.0f).store_aligned(t.qt + x * QT + whole);
     }
     int64_t r0 = 0;
-    if (p.q_strides[3] == 1) {
+    if (col_stride == 1) {
       for (; r0 < whole; r0 += W) {
-        const float* q = mha_kernel::q_row(p, b, h, q0 + r0);
+        const float* q = first + r0 * row_stride;
         int64_t x0 = 0;
         for (; x0 + W <= p.d; x0 += W) {
           B rows[W];
-          for (int i = 0; i < W; ++i) rows[i] = B::load_unaligned(q + i * p.q_strides[2] + x0) * c;
+          for (int i = 0; i < W; ++i) rows[i] = B::load_unaligned(q + i * row_stride + x0) * c;
           transpose_square<Arch>(rows);
           for (int j = 0; j < W; ++j) rows[j].store_aligned(t.qt + (x0 + j) * QT + r0);
         }
         for (int i = 0; i < W; ++i) {
-          for (int64_t x = x0; x < p.d; ++x) t.qt[x * QT + r0 + i] = q[i * p.q_strides[2] + x] * c;
+          for (int64_t x = x0; x < p.d; ++x) t.qt[x * QT + r0 + i] = q[i * row_stride + x] * c;
         }
       }
     }
     for (int64_t r = r0; r < nq; ++r) {
-      const float* q = mha_kernel::q_row(p, b, h, q0 + r);
-      for (int64_t x = 0; x < p.d; ++x) t.qt[x * QT + r] = q[x * p.q_strides[3]] * c;
+      const float* q = first + r * row_stride;
+      for (int64_t x = 0; x < p.d; ++x) t.qt[x * QT + r] = q[x * col_stride] * c;
     }
   }
 

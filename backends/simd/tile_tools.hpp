@@ -102,12 +102,14 @@ inline void pack_rows(const float* src, int64_t row_stride, int64_t col_stride, 
 // a burst that would hold back the micro-kernels' own loads.
 class PrefetchQueue {
  public:
-  void add(const float* first, int64_t row_stride, int64_t rows, int64_t row_floats,
-           bool for_write) {
-    if (first == nullptr || rows <= 0 || row_floats <= 0 || count_ == kMaxRanges) return;
-    const int64_t lines_per_row = (row_floats * 4 + 63) / 64;
-    ranges_[count_++] = {reinterpret_cast<const char*>(first), row_stride * 4, rows, lines_per_row,
-                         for_write};
+  // `rows` rows of `row_elements` elements of `element_bytes` each, rows
+  // `row_stride` elements apart.
+  void add(const void* first, int64_t row_stride, int64_t rows, int64_t row_elements,
+           int64_t element_bytes, bool for_write) {
+    if (first == nullptr || rows <= 0 || row_elements <= 0 || count_ == kMaxRanges) return;
+    const int64_t lines_per_row = (row_elements * element_bytes + 63) / 64;
+    ranges_[count_++] = {static_cast<const char*>(first), row_stride * element_bytes, rows,
+                         lines_per_row, for_write};
     lines_left_ += rows * lines_per_row;
   }
 

@@ -81,11 +81,13 @@ MHA_API const char* mha_version(void);
 typedef enum mha_dtype {
   MHA_DTYPE_INVALID = 0, /* zero-initialised descriptors are refused, not guessed */
   MHA_DTYPE_F32 = 1,
-  MHA_DTYPE_F16 = 2,  /* reserved: not accepted yet */
-  MHA_DTYPE_BF16 = 3, /* reserved: not accepted yet */
-  MHA_DTYPE_BOOL = 4, /* one byte per element, 0 = false, anything else = true */
+  MHA_DTYPE_F16 = 2,  /* IEEE binary16                                              */
+  MHA_DTYPE_BF16 = 3, /* bfloat16: the upper 16 bits of an IEEE binary32            */
+  MHA_DTYPE_BOOL = 4, /* one byte per element, 0 = false, anything else = true      */
   MHA_DTYPE_I32 = 5,
-  MHA_DTYPE_I64 = 6
+  MHA_DTYPE_I64 = 6,
+  /* 7 is unused */
+  MHA_DTYPE_I8 = 8 /* signed 8-bit: an int8 KV cache, value = row scale · int8     */
 } mha_dtype;
 
 #define MHA_MAX_DIMS 4
@@ -131,7 +133,8 @@ typedef struct mha_attention_params {
   /* An explicit mask, broadcast over batch, heads (and queries or keys) like
    * NumPy: rank 2 to 4, shapes such as [Lq,Lk], [B,1,Lq,Lk], [1,H,Lq,Lk],
    * [B,H,Lq,Lk] or [B,1,1,Lk].  BOOL: true = the key takes part (the opposite
-   * of PyTorch's key_padding_mask).  F32: added to the scaled scores (-inf
+   * of PyTorch's key_padding_mask).  F32, BF16 or F16: added to the scaled
+   * scores (-inf
    * removes the key: its value row is never used, garbage there cannot leak
    * in; a NaN score plus -inf stays NaN, as in IEEE arithmetic and PyTorch).
    * NULL: no mask. */
@@ -152,22 +155,50 @@ typedef struct mha_attention_params {
    * before dropout. */
   float dropout_p;
   uint64_t dropout_seed;
+
+  /* --- added in 0.2 --- */
+
+  /* An int8 KV cache (K and V of dtype I8): the fp32 scale of every row,
+   * value = scale · int8, F32 [B, Hkv, Lk] each (strided like the rest; 0
+   * broadcasts).  mha_quantize_kv() makes such a cache.  Required with I8 K
+   * and V, refused otherwise.  NULL: none. */
+  const mha_tensor* k_scale;
+  const mha_tensor* v_scale;
 } mha_attention_params;
 
 MHA_API void mha_attention_params_init(mha_attention_params* params);
 
 /*
  * out = softmax(Q·Kᵀ·scale + mask) · V, per batch and query head.
- *   q   F32 [B, H,   Lq, D]
- *   k   F32 [B, Hkv, Lk, D]     H must be a multiple of Hkv: query head h uses
- *   v   F32 [B, Hkv, Lk, Dv]    KV head h / (H / Hkv) (grouped/multi-query attention)
- *   out F32 [B, H,   Lq, Dv]    must not overlap itself or any input
+ *   q   [B, H,   Lq, D]     F32, BF16 or F16
+ *   k   [B, Hkv, Lk, D]     F32, BF16, F16, or I8 with params->k_scale; H must be a
+ *   v   [B, Hkv, Lk, Dv]    multiple of Hkv: query head h uses KV head h / (H / Hkv)
+ *                           (grouped/multi-query attention); v has k's dtype
+ *   out [B, H,   Lq, Dv]    F32 or q's dtype; must not overlap itself or any input
+ * Half-precision and int8 inputs are widened to fp32 as they are read:
+ * products, the softmax (running maximum and sum), accumulation and the LSE
+ * are fp32; a half-precision output is rounded once, at the end (to nearest,
+ * ties to even).  Backends with bf16 dot products (avx512bf16) may instead
+ * multiply bf16 Q and K exactly and round the probabilities to bf16 once for
+ * P·V (mha-info and MHA_VERBOSE=2 say which path ran).
  * params may be NULL (defaults).  All masks combine (causal, valid lengths,
  * mask).  A row in which no key takes part is all zeros, and its LSE is -inf:
  * never NaN.
  */
 MHA_API mha_status mha_attention(const mha_tensor* q, const mha_tensor* k, const mha_tensor* v,
                                  mha_tensor* out, const mha_attention_params* params);
+
+/*
+ * Quantises rows to int8 with one scale per row, as mha_attention's int8 KV
+ * cache wants them:
+ *   src   F32, BF16 or F16 [B, Hkv, L, D]  (any strides)
+ *   dst   I8 [B, Hkv, L, D]                 (must not overlap src or scale)
+ *   scale F32 [B, Hkv, L]
+ * Symmetric: scale = max|row| / 127 (in fp32), dst = round(x / scale) to
+ * nearest, ties to even, so |x - scale · dst| <= scale / 2.  A row of zeros
+ * gets scale 0 and zeros.  A row holding NaN or an infinity is refused.
+ */
+MHA_API mha_status mha_quantize_kv(const mha_tensor* src, mha_tensor* dst, mha_tensor* scale);
 
 /*
  * Combines partial results of the same queries over disjoint key ranges —

@@ -23,8 +23,10 @@ extern "C" {
 #endif
 
 /* Bumped whenever any struct below changes layout or meaning.
- * 2: mha_kernel_problem starts with struct_size; mha_plugin ends with supports. */
-#define MHA_PLUGIN_ABI_VERSION 2
+ * 2: mha_kernel_problem starts with struct_size; mha_plugin ends with supports.
+ * 3: dtypes -- q, k, v untyped with their dtypes, int8 row scales, the
+ *    output's dtype in the work item. */
+#define MHA_PLUGIN_ABI_VERSION 3
 #define MHA_PLUGIN_ENTRY_SYMBOL "mha_plugin_entry"
 
 /* CPU features, as the runtime detects them (OS support included). */
@@ -39,6 +41,7 @@ enum mha_cpu_feature {
   MHA_CPU_AVX512BW = 1u << 7,
   MHA_CPU_AVX512VL = 1u << 8,
   MHA_CPU_AVX512BF16 = 1u << 9,
+  MHA_CPU_F16C = 1u << 10, /* vcvtph2ps / vcvtps2ph (with AVX state) */
   MHA_CPU_NEON = 1u << 16, /* aarch64 Advanced SIMD */
   MHA_CPU_ARCH_X86_64 = 1u << 30,
   MHA_CPU_ARCH_AARCH64 = 1u << 31
@@ -61,9 +64,9 @@ enum mha_mask_kind { MHA_MASK_NONE = 0, MHA_MASK_BOOL = 1, MHA_MASK_ADDITIVE = 2
  */
 typedef struct mha_kernel_problem {
   uint32_t struct_size; /* sizeof(mha_kernel_problem) as the runtime was built */
-  const float* q;
-  const float* k;
-  const float* v;
+  const void* q;        /* q_dtype: F32, BF16 or F16                             */
+  const void* k;        /* kv_dtype: F32, BF16, F16, or I8 with k_scale           */
+  const void* v;        /* kv_dtype, with v_scale when I8                         */
   int64_t q_strides[4];
   int64_t k_strides[4];
   int64_t v_strides[4];
@@ -84,9 +87,19 @@ typedef struct mha_kernel_problem {
   const void* mask;  /* NULL: none; element [b,h,i,j] at mask_strides · (b,h,i,j) */
   int32_t mask_kind; /* mha_mask_kind */
   int64_t mask_strides[4];
+  int32_t mask_dtype; /* BOOL, or F32 / BF16 / F16 for an additive mask */
 
   float dropout_p; /* 0: none */
   uint64_t dropout_seed;
+
+  int32_t q_dtype;  /* mha_dtype of q */
+  int32_t kv_dtype; /* mha_dtype of k and v */
+  /* int8 K and V: value = scale · int8, the scale of row (b, kvh, j) at
+   * [b · s0 + kvh · s1 + j · s2]; NULL otherwise. */
+  const float* k_scale;
+  int64_t k_scale_strides[3];
+  const float* v_scale;
+  int64_t v_scale_strides[3];
 } mha_kernel_problem;
 
 /*
@@ -114,10 +127,11 @@ typedef struct mha_work_item {
   int64_t h_begin, h_end;
   int64_t q_begin, q_end;
   int64_t k_begin, k_end;
-  float* out;
+  void* out; /* out_dtype */
   int64_t out_strides[3];
   float* lse;
   int64_t lse_strides[2];
+  int32_t out_dtype; /* F32, BF16 or F16 (split-KV partials are always F32) */
 } mha_work_item;
 
 typedef struct mha_plugin {
