@@ -39,10 +39,12 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "bench_inputs.h"
 #include "blis_unfused.h"
+#include "common/dtype.h"
 #include "common/visibility.h"
 #include "peak.h"
 #include "peak_loops.h"
@@ -69,6 +71,10 @@ struct Shape {
   bool valid_lens;  // S5: valid_lens [3, 2], i32 [B]
   benchmark::TimeUnit unit;
   bool heavy;  // the scalar backend runs one call only
+  // Dtype variants (bench/README.md): "S1:bf16" has Q, K, V and the output
+  // in bf16; "S3:bf16kv" the cache alone (K and V; i8 with row scales).
+  mha_dtype q_dtype = MHA_DTYPE_F32;
+  mha_dtype kv_dtype = MHA_DTYPE_F32;
 };
 
 const Shape kShapes[] = {
@@ -85,6 +91,32 @@ const Shape kShapes[] = {
     {"S6", 1, 8, 8, 8192, 8192, 64, 64, MHA_CAUSAL_TOP_LEFT, false, benchmark::kMillisecond, true},
 };
 const int32_t kS5ValidLens[] = {3, 2};
+
+// The dtype variants, for the SIMD backends (the scalar one widens the same way).
+const Shape kDtypeShapes[] = {
+    {"S1:bf16", 8, 12, 12, 512, 512, 64, 64, MHA_CAUSAL_NONE, false, benchmark::kMillisecond, true,
+     MHA_DTYPE_BF16, MHA_DTYPE_BF16},
+    {"S2:bf16", 1, 32, 32, 2048, 2048, 128, 128, MHA_CAUSAL_TOP_LEFT, false,
+     benchmark::kMillisecond, true, MHA_DTYPE_BF16, MHA_DTYPE_BF16},
+    {"S6:bf16", 1, 8, 8, 8192, 8192, 64, 64, MHA_CAUSAL_TOP_LEFT, false, benchmark::kMillisecond,
+     true, MHA_DTYPE_BF16, MHA_DTYPE_BF16},
+    {"S1:f16", 8, 12, 12, 512, 512, 64, 64, MHA_CAUSAL_NONE, false, benchmark::kMillisecond, true,
+     MHA_DTYPE_F16, MHA_DTYPE_F16},
+    {"S2:f16", 1, 32, 32, 2048, 2048, 128, 128, MHA_CAUSAL_TOP_LEFT, false, benchmark::kMillisecond,
+     true, MHA_DTYPE_F16, MHA_DTYPE_F16},
+    {"S6:f16", 1, 8, 8, 8192, 8192, 64, 64, MHA_CAUSAL_TOP_LEFT, false, benchmark::kMillisecond,
+     true, MHA_DTYPE_F16, MHA_DTYPE_F16},
+    {"S3:bf16kv", 1, 32, 32, 1, 4096, 128, 128, MHA_CAUSAL_NONE, false, benchmark::kMicrosecond,
+     false, MHA_DTYPE_F32, MHA_DTYPE_BF16},
+    {"S3:f16kv", 1, 32, 32, 1, 4096, 128, 128, MHA_CAUSAL_NONE, false, benchmark::kMicrosecond,
+     false, MHA_DTYPE_F32, MHA_DTYPE_F16},
+    {"S3:i8kv", 1, 32, 32, 1, 4096, 128, 128, MHA_CAUSAL_NONE, false, benchmark::kMicrosecond,
+     false, MHA_DTYPE_F32, MHA_DTYPE_I8},
+    {"S3b16:bf16kv", 16, 32, 32, 1, 4096, 128, 128, MHA_CAUSAL_NONE, false, benchmark::kMillisecond,
+     false, MHA_DTYPE_F32, MHA_DTYPE_BF16},
+    {"S3b16:i8kv", 16, 32, 32, 1, 4096, 128, 128, MHA_CAUSAL_NONE, false, benchmark::kMillisecond,
+     false, MHA_DTYPE_F32, MHA_DTYPE_I8},
+};
 
 bool is_decode(const Shape& s) {
   return s.lq == 1;
@@ -107,15 +139,50 @@ double useful_flops(const Shape& s) {
   return 2.0 * static_cast<double>(s.d + s.dv) * static_cast<double>(s.h) * pairs;
 }
 
-// Bytes of K and V read by one call (fp32).
-double kv_bytes(const Shape& s) {
-  return static_cast<double>(s.b * s.hkv * s.lk * (s.d + s.dv)) * sizeof(float);
+int64_t element_bytes(mha_dtype dtype) {
+  return dtype == MHA_DTYPE_F32 ? 4 : (dtype == MHA_DTYPE_I8 ? 1 : 2);
 }
 
-// Inputs, uniform in [-1, 1], made once per shape and shared by every benchmark.
+// Bytes of K and V read by one call: their elements, and an int8 cache's row
+// scales.
+double kv_bytes(const Shape& s) {
+  const double rows = static_cast<double>(s.b * s.hkv * s.lk);
+  const double scales = s.kv_dtype == MHA_DTYPE_I8 ? 2.0 * rows * sizeof(float) : 0.0;
+  return rows * static_cast<double>((s.d + s.dv) * element_bytes(s.kv_dtype)) + scales;
+}
+
+// Inputs, uniform in [-1, 1], made once per shape and shared by every
+// benchmark; the dtype variants hold the same values rounded to their dtype
+// (int8: quantised by mha_quantize_kv, with its row scales).
 struct Inputs {
   std::vector<float> q, k, v;
+  std::vector<uint16_t> q16, k16, v16;  // bf16 or f16 bits
+  std::vector<int8_t> k8, v8;
+  std::vector<float> k_scale, v_scale;
 };
+
+std::vector<uint16_t> rounded(const std::vector<float>& x, mha_dtype dtype) {
+  std::vector<uint16_t> bits(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    bits[i] = dtype == MHA_DTYPE_BF16 ? mha_types::f32_to_bf16(x[i]) : mha_types::f32_to_f16(x[i]);
+  }
+  return bits;
+}
+
+std::vector<int8_t> quantised(std::vector<float>& x, int64_t rows, int64_t d,
+                              std::vector<float>& scales) {
+  std::vector<int8_t> q(x.size());
+  scales.resize(static_cast<size_t>(rows));
+  mha_tensor src{}, dst{}, sc{};
+  const int64_t shape[4] = {1, 1, rows, d}, scale_shape[3] = {1, 1, rows};
+  mha_tensor_init(&src, x.data(), MHA_DTYPE_F32, 4, shape, nullptr);
+  mha_tensor_init(&dst, q.data(), MHA_DTYPE_I8, 4, shape, nullptr);
+  mha_tensor_init(&sc, scales.data(), MHA_DTYPE_F32, 3, scale_shape, nullptr);
+  if (mha_quantize_kv(&src, &dst, &sc) != MHA_OK) {
+    std::fprintf(stderr, "mha_bench: mha_quantize_kv failed: %s\n", mha_last_error());
+  }
+  return q;
+}
 
 const Inputs& inputs(const Shape& s) {
   static std::map<std::string, std::unique_ptr<Inputs>> cache;
@@ -128,6 +195,14 @@ const Inputs& inputs(const Shape& s) {
     mha_bench::fill_uniform(slot->q, 1);
     mha_bench::fill_uniform(slot->k, 2);
     mha_bench::fill_uniform(slot->v, 3);
+    if (s.q_dtype != MHA_DTYPE_F32) slot->q16 = rounded(slot->q, s.q_dtype);
+    if (s.kv_dtype == MHA_DTYPE_I8) {
+      slot->k8 = quantised(slot->k, s.b * s.hkv * s.lk, s.d, slot->k_scale);
+      slot->v8 = quantised(slot->v, s.b * s.hkv * s.lk, s.dv, slot->v_scale);
+    } else if (s.kv_dtype != MHA_DTYPE_F32) {
+      slot->k16 = rounded(slot->k, s.kv_dtype);
+      slot->v16 = rounded(slot->v, s.kv_dtype);
+    }
   }
   return *slot;
 }
@@ -271,26 +346,48 @@ void report(benchmark::State& st, const Shape& s, double sec_per_call, const std
     if (const double bw = read_bw(n); bw > 0.0) st.counters["pct_bw"] = gbps / bw * 100;
   }
   if (is_fixed_cost(s)) st.counters["us_per_call"] = sec_per_call * 1e6;
+  if (is_decode(s)) st.counters["tokens_per_s"] = static_cast<double>(s.b) / sec_per_call;
 }
 
-// One mha_attention call of a shape on the shared inputs, into its own output.
+// One mha_attention call of a shape on the shared inputs (in the shape's
+// dtypes), into its own output (F32, or Q's dtype for the half variants).
 struct ShapeCall {
   std::vector<float> out;
-  mha_tensor q{}, k{}, v{}, o{}, lens{};
+  mha_tensor q{}, k{}, v{}, o{}, lens{}, k_scale{}, v_scale{};
   mha_attention_params params{};
 
   explicit ShapeCall(const Shape& s) : out(static_cast<size_t>(s.b * s.h * s.lq * s.dv)) {
     const Inputs& in = inputs(s);
     const int64_t qs[4] = {s.b, s.h, s.lq, s.d}, ks[4] = {s.b, s.hkv, s.lk, s.d},
-                  vs[4] = {s.b, s.hkv, s.lk, s.dv}, os[4] = {s.b, s.h, s.lq, s.dv}, ls[1] = {s.b};
-    mha_tensor_init(&q, const_cast<float*>(in.q.data()), MHA_DTYPE_F32, 4, qs, nullptr);
-    mha_tensor_init(&k, const_cast<float*>(in.k.data()), MHA_DTYPE_F32, 4, ks, nullptr);
-    mha_tensor_init(&v, const_cast<float*>(in.v.data()), MHA_DTYPE_F32, 4, vs, nullptr);
-    mha_tensor_init(&o, out.data(), MHA_DTYPE_F32, 4, os, nullptr);
+                  vs[4] = {s.b, s.hkv, s.lk, s.dv}, os[4] = {s.b, s.h, s.lq, s.dv}, ls[1] = {s.b},
+                  ss[3] = {s.b, s.hkv, s.lk};
+    const auto data = [](const auto& typed, const std::vector<float>& f32) {
+      return typed.empty() ? static_cast<void*>(const_cast<float*>(f32.data()))
+                           : static_cast<void*>(
+                                 const_cast<typename std::decay_t<decltype(typed)>::value_type*>(
+                                     typed.data()));
+    };
+    mha_tensor_init(&q, data(in.q16, in.q), s.q_dtype, 4, qs, nullptr);
+    if (s.kv_dtype == MHA_DTYPE_I8) {
+      mha_tensor_init(&k, data(in.k8, in.k), MHA_DTYPE_I8, 4, ks, nullptr);
+      mha_tensor_init(&v, data(in.v8, in.v), MHA_DTYPE_I8, 4, vs, nullptr);
+    } else {
+      mha_tensor_init(&k, data(in.k16, in.k), s.kv_dtype, 4, ks, nullptr);
+      mha_tensor_init(&v, data(in.v16, in.v), s.kv_dtype, 4, vs, nullptr);
+    }
+    mha_tensor_init(&o, out.data(), s.q_dtype, 4, os, nullptr);  // half: in out's first bytes
     mha_tensor_init(&lens, const_cast<int32_t*>(kS5ValidLens), MHA_DTYPE_I32, 1, ls, nullptr);
     mha_attention_params_init(&params);
     params.causal = s.causal;
     if (s.valid_lens) params.valid_lens = &lens;
+    if (s.kv_dtype == MHA_DTYPE_I8) {
+      mha_tensor_init(&k_scale, const_cast<float*>(in.k_scale.data()), MHA_DTYPE_F32, 3, ss,
+                      nullptr);
+      mha_tensor_init(&v_scale, const_cast<float*>(in.v_scale.data()), MHA_DTYPE_F32, 3, ss,
+                      nullptr);
+      params.k_scale = &k_scale;
+      params.v_scale = &v_scale;
+    }
   }
   ShapeCall(const ShapeCall&) = delete;
   ShapeCall& operator=(const ShapeCall&) = delete;
@@ -428,6 +525,23 @@ void register_attention_benchmarks(const std::vector<std::string>& backends,
   }
 }
 
+// attention/<backend>/<shape>:<dtype>/threads:<n>: the dtype variants, on
+// the SIMD backends (the scalar backend widens the same way, only slower).
+void register_dtype_benchmarks(const std::vector<std::string>& backends,
+                               const std::vector<int>& threads) {
+  for (const std::string& b : backends) {
+    if (b == "scalar") continue;
+    for (const Shape& s : kDtypeShapes) {
+      for (int n : threads) {
+        benchmark::RegisterBenchmark(name_of("attention/" + b + "/" + s.name, n).c_str(),
+                                     bm_attention, b, s, n)
+            ->UseRealTime()
+            ->Unit(s.unit);
+      }
+    }
+  }
+}
+
 // blis_unfused/<shape>/threads:<n>: the textbook method on the same inputs.
 void register_blis_benchmarks(const std::vector<int>& threads) {
   for (const Shape& s : kShapes) {
@@ -471,6 +585,7 @@ int main(int argc, char** argv) {
   // Peaks first: the figures after them are divided by these.
   register_peak_benchmarks(known, threads);
   register_attention_benchmarks(backends, threads);
+  register_dtype_benchmarks(backends, threads);
   register_blis_benchmarks(threads);
   // The whole module (projections + attention), module/<backend>/<shape>/threads:<n>.
   register_module_benchmarks(fma_peak);
