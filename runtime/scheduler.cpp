@@ -21,6 +21,7 @@ constexpr double kSerialFlops = 4.0e5;
 constexpr int64_t kTargetItems = 64;
 constexpr int64_t kMinChunk = 512;
 constexpr int64_t kMaxHeadsPerItem = 8;
+constexpr int64_t kWidenedQueryTiles = 4;
 // The decode layout keeps every query head of a KV-head group as a row of one
 // item; beyond this many rows (absurd groups) the query-lane layout serves.
 constexpr int64_t kMaxDecodeRows = 1024;
@@ -65,6 +66,18 @@ WorkPlan plan_work(const mha_kernel_problem& p, const mha_plugin& plugin) {
   plan.heads_per_item = decode ? p.heads / p.kv_heads : heads_per_short_item(p, plugin);
   plan.head_groups = p.heads / plan.heads_per_item;
   plan.q_tile = decode ? p.lq : std::min<int64_t>(p.lq, plugin.query_tile);
+  // K and V that a prefill kernel must widen (half precision, int8) are
+  // widened once per item and reused by its query tiles: give an item up to
+  // kWidenedQueryTiles tiles, while enough items remain to balance threads.
+  if (!decode && p.kv_dtype != MHA_DTYPE_F32) {
+    for (int64_t m = kWidenedQueryTiles; m > 1; m /= 2) {
+      const int64_t tile = plugin.query_tile * m;
+      if (p.batch * plan.head_groups * ceil_div(p.lq, tile) >= 2 * kTargetItems) {
+        plan.q_tile = std::min(p.lq, tile);
+        break;
+      }
+    }
+  }
   plan.q_tiles = ceil_div(p.lq, plan.q_tile);
   plan.chunk_len = p.lk;
   plan.chunks = 1;

@@ -61,13 +61,28 @@ class PrefillKernel {
     uint32_t* row_key;  // [QT]: dropout hash of each query's row
     float* k_pack;      // [KT][D] when K rows are strided
     float* v_pack;      // [KT][Dvp] when V rows are strided or Dv % W != 0
+    // Half-precision or int8 K and V, widened once per item for all its
+    // query tiles (widened_cache): [keys of the item][D] and [..][Dvp], the
+    // first widened[0] rows filled, of KV head widened[1].
+    float* k_cache;
+    float* v_cache;
+    int64_t* widened;
   };
+
+  // Widened K and V are cached per item when they fit in this many bytes.
+  static constexpr int64_t kMaxWidenedBytes = int64_t{16} << 20;
+
+  static bool widened_cache(const mha_kernel_problem& p) {
+    return p.kv_dtype != MHA_DTYPE_F32 && p.lk * (p.d + round_up(p.dv, W)) * 4 <= kMaxWidenedBytes;
+  }
 
  public:
   static size_t scratch_bytes(const mha_kernel_problem& p) {
     const int64_t dvp = round_up(p.dv, W);
+    const int64_t cached = widened_cache(p) ? p.lk : 0;
     return ScratchCarver::bytes({p.d * QT, int64_t{KT} * QT, QT * dvp, QT, QT, QT, QT, 2 * QT, QT,
-                                 QT, KT * p.d, KT * dvp, int64_t{KT} * QT / 4, QT * p.d});
+                                 QT, KT * p.d, KT * dvp, int64_t{KT} * QT / 4, QT * p.d,
+                                 cached * p.d, cached * dvp, 2});
   }
 
   static void run(const mha_kernel_problem& p, const mha_work_item& item, void* scratch) {
@@ -88,6 +103,12 @@ class PrefillKernel {
     t.v_pack = carve.floats(KT * dvp);
     t.removed = reinterpret_cast<uint8_t*>(carve.floats(int64_t{KT} * QT / 4));
     t.q_stage = carve.floats(QT * p.d);
+    const int64_t cached = widened_cache(p) ? p.lk : 0;
+    t.k_cache = carve.floats(cached * p.d);
+    t.v_cache = carve.floats(cached * dvp);
+    t.widened = reinterpret_cast<int64_t*>(carve.floats(2));
+    t.widened[0] = 0;
+    t.widened[1] = -1;
     for (int64_t h = item.h_begin; h < item.h_end; ++h) {
       for (int64_t q0 = item.q_begin; q0 < item.q_end; q0 += QT) {
         query_tile(p, item, t, h, q0, std::min<int64_t>(QT, item.q_end - q0));
@@ -194,18 +215,28 @@ class PrefillKernel {
       // key on instead of from the next full tile.
       const int span = j0 == item.k_begin && p.mask_kind == MHA_MASK_NONE ? kWarmUpKeys : KT;
       keys = static_cast<int>(std::min<int64_t>(span, max_last + 1 - j0));
-      const float* k_rows = k_direct ? mha_kernel::k_row(p, b, kvh, j0) : t.k_pack;
+      const bool cached = widened_cache(p);
+      if (cached) widen_into_cache(p, t, b, kvh, item.k_begin, j0 + keys);
+      const float* k_rows = k_direct ? mha_kernel::k_row(p, b, kvh, j0)
+                            : cached ? t.k_cache + (j0 - item.k_begin) * p.d
+                                     : t.k_pack;
       const int64_t k_stride = k_direct ? p.k_strides[2] : p.d;
-      if (!k_direct) pack_tile(p, p.k, p.k_strides, b, kvh, j0, keys, p.d, t.k_pack, p.d, true);
+      if (!k_direct && !cached) {
+        pack_tile(p, p.k, p.k_strides, b, kvh, j0, keys, p.d, t.k_pack, p.d, true);
+      }
       // Fused path: once every lane has a finite running maximum, a tile with
       // no mask to apply computes its probabilities straight from the score
       // registers against that (stale) maximum; it is exact as long as no
       // score exceeds the maximum by more than kMaxGrowth (2^16 cannot
       // overflow), which the epilogue checks.  Otherwise, and on the first
       // tile, the two-pass path: scores, masks, new maximum, rescale.
-      const float* v_rows = v_direct ? mha_kernel::v_row(p, b, kvh, j0) : t.v_pack;
+      const float* v_rows = v_direct ? mha_kernel::v_row(p, b, kvh, j0)
+                            : cached ? t.v_cache + (j0 - item.k_begin) * dvp
+                                     : t.v_pack;
       const int64_t v_stride = v_direct ? p.v_strides[2] : dvp;
-      if (!v_direct) pack_tile(p, p.v, p.v_strides, b, kvh, j0, keys, p.dv, t.v_pack, dvp, false);
+      if (!v_direct && !cached) {
+        pack_tile(p, p.v, p.v_strides, b, kvh, j0, keys, p.dv, t.v_pack, dvp, false);
+      }
       const bool maskless = p.mask_kind == MHA_MASK_NONE && j0 + keys - 1 <= min_last;
       const bool fused = maskless && !careful && lanes_have_maximum &&
                          compute_scores<true>(t, k_rows, k_stride, p.d, nqv, keys, prefetch);
@@ -244,6 +275,25 @@ class PrefillKernel {
         accumulate_pv(t, v_rows, v_stride, dvp, nq, keys, prefetch);
       }
     }
+  }
+
+  // Extends the item's widened K and V of KV head kvh (whose first key is
+  // k_begin) to cover the keys before `end`.
+  static void widen_into_cache(const mha_kernel_problem& p, const Tile& t, int64_t b, int64_t kvh,
+                               int64_t k_begin, int64_t end) {
+    if (t.widened[1] != kvh) {  // an item of several heads moved to another KV head
+      t.widened[0] = 0;
+      t.widened[1] = kvh;
+    }
+    const int64_t have = t.widened[0], want = end - k_begin;
+    if (want <= have) return;
+    const int64_t dvp = round_up(p.dv, W);
+    const int rows = static_cast<int>(want - have);
+    pack_tile(p, p.k, p.k_strides, b, kvh, k_begin + have, rows, p.d, t.k_cache + have * p.d, p.d,
+              true);
+    pack_tile(p, p.v, p.v_strides, b, kvh, k_begin + have, rows, p.dv, t.v_cache + have * dvp, dvp,
+              false);
+    t.widened[0] = want;
   }
 
   // Rows j0 .. j0 + keys of K or V (data, strides) of KV head kvh packed as
