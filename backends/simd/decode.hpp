@@ -88,14 +88,8 @@ class DecodeKernel {
     }
     for (int64_t r = 0; r < rows.count; ++r) {
       const int64_t row_h = r / nq, row_i = r % nq;
-      write_row<Arch>(
-          rows.acc + r * dvp, p.dv, rows.row_max[r], rows.row_sum[r], units,
-          mha_types::element_at(item.out, item.out_dtype,
-                                row_h * item.out_strides[0] + row_i * item.out_strides[1]),
-          item.out_dtype, item.out_strides[2],
-          item.lse == nullptr
-              ? nullptr
-              : item.lse + row_h * item.lse_strides[0] + row_i * item.lse_strides[1]);
+      write_item_row<Arch>(item, row_h, row_i, rows.acc + r * dvp, p.dv, rows.row_max[r],
+                           rows.row_sum[r], units);
     }
   }
 

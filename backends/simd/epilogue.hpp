@@ -4,6 +4,7 @@
 #pragma once
 
 #include <mha/mha.h>
+#include <mha/plugin_abi.h>
 #include <xsimd/xsimd.hpp>
 
 #include <cstdint>
@@ -44,6 +45,20 @@ inline void write_row(const float* acc, int64_t dv, float row_max, float sum,
   if (lse != nullptr) {
     *lse = empty ? -std::numeric_limits<float>::infinity() : units.lse(row_max, sum);
   }
+}
+
+// write_row for row (row_h, row_i) of a work item: its output and LSE slots.
+template <class Arch>
+inline void write_item_row(const mha_work_item& item, int64_t row_h, int64_t row_i,
+                           const float* acc, int64_t dv, float row_max, float sum,
+                           const ScoreUnits& units) {
+  write_row<Arch>(acc, dv, row_max, sum, units,
+                  mha_types::element_at(item.out, item.out_dtype,
+                                        row_h * item.out_strides[0] + row_i * item.out_strides[1]),
+                  item.out_dtype, item.out_strides[2],
+                  item.lse == nullptr
+                      ? nullptr
+                      : item.lse + row_h * item.lse_strides[0] + row_i * item.lse_strides[1]);
 }
 
 }  // namespace mha_simd

@@ -136,14 +136,8 @@ class PrefillKernel {
     const int64_t dvp = round_up(p.dv, W);
     for (int64_t r = 0; r < nq; ++r) {
       const int64_t row_h = h - item.h_begin, row_i = q0 + r - item.q_begin;
-      write_row<Arch>(
-          t.acc + r * dvp, p.dv, t.row_max[r], t.row_sum[r], units,
-          mha_types::element_at(item.out, item.out_dtype,
-                                row_h * item.out_strides[0] + row_i * item.out_strides[1]),
-          item.out_dtype, item.out_strides[2],
-          item.lse == nullptr
-              ? nullptr
-              : item.lse + row_h * item.lse_strides[0] + row_i * item.lse_strides[1]);
+      write_item_row<Arch>(item, row_h, row_i, t.acc + r * dvp, p.dv, t.row_max[r], t.row_sum[r],
+                           units);
     }
   }
 
