@@ -11,7 +11,9 @@
 #include <new>
 #include <nlohmann/json.hpp>
 
+#include "common/dtype.h"
 #include "common/visibility.h"
+#include "half.h"
 #include "tool_util.h"
 
 namespace mha_tools {
@@ -26,25 +28,64 @@ std::string label(const char* flag, const std::string& path) {
   throw ToolError(what + " failed (" + mha_status_name(status) + "): " + mha_last_error());
 }
 
-// A descriptor over an array, in the array's own layout (C or Fortran order);
+// "(2, 5, 4, 20)"
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "(";
+  for (std::size_t i = 0; i < shape.size(); ++i)
+    s += (i > 0 ? ", " : "") + std::to_string(shape[i]);
+  return s + (shape.size() == 1 ? ",)" : ")");
+}
+
+// "float32" for messages: the names of mha's dtypes as NumPy spells them.
+const char* dtype_long_name(mha_dtype dtype) {
+  switch (dtype) {
+    case MHA_DTYPE_BF16:
+      return "bfloat16";
+    case MHA_DTYPE_F16:
+      return "float16";
+    case MHA_DTYPE_I8:
+      return "int8";
+    case MHA_DTYPE_BOOL:
+      return "bool";
+    default:
+      return "float32";
+  }
+}
+
+// A descriptor over data of `size` elements in a layout (element strides);
 // with add_batch a leading dimension of 1 is added ([H,L,D] as [1,H,L,D]).
-mha_tensor describe(NpyArray& array, mha_dtype dtype, const std::string& what,
-                    bool add_batch = false) {
-  const int rank = array.rank() + (add_batch ? 1 : 0);
+// `text` describes the data in messages ("float32 (2, 5, 4, 20)").
+mha_tensor describe_layout(void* data, mha_dtype dtype, std::vector<int64_t> shape,
+                           std::vector<int64_t> strides, int64_t size, const std::string& text,
+                           const std::string& what, bool add_batch) {
+  const int given_rank = static_cast<int>(shape.size());
+  const int rank = given_rank + (add_batch ? 1 : 0);
   if (rank < 1 || rank > MHA_MAX_DIMS) {
-    throw ToolError(what + ": " + array.describe() + " has rank " + std::to_string(array.rank()) +
+    throw ToolError(what + ": " + text + " has rank " + std::to_string(given_rank) +
                     "; mha takes tensors of rank 1 to " + std::to_string(MHA_MAX_DIMS));
   }
-  std::vector<int64_t> shape = array.shape(), strides = array.strides();
   if (add_batch) {
     shape.insert(shape.begin(), 1);
-    strides.insert(strides.begin(), std::max<int64_t>(array.size(), 1));
+    strides.insert(strides.begin(), std::max<int64_t>(size, 1));
   }
   mha_tensor t{};
-  const mha_status status =
-      mha_tensor_init(&t, array.data(), dtype, rank, shape.data(), strides.data());
+  const mha_status status = mha_tensor_init(&t, data, dtype, rank, shape.data(), strides.data());
   if (status != MHA_OK) throw ToolError(what + ": " + mha_last_error());
   return t;
+}
+
+// A descriptor over an array, in the array's own layout (C or Fortran order).
+mha_tensor describe(NpyArray& array, mha_dtype dtype, const std::string& what,
+                    bool add_batch = false) {
+  return describe_layout(array.data(), dtype, array.shape(), array.strides(), array.size(),
+                         array.describe(), what, add_batch);
+}
+
+// A descriptor over an input in the dtype mha gets it.
+mha_tensor describe(TypedInput& input, const std::string& what, bool add_batch = false) {
+  return describe_layout(input.data(), input.dtype, input.shape, input.strides, input.size(),
+                         std::string(dtype_long_name(input.dtype)) + " " + shape_text(input.shape),
+                         what, add_batch);
 }
 
 // Reads an input file; messages name the flag ("--q q.npy: truncated data: ...").
@@ -56,15 +97,49 @@ NpyArray read_input(const char* flag, const std::string& path) {
   }
 }
 
-NpyArray load_float_tensor(const char* flag, const std::string& path, const char* role,
+bool is_float(NpyDtype dtype) {
+  return dtype == NpyDtype::F32 || dtype == NpyDtype::F16 || dtype == NpyDtype::F64;
+}
+
+// Q, K or V as the file holds it (converted later, to the dtype mha gets).
+NpyArray read_float_tensor(const char* flag, const std::string& path, const char* role,
                            const char* shapes) {
-  NpyArray a = read_float_input(flag, path);
-  if (a.dtype() != NpyDtype::F32 || (a.rank() != 4 && a.rank() != 3)) {
+  NpyArray a = read_input(flag, path);
+  if (!is_float(a.dtype()) || (a.rank() != 4 && a.rank() != 3)) {
     throw ToolError(label(flag, path) + ": " + role +
-                    " must be float32 (<f4) or float64 (<f8, converted) of rank 4 " + shapes +
+                    " must be float32 (<f4), float16 (<f2) or float64 (<f8) of rank 4 " + shapes +
                     " or rank 3 (one batch, B = 1); the file holds " + a.describe());
   }
   return a;
+}
+
+// K or V quantised to int8 with one scale per row (mha_quantize_kv), from
+// its float32 values; the scales are K's (V's) shape without the last dimension.
+TypedInput quantize_input(NpyArray array, const std::string& what, NpyArray& scale,
+                          bool add_batch) {
+  const NpyDtype file_dtype = array.dtype();
+  TypedInput values = convert_float_input(std::move(array), MHA_DTYPE_F32, what);
+  TypedInput q8;
+  q8.dtype = MHA_DTYPE_I8;
+  q8.shape = values.shape;
+  q8.strides = values.strides;
+  q8.converted.assign((static_cast<std::size_t>(values.size()) + 7) / 8 + 1, 0);
+  std::vector<int64_t> scale_shape = values.shape;
+  scale_shape.pop_back();
+  scale = NpyArray(NpyDtype::F32, scale_shape);
+  mha_tensor src = describe(values, what, add_batch);
+  mha_tensor dst = describe(q8, what, add_batch);
+  mha_tensor scales = describe(scale, MHA_DTYPE_F32, what + " (its row scales)", add_batch);
+  const mha_status status = mha_quantize_kv(&src, &dst, &scales);
+  if (status != MHA_OK) {
+    throw ToolError(what + ": mha_quantize_kv failed (" + mha_status_name(status) +
+                    "): " + mha_last_error());
+  }
+  if (verbose()) {
+    print_error(what + ": " + npy_dtype_name(file_dtype) +
+                " quantised to int8 with one float32 scale per row (mha_quantize_kv)");
+  }
+  return q8;
 }
 
 // Elements of an int32 / int64 descriptor, or of a bool / float32 one.
@@ -75,7 +150,7 @@ int64_t integer_at(const mha_tensor& t, int64_t offset) {
 
 bool mask_allows(const mha_tensor& mask, int64_t offset) {
   if (mask.dtype == MHA_DTYPE_BOOL) return static_cast<const uint8_t*>(mask.data)[offset] != 0;
-  return static_cast<const float*>(mask.data)[offset] != -INFINITY;
+  return mha_types::load_float(mask.data, mask.dtype, offset) != -INFINITY;
 }
 
 // Keys 0 .. limit-1 of (batch b, query i) survive the causal mode and valid
@@ -102,16 +177,12 @@ int64_t mask_offset(const mha_tensor& mask, const int64_t (&index)[4]) {
 }
 
 // Rank-3 Q, K and V leave a batch of one; anything else must be rank 4 throughout.
-void check_ranks(const AttentionInputs& in, const AttentionOptions& o) {
-  const NpyArray* arrays[] = {&in.k, &in.v};
-  const char* flags[] = {"--k", "--v"};
-  const std::string* paths[] = {&o.k, &o.v};
-  for (int i = 0; i < 2; ++i) {
-    if (arrays[i]->rank() == in.q.rank()) continue;
-    throw ToolError(label("--q", o.q) + ": Q has rank " + std::to_string(in.q.rank()) + " and " +
-                    label(flags[i], *paths[i]) + " has rank " + std::to_string(arrays[i]->rank()) +
-                    ": Q, K and V must all be rank 4 [B,H,L,D] or all rank 3 [H,L,D] (one batch)");
-  }
+void check_rank(int q_rank, const NpyArray& a, const char* flag, const std::string& path,
+                const AttentionOptions& o) {
+  if (a.rank() == q_rank) return;
+  throw ToolError(label("--q", o.q) + ": Q has rank " + std::to_string(q_rank) + " and " +
+                  label(flag, path) + " has rank " + std::to_string(a.rank()) +
+                  ": Q, K and V must all be rank 4 [B,H,L,D] or all rank 3 [H,L,D] (one batch)");
 }
 
 int64_t count_pairs_of_head(const AttentionCall& call, int64_t b, int64_t h) {
@@ -179,22 +250,137 @@ int run_guarded(const std::function<int()>& body) {
 
 NpyArray read_float_input(const char* flag, const std::string& path) {
   NpyArray a = read_input(flag, path);
-  if (a.dtype() != NpyDtype::F64) return a;
-  NpyArray f(NpyDtype::F32, a.shape(), a.fortran_order());
-  const double* from = a.data_as<double>();
-  float* to = f.data_as<float>();
-  for (int64_t i = 0; i < a.size(); ++i) {
-    const double value = from[i];
-    to[i] = static_cast<float>(value);
-    if (std::isinf(to[i]) && std::isfinite(value)) {
-      char text[40];
-      std::snprintf(text, sizeof text, "%.17g", value);
-      throw ToolError(label(flag, path) + ": float64 value " + text +
-                      " does not fit in float32 (largest 3.4028235e+38)");
+  if (a.dtype() != NpyDtype::F64 && a.dtype() != NpyDtype::F16) return a;
+  const bool fortran = a.fortran_order();
+  const TypedInput f = convert_float_input(std::move(a), MHA_DTYPE_F32, label(flag, path));
+  NpyArray out(NpyDtype::F32, f.shape, fortran);  // the converted values keep the file's order
+  std::memcpy(out.data(), f.data(), out.nbytes());
+  return out;
+}
+
+int64_t TypedInput::size() const {
+  int64_t n = 1;
+  for (const int64_t d : shape) n *= d;
+  return n;
+}
+
+namespace {
+
+// Bytes per element of the dtypes mha gets here.
+std::size_t element_bytes(mha_dtype dtype) {
+  switch (dtype) {
+    case MHA_DTYPE_BF16:
+    case MHA_DTYPE_F16:
+      return 2;
+    case MHA_DTYPE_I8:
+    case MHA_DTYPE_BOOL:
+      return 1;
+    default:
+      return 4;
+  }
+}
+
+NpyDtype npy_dtype_of(mha_dtype dtype) {
+  return dtype == MHA_DTYPE_F16 ? NpyDtype::F16 : NpyDtype::F32;
+}
+
+// Element i of a float array, stored as `dtype` (F32, BF16, F16) at `to`;
+// false when a finite value became infinite.
+bool store_converted(const NpyArray& from, int64_t i, mha_dtype dtype, void* to) {
+  const auto n = static_cast<std::size_t>(i);
+  if (from.dtype() == NpyDtype::F32) {  // exact in binary32: the library's own rounding
+    const float x = from.data_as<float>()[n];
+    mha_types::store_float(to, dtype, i, x);
+    return !std::isfinite(x) || std::isfinite(mha_types::load_float(to, dtype, i));
+  }
+  const double x = from.value_as_double(i);
+  switch (dtype) {
+    case MHA_DTYPE_BF16: {
+      const uint16_t bits = bf16_bits_from_double(x);
+      static_cast<uint16_t*>(to)[n] = bits;
+      return !std::isfinite(x) || std::isfinite(bf16_bits_to_double(bits));
+    }
+    case MHA_DTYPE_F16: {
+      const uint16_t bits = f16_bits_from_double(x);
+      static_cast<uint16_t*>(to)[n] = bits;
+      return !std::isfinite(x) || std::isfinite(f16_bits_to_double(bits));
+    }
+    default: {
+      const auto f = static_cast<float>(x);
+      static_cast<float*>(to)[n] = f;
+      return !std::isfinite(x) || std::isfinite(f);
     }
   }
-  if (verbose()) print_error(label(flag, path) + ": float64 converted to float32");
-  return f;
+}
+
+}  // namespace
+
+TypedInput convert_float_input(NpyArray array, mha_dtype dtype, const std::string& what,
+                               const char* hint) {
+  TypedInput in;
+  in.dtype = dtype;
+  in.shape = array.shape();
+  in.strides = array.strides();
+  if (array.dtype() == npy_dtype_of(dtype) && dtype != MHA_DTYPE_BF16) {
+    in.file = std::move(array);
+    return in;
+  }
+  const std::size_t bytes = static_cast<std::size_t>(array.size()) * element_bytes(dtype);
+  in.converted.assign(bytes / 8 + 1, 0);
+  void* to = in.converted.data();
+  for (int64_t i = 0; i < array.size(); ++i) {
+    if (store_converted(array, i, dtype, to)) continue;
+    char text[40];
+    std::snprintf(text, sizeof text, "%.17g", array.value_as_double(i));
+    const double largest =
+        dtype == MHA_DTYPE_F16 ? kF16Max : (dtype == MHA_DTYPE_BF16 ? kBf16Max : double{FLT_MAX});
+    char limit[40];
+    std::snprintf(limit, sizeof limit, "%.8g", largest);
+    throw ToolError(what + ": " + npy_dtype_name(array.dtype()) + " value " + text +
+                    " does not fit in " + dtype_long_name(dtype) + " (largest " + limit + ")" +
+                    hint);
+  }
+  if (verbose()) {
+    print_error(what + ": " + npy_dtype_name(array.dtype()) + " converted to " +
+                dtype_long_name(dtype));
+  }
+  return in;
+}
+
+const char* dtype_flag_name(mha_dtype dtype) {
+  switch (dtype) {
+    case MHA_DTYPE_BF16:
+      return "bf16";
+    case MHA_DTYPE_F16:
+      return "f16";
+    case MHA_DTYPE_I8:
+      return "i8";
+    default:
+      return "f32";
+  }
+}
+
+std::optional<mha_dtype> parse_dtype_flag(const std::string& text, bool kv) {
+  struct Name {
+    const char* text;
+    mha_dtype dtype;
+  };
+  static const Name kNames[] = {
+      {"f32", MHA_DTYPE_F32},   {"fp32", MHA_DTYPE_F32},      {"float32", MHA_DTYPE_F32},
+      {"bf16", MHA_DTYPE_BF16}, {"bfloat16", MHA_DTYPE_BF16}, {"f16", MHA_DTYPE_F16},
+      {"fp16", MHA_DTYPE_F16},  {"float16", MHA_DTYPE_F16},   {"half", MHA_DTYPE_F16},
+      {"i8", MHA_DTYPE_I8},     {"int8", MHA_DTYPE_I8}};
+  for (const Name& name : kNames) {
+    if (text == name.text && (kv || name.dtype != MHA_DTYPE_I8)) return name.dtype;
+  }
+  return std::nullopt;
+}
+
+Dtypes resolve_dtypes(const AttentionOptions& o, NpyDtype q_file_dtype) {
+  Dtypes d;
+  d.q = o.dtype.value_or(q_file_dtype == NpyDtype::F16 ? MHA_DTYPE_F16 : MHA_DTYPE_F32);
+  d.kv = o.kv_dtype.value_or(d.q);
+  return d;
 }
 
 // ---------------------------------------------------------------- options
@@ -202,22 +388,55 @@ NpyArray read_float_input(const char* flag, const std::string& path) {
 void add_attention_options(CLI::App& app, AttentionOptions& o) {
   const CLI::Validator& filled = non_empty();
   app.add_option("--q", o.q,
-                 "queries: float32 [B,H,Lq,D] .npy (C or Fortran order; float64 is converted; "
-                 "[H,Lq,D] with K and V of rank 3 too is one batch)")
+                 "queries: float32 or float16 [B,H,Lq,D] .npy (C or Fortran order; float64 too; "
+                 "[H,Lq,D] with K and V of rank 3 too is one batch); passed as --dtype")
       ->check(filled);
-  app.add_option("--k", o.k, "keys: float32 [B,Hkv,Lk,D] .npy; H must be a multiple of Hkv")
+  app.add_option("--k", o.k,
+                 "keys: float32 or float16 [B,Hkv,Lk,D] .npy (float64 too); H must be a multiple "
+                 "of Hkv; passed as --kv-dtype")
       ->check(filled);
-  app.add_option("--v", o.v, "values: float32 [B,Hkv,Lk,Dv] .npy")->check(filled);
+  app.add_option("--v", o.v, "values: float32 or float16 [B,Hkv,Lk,Dv] .npy; passed as --kv-dtype")
+      ->check(filled);
   app.add_option("--out", o.out,
-                 "output: float32 [B,H,Lq,Dv] .npy to write ([H,Lq,Dv] for rank-3 inputs); "
-                 "replaced only once every output is written")
+                 "output: float32 [B,H,Lq,Dv] .npy to write ([H,Lq,Dv] for rank-3 inputs), "
+                 "float32 whatever --dtype; replaced only once every output is written")
       ->check(filled);
   app.add_option("--mask", o.mask,
-                 "mask .npy, bool (true = the key takes part) or float32/float64 (added to the "
-                 "scores), broadcastable to [B,H,Lq,Lk] (rank 2 to 4)")
+                 "mask .npy, bool (true = the key takes part) or float32/float16/float64 (added "
+                 "to the scores, passed as --dtype), broadcastable to [B,H,Lq,Lk] (rank 2 to 4)")
       ->check(filled);
   app.add_option("--valid-lens", o.valid_lens, "valid lengths .npy, int32 or int64, [B] or [B,Lq]")
       ->check(filled);
+  const auto dtype_check = [](bool kv) {
+    return CLI::Validator(
+        [kv](const std::string& text) -> std::string {
+          if (parse_dtype_flag(text, kv)) return {};
+          if (!kv && parse_dtype_flag(text, true)) {
+            return "Q cannot be int8: " + text +
+                   " is for K and V only (--kv-dtype i8); --dtype must be f32, bf16 or f16";
+          }
+          return "'" + text + "' is not a dtype; it must be " +
+                 (kv ? "f32, bf16, f16 or i8" : "f32, bf16 or f16");
+        },
+        kv ? "f32|bf16|f16|i8" : "f32|bf16|f16", kv ? "KV-DTYPE" : "DTYPE");
+  };
+  app.add_option_function<std::string>(
+         "--dtype", [&o](const std::string& s) { o.dtype = parse_dtype_flag(s, false); },
+         "the dtype Q (and a float --mask) is passed to mha in: f32, bf16 or f16. Default: f16 "
+         "when --q holds float16, else f32. Files of another float type are converted on load, "
+         "rounded to nearest even (NumPy has no bfloat16: bf16 is always a conversion). mha "
+         "computes in float32; --out and --lse are float32 whatever the dtype")
+      ->check(filled)
+      ->check(dtype_check(false))
+      ->option_text("f32|bf16|f16");
+  app.add_option_function<std::string>(
+         "--kv-dtype", [&o](const std::string& s) { o.kv_dtype = parse_dtype_flag(s, true); },
+         "the dtype K and V are passed to mha in: f32, bf16, f16, or i8 (int8 with one float32 "
+         "scale per row, made by mha_quantize_kv: scale = max|row| / 127). Default: --dtype's "
+         "value")
+      ->check(filled)
+      ->check(dtype_check(true))
+      ->option_text("f32|bf16|f16|i8");
   add_causal_option(app, o.causal,
                     "causal mask: none (the default), top-left (also --causal alone) or "
                     "bottom-right");
@@ -294,24 +513,48 @@ void configure_runtime(const std::optional<std::string>& backend, std::optional<
 // ---------------------------------------------------------------- loading
 
 AttentionInputs load_attention_inputs(const AttentionOptions& o) {
-  AttentionInputs in{load_float_tensor("--q", o.q, "Q", "[B,H,Lq,D]"),
-                     load_float_tensor("--k", o.k, "K", "[B,Hkv,Lk,D]"),
-                     load_float_tensor("--v", o.v, "V", "[B,Hkv,Lk,Dv]"),
-                     {},
-                     {},
-                     false};
-  check_ranks(in, o);
-  in.unbatched = in.q.rank() == 3;
+  // One file at a time, each converted before the next is read: the float32
+  // copy of K is gone when V is read.
+  NpyArray q = read_float_tensor("--q", o.q, "Q", "[B,H,Lq,D]");
+  const Dtypes dtypes = resolve_dtypes(o, q.dtype());
+  if (verbose() && !o.dtype && dtypes.q == MHA_DTYPE_F16) {
+    print_error(label("--q", o.q) + ": float16, so --dtype defaults to f16");
+  }
+  AttentionInputs in;
+  const int q_rank = q.rank();
+  in.unbatched = q_rank == 3;
+  in.q = convert_float_input(std::move(q), dtypes.q, label("--q", o.q));
+  const auto load_kv = [&](const char* flag, const std::string& path, const char* role,
+                           const char* shapes, std::optional<NpyArray>& scale) {
+    NpyArray a = read_float_tensor(flag, path, role, shapes);
+    check_rank(q_rank, a, flag, path, o);
+    if (dtypes.kv != MHA_DTYPE_I8)
+      return convert_float_input(std::move(a), dtypes.kv, label(flag, path));
+    NpyArray row_scales;
+    TypedInput q8 = quantize_input(std::move(a), label(flag, path), row_scales, in.unbatched);
+    scale = std::move(row_scales);
+    return q8;
+  };
+  in.k = load_kv("--k", o.k, "K", "[B,Hkv,Lk,D]", in.k_scale);
+  in.v = load_kv("--v", o.v, "V", "[B,Hkv,Lk,Dv]", in.v_scale);
   if (!o.mask.empty()) {
-    NpyArray m = read_float_input("--mask", o.mask);
-    if (m.dtype() != NpyDtype::Bool && m.dtype() != NpyDtype::U8 && m.dtype() != NpyDtype::F32) {
-      throw ToolError(
-          label("--mask", o.mask) +
-          ": the mask must be bool (|b1, or |u1) or float32 (<f4, or float64 <f8); the file "
-          "holds " +
-          m.describe());
+    NpyArray m = read_input("--mask", o.mask);
+    if (m.dtype() == NpyDtype::Bool || m.dtype() == NpyDtype::U8) {
+      TypedInput mask;
+      mask.dtype = MHA_DTYPE_BOOL;
+      mask.shape = m.shape();
+      mask.strides = m.strides();
+      mask.file = std::move(m);
+      in.mask = std::move(mask);
+    } else if (is_float(m.dtype())) {
+      in.mask = convert_float_input(std::move(m), dtypes.q, label("--mask", o.mask),
+                                    " (an additive mask may use -inf to remove a key)");
+    } else {
+      throw ToolError(label("--mask", o.mask) +
+                      ": the mask must be bool (|b1, or |u1) or float32 (<f4, or float16 <f2, "
+                      "float64 <f8); the file holds " +
+                      m.describe());
     }
-    in.mask = std::move(m);
   }
   if (!o.valid_lens.empty()) {
     NpyArray vl = read_input("--valid-lens", o.valid_lens);
@@ -338,19 +581,24 @@ mha_attention_params AttentionCall::params() {
   p.valid_lens = valid_lens ? &*valid_lens : nullptr;
   p.mask = mask ? &*mask : nullptr;
   p.lse = lse ? &*lse : nullptr;
+  p.k_scale = k_scale ? &*k_scale : nullptr;
+  p.v_scale = v_scale ? &*v_scale : nullptr;
   return p;
 }
 
 AttentionCall prepare_attention_call(AttentionInputs& in, const AttentionOptions& o) {
   AttentionCall call;
   const bool b1 = in.unbatched;
-  call.q = describe(in.q, MHA_DTYPE_F32, label("--q", o.q), b1);
-  call.k = describe(in.k, MHA_DTYPE_F32, label("--k", o.k), b1);
-  call.v = describe(in.v, MHA_DTYPE_F32, label("--v", o.v), b1);
-  if (in.mask) {
-    const mha_dtype dtype = in.mask->dtype() == NpyDtype::F32 ? MHA_DTYPE_F32 : MHA_DTYPE_BOOL;
-    call.mask = describe(*in.mask, dtype, label("--mask", o.mask));
+  call.q = describe(in.q, label("--q", o.q), b1);
+  call.k = describe(in.k, label("--k", o.k), b1);
+  call.v = describe(in.v, label("--v", o.v), b1);
+  if (in.k_scale && in.v_scale) {
+    call.k_scale =
+        describe(*in.k_scale, MHA_DTYPE_F32, label("--k", o.k) + " (its row scales)", b1);
+    call.v_scale =
+        describe(*in.v_scale, MHA_DTYPE_F32, label("--v", o.v) + " (its row scales)", b1);
   }
+  if (in.mask) call.mask = describe(*in.mask, label("--mask", o.mask));
   if (in.valid_lens) {
     const mha_dtype dtype = in.valid_lens->dtype() == NpyDtype::I64 ? MHA_DTYPE_I64 : MHA_DTYPE_I32;
     call.valid_lens = describe(*in.valid_lens, dtype, label("--valid-lens", o.valid_lens));
@@ -359,10 +607,10 @@ AttentionCall prepare_attention_call(AttentionInputs& in, const AttentionOptions
   if (o.scale) call.scale = static_cast<float>(*o.scale);
 
   // [B,H,Lq,Dv] and [B,H,Lq], or [H,Lq,Dv] and [H,Lq] for rank-3 inputs.
-  std::vector<int64_t> lse_shape = in.q.shape();
+  std::vector<int64_t> lse_shape = in.q.shape;
   lse_shape.pop_back();
   std::vector<int64_t> out_shape = lse_shape;
-  out_shape.push_back(in.v.shape().back());
+  out_shape.push_back(in.v.shape.back());
   call.out_array = NpyArray(NpyDtype::F32, out_shape);
   call.out = describe(call.out_array, MHA_DTYPE_F32, "the output", b1);
   if (!o.lse.empty()) {
@@ -414,7 +662,7 @@ double attention_flops(const AttentionCall& call) {
   return 2.0 * (d + dv) * static_cast<double>(count_attention_pairs(call));
 }
 
-std::string timing_json(const Timing& timing, double flops) {
+std::string timing_json(const Timing& timing, double flops, const Dtypes& dtypes) {
   const char* backend = mha_selected_backend();
   nlohmann::ordered_json j;
   j["backend"] = backend != nullptr ? backend : "";
@@ -422,6 +670,10 @@ std::string timing_json(const Timing& timing, double flops) {
   j["median_ms"] = timing.median_ms;
   j["min_ms"] = timing.min_ms;
   j["gflops"] = timing.median_ms > 0 ? flops / (timing.median_ms * 1e6) : 0.0;
+  if (dtypes.q != MHA_DTYPE_F32 || dtypes.kv != MHA_DTYPE_F32) {
+    j["dtype"] = dtype_flag_name(dtypes.q);
+    j["kv_dtype"] = dtype_flag_name(dtypes.kv);
+  }
   return j.dump();
 }
 
@@ -470,7 +722,9 @@ int run_attention_command(const AttentionOptions& o) {
     write_attention_outputs(call, o, outputs);
     if (o.repeat > 0) {
       const Timing timing = time_attention(call, o.repeat);
-      print_stdout_line(timing_json(timing, attention_flops(call)));
+      const Dtypes dtypes{static_cast<mha_dtype>(call.q.dtype),
+                          static_cast<mha_dtype>(call.k.dtype)};
+      print_stdout_line(timing_json(timing, attention_flops(call), dtypes));
     }
     return kExitOk;
   });

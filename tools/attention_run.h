@@ -35,7 +35,24 @@ struct AttentionOptions : RunOptions {
   std::string causal = "none";        // none | top-left | bottom-right
   std::optional<double> scale;
   std::string scale_text;  // --scale as typed
+  // --dtype (F32, BF16 or F16) and --kv-dtype (those or I8); not given: see
+  // resolve_dtypes().
+  std::optional<mha_dtype> dtype, kv_dtype;
 };
+
+// The names of --dtype and --kv-dtype's values: "f32", "bf16", "f16", "i8".
+const char* dtype_flag_name(mha_dtype dtype);
+// A value of --dtype (kv = false) or --kv-dtype (kv = true): f32, bf16, f16
+// (and i8 for K and V), or an alias (fp32, float32, fp16, float16, half,
+// bfloat16, int8); nullopt for anything else.
+std::optional<mha_dtype> parse_dtype_flag(const std::string& text, bool kv);
+
+// The dtypes mha gets: --dtype, or F16 when Q's file holds float16 and F32
+// otherwise; --kv-dtype, or the dtype.
+struct Dtypes {
+  mha_dtype q = MHA_DTYPE_F32, kv = MHA_DTYPE_F32;
+};
+Dtypes resolve_dtypes(const AttentionOptions& options, NpyDtype q_file_dtype);
 
 // Registers the attention flags (--q, --k, ...) on a CLI11 app or subcommand.
 void add_attention_options(CLI::App& app, AttentionOptions& options);
@@ -46,10 +63,36 @@ void add_attention_options(CLI::App& app, AttentionOptions& options);
 // throws UsageError.
 void check_attention_options(const AttentionOptions& options);
 
-// Reads a float32 or float64 .npy input; float64 is converted to float32
-// (said on stderr under MHA_VERBOSE=1) and refused when a finite value does
-// not fit.  Other dtypes are left to the caller.
+// Reads a float32, float16 or float64 .npy input as float32 (for the module,
+// which computes in fp32): float16 is converted exactly, float64 is rounded
+// and refused when a finite value does not fit; each conversion is said on
+// stderr under MHA_VERBOSE=1.  Other dtypes are left to the caller.
 NpyArray read_float_input(const char* flag, const std::string& path);
+
+// An input as mha reads it: the file's shape and element strides (C or
+// Fortran order) over values of `dtype`.  `file` holds them when the file
+// already had that dtype (F32, F16, BOOL); `converted` otherwise (BF16, I8,
+// or values converted from another float type).
+struct TypedInput {
+  mha_dtype dtype = MHA_DTYPE_F32;
+  std::vector<int64_t> shape, strides;
+  std::optional<NpyArray> file;
+  std::vector<uint64_t> converted;  // 8-byte aligned
+
+  int rank() const { return static_cast<int>(shape.size()); }
+  int64_t size() const;
+  void* data() { return file ? file->data() : static_cast<void*>(converted.data()); }
+  const void* data() const {
+    return file ? file->data() : static_cast<const void*>(converted.data());
+  }
+};
+
+// The values of a float array (F32, F64 or F16) as `dtype` (F32, BF16 or
+// F16), rounded to nearest with ties to even -- once, also from float64.  A
+// finite value that does not fit is refused (ToolError naming `what`); the
+// conversion is said on stderr under MHA_VERBOSE=1.  `hint` ends the refusal.
+TypedInput convert_float_input(NpyArray array, mha_dtype dtype, const std::string& what,
+                               const char* hint = "");
 
 // Applies --backend and --threads, then makes sure a backend is selected
 // (MHA_BACKEND may name an unusable one): fails with the library's message.
@@ -58,8 +101,11 @@ void configure_runtime(const std::optional<std::string>& backend, std::optional<
 // Q, K and V all of rank 4 [B,H,L,D], or all of rank 3 [H,L,D] (one batch:
 // the outputs are then of rank 3 too, [H,Lq,Dv] and [H,Lq]).
 struct AttentionInputs {
-  NpyArray q, k, v;
-  std::optional<NpyArray> mask, valid_lens;
+  TypedInput q, k, v;              // in the resolved dtypes (Q's, K and V's)
+  std::optional<TypedInput> mask;  // BOOL, or Q's dtype
+  std::optional<NpyArray> valid_lens;
+  // With int8 K and V: the F32 row scales, K's (V's) shape without D.
+  std::optional<NpyArray> k_scale, v_scale;
   bool unbatched = false;  // rank 3
 };
 AttentionInputs load_attention_inputs(const AttentionOptions& options);
@@ -68,7 +114,7 @@ AttentionInputs load_attention_inputs(const AttentionOptions& options);
 // pointers are set by params() from the members, so the struct may be moved.
 struct AttentionCall {
   mha_tensor q{}, k{}, v{}, out{};
-  std::optional<mha_tensor> mask, valid_lens, lse;
+  std::optional<mha_tensor> mask, valid_lens, lse, k_scale, v_scale;
   int32_t causal = MHA_CAUSAL_NONE;
   std::optional<float> scale;
   NpyArray out_array, lse_array;
@@ -94,7 +140,9 @@ int64_t count_attention_pairs(const AttentionCall& call);
 double attention_flops(const AttentionCall& call);
 
 // {"backend":..., "threads":..., "median_ms":..., "min_ms":..., "gflops":...}
-std::string timing_json(const Timing& timing, double flops);
+// followed by "dtype":..., "kv_dtype":... (f32, bf16, f16, i8) when either is
+// not F32: a float32 run prints the line of earlier versions.
+std::string timing_json(const Timing& timing, double flops, const Dtypes& dtypes = {});
 
 // The outputs as OutputFiles checks and writes them: --lse first, --out last.
 std::vector<NamedFile> attention_outputs(const AttentionOptions& options);

@@ -123,7 +123,7 @@ NpyArray load_sequence(const char* flag, const std::string& path, const char* ro
   NpyArray a = read_float_input(flag, path);
   if (a.dtype() != NpyDtype::F32 || a.rank() != 3) {
     throw ToolError(std::string(flag) + " " + path + ": " + role +
-                    " must be float32 (<f4) or float64 (<f8, converted) of rank 3, " +
+                    " must be float32 (<f4; float16 <f2 or float64 <f8, converted) of rank 3, " +
                     (seq_first ? "[L, B, features] (sequence-first)" : "[B, L, features]") +
                     "; the file holds " + a.describe());
   }
@@ -136,7 +136,7 @@ NpyArray load_mask(const char* flag, const std::string& path, int min_rank, int 
   if (a.dtype() != NpyDtype::Bool && a.dtype() != NpyDtype::U8 && a.dtype() != NpyDtype::F32) {
     throw ToolError(std::string(flag) + " " + path +
                     ": the mask must be bool (|b1, or |u1; true = not allowed) or float32 (<f4, "
-                    "or float64 <f8; added to the scores); the file holds " +
+                    "or float16 <f2, float64 <f8; added to the scores); the file holds " +
                     a.describe());
   }
   if (a.rank() < min_rank || a.rank() > max_rank) {
@@ -227,8 +227,9 @@ void add_module_options(CLI::App& app, ModuleOptions& o) {
                  "out_proj.weight.npy, ...) and config.json; mha-export-torch-weights writes them")
       ->check(filled);
   app.add_option("--query", o.query,
-                 "queries: float32 [B,Lq,Eq] .npy ([Lq,B,Eq] when sequence-first; float64 is "
-                 "converted)")
+                 "queries: float32 [B,Lq,Eq] .npy ([Lq,B,Eq] when sequence-first); float16 and "
+                 "float64 files (here and in every other input) are converted to float32: the "
+                 "module computes in float32 and has no --dtype")
       ->check(filled);
   app.add_option("--key", o.key, "keys: float32 [B,Lk,Ek] .npy (default: the queries)")
       ->check(filled);
@@ -364,7 +365,7 @@ ModuleWeightFiles load_module_weights(const std::string& dir, std::optional<int6
     NpyArray a = read_float_input("--weights", path.string());
     if (a.dtype() != NpyDtype::F32) {
       throw ToolError(path.string() +
-                      ": weights must be float32 (<f4, or float64 <f8); the file "
+                      ": weights must be float32 (<f4, or float16 <f2, float64 <f8); the file "
                       "holds " +
                       a.describe());
     }

@@ -11,6 +11,7 @@
 #include <limits>
 #include <utility>
 
+#include "half.h"
 #include "tool_util.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -37,6 +38,7 @@ constexpr DtypeInfo kDtypes[] = {
     {NpyDtype::F32, "<f4", "float32", 4}, {NpyDtype::F64, "<f8", "float64", 8},
     {NpyDtype::Bool, "|b1", "bool", 1},   {NpyDtype::U8, "|u1", "uint8", 1},
     {NpyDtype::I32, "<i4", "int32", 4},   {NpyDtype::I64, "<i8", "int64", 8},
+    {NpyDtype::F16, "<f2", "float16", 2},
 };
 
 const DtypeInfo& info_of(NpyDtype dtype) {
@@ -266,7 +268,7 @@ class HeaderParser {
                      "') is not supported; save it as little-endian");
     }
     throw NpyError("unsupported dtype '" + printable(descr) +
-                   "' (supported: <f4, <f8, |b1, |u1, <i4, <i8)");
+                   "' (supported: <f4, <f8, <f2, |b1, |u1, <i4, <i8)");
   }
 
   int64_t parse_dimension() {
@@ -487,6 +489,8 @@ double NpyArray::value_as_double(int64_t i) const {
       return static_cast<double>(static_cast<const float*>(data())[n]);
     case NpyDtype::F64:
       return static_cast<const double*>(data())[n];
+    case NpyDtype::F16:
+      return f16_bits_to_double(static_cast<const uint16_t*>(data())[n]);
     case NpyDtype::Bool:
     case NpyDtype::U8:
       return static_cast<const uint8_t*>(data())[n];
@@ -509,7 +513,8 @@ int64_t NpyArray::value_as_int64(int64_t i) const {
     case NpyDtype::U8:
       return static_cast<const uint8_t*>(data())[n];
     case NpyDtype::F32:
-    case NpyDtype::F64: {
+    case NpyDtype::F64:
+    case NpyDtype::F16: {
       const double v = value_as_double(i);
       if (!(v > -9.2e18 && v < 9.2e18))
         return v > 0 ? std::numeric_limits<int64_t>::max() : std::numeric_limits<int64_t>::min();
@@ -527,6 +532,9 @@ void NpyArray::set_from_double(int64_t i, double value) {
       return;
     case NpyDtype::F64:
       static_cast<double*>(data())[n] = value;
+      return;
+    case NpyDtype::F16:
+      static_cast<uint16_t*>(data())[n] = f16_bits_from_double(value);
       return;
     case NpyDtype::Bool:
       static_cast<uint8_t*>(data())[n] = value != 0 ? 1 : 0;

@@ -1,7 +1,8 @@
 // A small, strict reader and writer of NumPy .npy files (format versions 1.0,
 // 2.0 and 3.0).
 //
-// Supported dtypes: <f4, <f8, |b1, <i4, <i8 and |u1 (a byte, used as a bool).
+// Supported dtypes: <f4, <f8, <f2 (IEEE binary16: NumPy's float16), |b1, <i4,
+// <i8 and |u1 (a byte, used as a bool).
 // Arrays of any rank up to kNpyMaxRank are read, in C or Fortran order: the
 // data is kept as it is in the file and the order is expressed as strides, so
 // callers index elements through strides() (or offset()) and never transpose.
@@ -21,7 +22,7 @@
 
 namespace mha_tools {
 
-enum class NpyDtype { F32, F64, Bool, U8, I32, I64 };
+enum class NpyDtype { F32, F64, Bool, U8, I32, I64, F16 };
 
 // The descr string written to and accepted from files: "<f4", "|b1", ...
 const char* npy_descr(NpyDtype dtype);
@@ -69,9 +70,11 @@ class NpyArray {
   int64_t offset_unchecked(const int64_t* index) const;
 
   // The element at an element offset, converted (bool and u1 give 0 or 1 as
-  // stored; any non-zero byte reads as its value).
+  // stored; any non-zero byte reads as its value; float16 exactly).
   double value_as_double(int64_t element_offset) const;
   int64_t value_as_int64(int64_t element_offset) const;  // floats are truncated
+  // Stores a value; float32 and float16 round to nearest, ties to even (a
+  // finite value beyond float16's 65504 becomes an infinity).
   void set_from_double(int64_t element_offset, double value);
 
   // "(2, 5, 4, 20)" as NumPy prints it.
@@ -127,6 +130,10 @@ struct NpyDtypeOf<int32_t> {
 template <>
 struct NpyDtypeOf<int64_t> {
   static constexpr NpyDtype value = NpyDtype::I64;
+};
+template <>
+struct NpyDtypeOf<uint16_t> {  // <f2, as its bits
+  static constexpr NpyDtype value = NpyDtype::F16;
 };
 template <>
 struct NpyDtypeOf<uint8_t> {  // |b1 and |u1

@@ -42,7 +42,18 @@ int run(int argc, const char* const* argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  if (module->parsed()) return run_module_command(module_options);
+  if (module->parsed()) {
+    // The module computes in fp32: the attention mode's dtype flags, given
+    // before `module`, would otherwise be ignored without a word.
+    for (const char* flag : {"--dtype", "--kv-dtype"}) {
+      if (app.count(flag) == 0) continue;
+      print_error(std::string(flag) +
+                  " is a flag of attention mode: mha-run module computes in "
+                  "float32 (float16 and float64 files are converted to float32)");
+      return kExitUsage;
+    }
+    return run_module_command(module_options);
+  }
   return run_attention_command(attention);
 }
 

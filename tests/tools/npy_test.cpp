@@ -4,13 +4,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "half.h"
 #include "npy.h"
+#include "test_util.h"
 
 namespace {
 
@@ -23,8 +28,8 @@ using mha_tools::read_npy;
 using mha_tools::write_npy;
 using Bytes = std::vector<unsigned char>;
 
-const NpyDtype kAllDtypes[] = {NpyDtype::F32, NpyDtype::F64, NpyDtype::Bool,
-                               NpyDtype::U8,  NpyDtype::I32, NpyDtype::I64};
+const NpyDtype kAllDtypes[] = {NpyDtype::F32, NpyDtype::F64, NpyDtype::Bool, NpyDtype::U8,
+                               NpyDtype::I32, NpyDtype::I64, NpyDtype::F16};
 
 std::string temp_path(const std::string& name) {
   return ::testing::TempDir() + "mha_npy_test_" + std::to_string(::getpid()) + "_" + name;
@@ -99,8 +104,101 @@ TEST(Npy, DtypeTable) {
   EXPECT_STREQ(mha_tools::npy_descr(NpyDtype::U8), "|u1");
   EXPECT_STREQ(mha_tools::npy_descr(NpyDtype::I32), "<i4");
   EXPECT_STREQ(mha_tools::npy_descr(NpyDtype::I64), "<i8");
+  EXPECT_STREQ(mha_tools::npy_descr(NpyDtype::F16), "<f2");
+  EXPECT_STREQ(mha_tools::npy_dtype_name(NpyDtype::F16), "float16");
   EXPECT_EQ(mha_tools::npy_itemsize(NpyDtype::F64), 8u);
   EXPECT_EQ(mha_tools::npy_itemsize(NpyDtype::Bool), 1u);
+  EXPECT_EQ(mha_tools::npy_itemsize(NpyDtype::F16), 2u);
+}
+
+// ------------------------------------------------------------- float16
+
+// The bits of a float16 array's element.
+uint16_t f16_bits(const NpyArray& a, int64_t i) {
+  return a.data_as<uint16_t>()[static_cast<std::size_t>(i)];
+}
+
+TEST(NpyHalf, EveryFloat16ValueRoundTrips) {
+  NpyArray a(NpyDtype::F16, {65536});
+  for (uint32_t bits = 0; bits < 65536; ++bits) {
+    a.data_as<uint16_t>()[bits] = static_cast<uint16_t>(bits);
+  }
+  NpyArray b(NpyDtype::F16, {65536});
+  for (int64_t i = 0; i < a.size(); ++i) {
+    const double value = a.value_as_double(i);
+    // The value, from the format's definition (tests/test_util.h).
+    const double want = mha_test::half_bits_value(f16_bits(a, i), MHA_DTYPE_F16);
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(value)) << i;
+    } else {
+      EXPECT_EQ(value, want) << i;
+    }
+    b.set_from_double(i, value);
+    if (std::isnan(value)) {
+      EXPECT_EQ(f16_bits(b, i) & 0x7E00u, 0x7E00u) << "NaN stays a quiet NaN: " << i;
+      EXPECT_EQ(f16_bits(b, i) & 0x8000u, f16_bits(a, i) & 0x8000u) << "its sign too: " << i;
+    } else {
+      EXPECT_EQ(f16_bits(b, i), f16_bits(a, i)) << i;
+    }
+  }
+}
+
+TEST(NpyHalf, RoundsToNearestEven) {
+  NpyArray a(NpyDtype::F16, {1});
+  const auto stored = [&a](double x) {
+    a.set_from_double(0, x);
+    return a.value_as_double(0);
+  };
+  EXPECT_EQ(stored(1.0 + 0x1p-11), 1.0);                      // a tie: to the even 1.0
+  EXPECT_EQ(stored(1.0 + 3 * 0x1p-11), 1.0 + 0x1p-9);         // a tie: to the even neighbour
+  EXPECT_EQ(stored(1.0 + 0x1p-11 + 0x1p-40), 1.0 + 0x1p-10);  // above the tie: up
+  // Rounded once from double: through float32 first, 1 + 2^-11 + 2^-40 would
+  // become the tie 1 + 2^-11 and then 1.0.
+  EXPECT_EQ(stored(-2.5), -2.5);
+  EXPECT_EQ(stored(65504.0), 65504.0);
+  EXPECT_EQ(stored(65519.99), 65504.0);
+  EXPECT_EQ(stored(65520.0), HUGE_VAL);  // the tie with 2^16 rounds to infinity
+  EXPECT_EQ(stored(-1e9), -HUGE_VAL);
+  EXPECT_EQ(stored(0x1p-24), 0x1p-24);  // the smallest subnormal
+  EXPECT_EQ(stored(0x1p-25), 0.0);      // a tie: to the even 0
+  EXPECT_EQ(stored(3 * 0x1p-25), 0x1p-23);
+  EXPECT_EQ(stored(0x1p-14 - 0x1p-26), 0x1p-14);  // up to the smallest normal
+  a.set_from_double(0, -0.0);
+  EXPECT_EQ(f16_bits(a, 0), 0x8000u);
+  a.set_from_double(0, -HUGE_VAL);
+  EXPECT_EQ(f16_bits(a, 0), 0xFC00u);
+  EXPECT_EQ(a.value_as_int64(0), std::numeric_limits<int64_t>::min());
+  a.set_from_double(0, -7.75);
+  EXPECT_EQ(a.value_as_int64(0), -7);
+}
+
+// float32 values rounded by half.h (from double) and by the tests' own
+// conversions (tests/test_util.h, from the formats' definitions) agree, for
+// bfloat16 too; so do float64 values that float32 holds.
+TEST(NpyHalf, AgreesWithTheTestsConversions) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<uint32_t> any_bits;
+  for (int i = 0; i < 200000; ++i) {  // also under qemu: a few seconds
+    uint32_t u = any_bits(rng);
+    if (i % 4 == 1) {  // exponents from 2^-27 to 2^16: float16's subnormals to its overflow
+      u = (u & 0x807FFFFFu) | ((100u + u % 44u) << 23);
+    }
+    if (i % 4 == 2) u = (u & ~0x1FFFu) | 0x1000u;  // a float16 tie
+    if (i % 4 == 3) u = (u & ~0xFFFFu) | 0x8000u;  // a bfloat16 tie
+    float x = 0;
+    std::memcpy(&x, &u, sizeof x);
+    const double d = static_cast<double>(x);
+    if (std::isnan(x)) continue;
+    ASSERT_EQ(mha_tools::f16_bits_from_double(d), mha_test::round_to_f16_bits(x)) << u;
+    ASSERT_EQ(mha_tools::bf16_bits_from_double(d), mha_test::round_to_bf16_bits(x)) << u;
+    const uint16_t b = mha_test::round_to_bf16_bits(x);
+    EXPECT_EQ(mha_tools::bf16_bits_to_double(b), mha_test::half_bits_value(b, MHA_DTYPE_BF16));
+  }
+  EXPECT_EQ(mha_tools::bf16_bits_from_double(1.0 + 0x1p-8), 0x3F80u);  // a tie: even
+  EXPECT_EQ(mha_tools::bf16_bits_from_double(1.0 + 0x1p-8 + 0x1p-40), 0x3F81u);
+  EXPECT_EQ(mha_tools::bf16_bits_from_double(mha_tools::kBf16Max), 0x7F7Fu);
+  EXPECT_EQ(mha_tools::bf16_bits_from_double(3.4e38), 0x7F80u);  // beyond: infinity
+  EXPECT_EQ(mha_tools::bf16_bits_from_double(-std::nan("")) & 0xFFC0u, 0xFFC0u);
 }
 
 TEST(Npy, RoundTripEveryDtypeAndRank) {
@@ -306,7 +404,7 @@ std::vector<Malformed> malformed_files() {
       {"descr_not_string", f("{'descr': 5, 'fortran_order': False, 'shape': (2, 3)}"), "quoted"},
       {"structured", f("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (2, 3)}"),
        "structured"},
-      {"float16", f(dict_of("<f2", "False", "(2, 3)")), "unsupported dtype '<f2'"},
+      {"float128", f(dict_of("<f16", "False", "(2, 3)")), "unsupported dtype '<f16'"},
       {"complex", f(dict_of("<c8", "False", "(2, 3)")), "unsupported dtype"},
       {"dtype_name", f(dict_of("float32", "False", "(2, 3)")), "unsupported dtype"},
       {"object", f(dict_of("|O", "False", "(2, 3)")), "unsupported dtype"},

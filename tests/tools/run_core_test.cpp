@@ -169,6 +169,99 @@ TEST(MhaRun, TimingLine) {
   EXPECT_DOUBLE_EQ(j.at("gflops").get<double>(), 8000.0 / 2e6);
   EXPECT_EQ(j.size(), 5u);
   EXPECT_EQ(line.rfind("{\"backend\":", 0), 0u) << line;
+
+  // Half precision adds the dtypes, after the figures.
+  const std::string half =
+      mha_tools::timing_json({2.0, 1.5}, 8000.0, {MHA_DTYPE_BF16, MHA_DTYPE_I8});
+  const auto h = nlohmann::json::parse(half);
+  EXPECT_EQ(h.size(), 7u);
+  EXPECT_EQ(h.at("dtype"), "bf16");
+  EXPECT_EQ(h.at("kv_dtype"), "i8");
+  EXPECT_EQ(half.rfind(line.substr(0, line.size() - 1) + ",\"dtype\":", 0), 0u) << half;
+  EXPECT_EQ(mha_tools::timing_json({2.0, 1.5}, 8000.0, {MHA_DTYPE_F32, MHA_DTYPE_F16})
+                .find("\"dtype\":\"f32\",\"kv_dtype\":\"f16\"}"),
+            line.size());  // after the figures and a comma
+}
+
+TEST(MhaRun, DtypeFlags) {
+  using mha_tools::parse_dtype_flag;
+  EXPECT_EQ(parse_dtype_flag("f32", false), MHA_DTYPE_F32);
+  EXPECT_EQ(parse_dtype_flag("bf16", false), MHA_DTYPE_BF16);
+  EXPECT_EQ(parse_dtype_flag("f16", false), MHA_DTYPE_F16);
+  EXPECT_EQ(parse_dtype_flag("fp16", false), MHA_DTYPE_F16);
+  EXPECT_EQ(parse_dtype_flag("float32", false), MHA_DTYPE_F32);
+  EXPECT_EQ(parse_dtype_flag("bfloat16", true), MHA_DTYPE_BF16);
+  EXPECT_EQ(parse_dtype_flag("i8", true), MHA_DTYPE_I8);
+  EXPECT_FALSE(parse_dtype_flag("i8", false));  // Q cannot be int8
+  EXPECT_FALSE(parse_dtype_flag("F16", false));
+  EXPECT_FALSE(parse_dtype_flag("", true));
+  EXPECT_FALSE(parse_dtype_flag("f64", true));
+  for (const mha_dtype d : {MHA_DTYPE_F32, MHA_DTYPE_BF16, MHA_DTYPE_F16, MHA_DTYPE_I8}) {
+    EXPECT_EQ(parse_dtype_flag(mha_tools::dtype_flag_name(d), true), d);
+  }
+
+  // Defaults: f16 for a float16 Q file, f32 otherwise; K and V follow.
+  AttentionOptions o;
+  auto d = mha_tools::resolve_dtypes(o, NpyDtype::F32);
+  EXPECT_EQ(d.q, MHA_DTYPE_F32);
+  EXPECT_EQ(d.kv, MHA_DTYPE_F32);
+  d = mha_tools::resolve_dtypes(o, NpyDtype::F16);
+  EXPECT_EQ(d.q, MHA_DTYPE_F16);
+  EXPECT_EQ(d.kv, MHA_DTYPE_F16);
+  o.kv_dtype = MHA_DTYPE_I8;
+  d = mha_tools::resolve_dtypes(o, NpyDtype::F64);
+  EXPECT_EQ(d.q, MHA_DTYPE_F32);
+  EXPECT_EQ(d.kv, MHA_DTYPE_I8);
+  o.dtype = MHA_DTYPE_BF16;
+  o.kv_dtype.reset();
+  d = mha_tools::resolve_dtypes(o, NpyDtype::F16);
+  EXPECT_EQ(d.q, MHA_DTYPE_BF16);
+  EXPECT_EQ(d.kv, MHA_DTYPE_BF16);
+}
+
+// Conversions on load keep the file's layout (Fortran order too), round once
+// (from float64 as well) and refuse a finite value that does not fit.
+TEST(MhaRun, ConvertFloatInput) {
+  NpyArray f64(NpyDtype::F64, {2, 3}, true);
+  for (int64_t i = 0; i < f64.size(); ++i) f64.set_from_double(i, 1.0 + static_cast<double>(i));
+  f64.set_from_double(1, 1.0 + 0x1p-8 + 0x1p-40);  // float32 first would make it a tie
+  const mha_tools::TypedInput b = mha_tools::convert_float_input(f64, MHA_DTYPE_BF16, "x");
+  EXPECT_EQ(b.dtype, MHA_DTYPE_BF16);
+  EXPECT_EQ(b.shape, f64.shape());
+  EXPECT_EQ(b.strides, f64.strides());
+  EXPECT_FALSE(b.file);
+  const auto* bits = static_cast<const uint16_t*>(b.data());
+  EXPECT_EQ(bits[0], 0x3F80u);  // 1
+  EXPECT_EQ(bits[1], 0x3F81u);  // above the tie: up
+  EXPECT_EQ(bits[5], 0x40C0u);  // 6
+
+  NpyArray f32(NpyDtype::F32, {4});
+  f32.set_from_double(0, -HUGE_VAL);  // infinities and NaN pass
+  f32.set_from_double(1, std::nan(""));
+  f32.set_from_double(2, 65504);
+  f32.set_from_double(3, 1e-9);  // underflows to 0: no refusal
+  const mha_tools::TypedInput h = mha_tools::convert_float_input(f32, MHA_DTYPE_F16, "x");
+  const auto* hb = static_cast<const uint16_t*>(h.data());
+  EXPECT_EQ(hb[0], 0xFC00u);
+  EXPECT_EQ(hb[1] & 0x7E00u, 0x7E00u);
+  EXPECT_EQ(hb[2], 0x7BFFu);
+  EXPECT_EQ(hb[3], 0u);
+  // The same dtype is kept as read, without a copy.
+  EXPECT_TRUE(mha_tools::convert_float_input(f32, MHA_DTYPE_F32, "x").file);
+
+  f32.set_from_double(2, 70000);
+  try {
+    (void)mha_tools::convert_float_input(f32, MHA_DTYPE_F16, "--q q.npy", " (a hint)");
+    ADD_FAILURE() << "70000 does not fit in float16";
+  } catch (const mha_tools::ToolError& e) {
+    EXPECT_STREQ(e.what(),
+                 "--q q.npy: float32 value 70000 does not fit in float16 (largest 65504) (a hint)");
+  }
+  NpyArray big(NpyDtype::F64, {1});
+  big.set_from_double(0, -1e300);
+  EXPECT_THROW((void)mha_tools::convert_float_input(big, MHA_DTYPE_BF16, "x"),
+               mha_tools::ToolError);
+  EXPECT_THROW((void)mha_tools::convert_float_input(big, MHA_DTYPE_F32, "x"), mha_tools::ToolError);
 }
 
 TEST(MhaRun, RequiredOptions) {
@@ -204,6 +297,12 @@ class MhaRunCommand : public ::testing::Test {
     write("vl_too_long", NpyArray(NpyDtype::I32, {1}), 0, 6);  // Lk is 5
     write("mask_i64", NpyArray(NpyDtype::I64, {3, 5}), 1);
     write("mask_rank5", NpyArray(NpyDtype::Bool, {1, 1, 1, 3, 5}), 1);
+    write("mask_f32", NpyArray(NpyDtype::F32, {3, 5}), 0.7, -1);
+    NpyArray k_nan(NpyDtype::F32, {1, 1, 5, 4});
+    k_nan.set_from_double(7, std::nan(""));
+    mha_tools::write_npy(path("k_nan"), k_nan);
+    written_.push_back(path("k_nan"));
+    write("q_big", NpyArray(NpyDtype::F32, {1, 2, 3, 4}), 0, 1e5);
     o_.q = path("q");
     o_.k = path("k");
     o_.v = path("v");
@@ -237,6 +336,25 @@ TEST_F(MhaRunCommand, Succeeds) {
   EXPECT_EQ(out.dtype(), NpyDtype::F32);
   const NpyArray lse = mha_tools::read_npy(path("lse"));
   EXPECT_EQ(lse.shape(), (std::vector<int64_t>{1, 2, 3}));
+}
+
+// Every dtype combination runs and writes a float32 output of the same shape.
+TEST_F(MhaRunCommand, HalfPrecision) {
+  for (const mha_dtype q : {MHA_DTYPE_F32, MHA_DTYPE_BF16, MHA_DTYPE_F16}) {
+    for (const mha_dtype kv : {MHA_DTYPE_F32, MHA_DTYPE_BF16, MHA_DTYPE_F16, MHA_DTYPE_I8}) {
+      SCOPED_TRACE(std::string(mha_tools::dtype_flag_name(q)) + " " +
+                   mha_tools::dtype_flag_name(kv));
+      AttentionOptions o = o_;
+      o.dtype = q;
+      o.kv_dtype = kv;
+      o.mask = path("mask_f32");
+      ASSERT_EQ(mha_tools::run_attention_command(o), 0);
+      const NpyArray out = mha_tools::read_npy(path("out"));
+      EXPECT_EQ(out.shape(), (std::vector<int64_t>{1, 2, 3, 3}));
+      EXPECT_EQ(out.dtype(), NpyDtype::F32);
+      EXPECT_EQ(mha_tools::read_npy(path("lse")).dtype(), NpyDtype::F32);
+    }
+  }
 }
 
 TEST_F(MhaRunCommand, FailuresReturnOne) {
@@ -274,6 +392,20 @@ TEST_F(MhaRunCommand, FailuresReturnOne) {
   EXPECT_NE(fails("backend", [](AttentionOptions& o) { o.backend = "nonsense"; }).find("scalar"),
             std::string::npos);
   fails("threads", [](AttentionOptions& o) { o.threads = -1; });
+  EXPECT_NE(fails("i8 NaN",
+                  [&](AttentionOptions& o) {
+                    o.k = path("k_nan");
+                    o.kv_dtype = MHA_DTYPE_I8;
+                  })
+                .find("mha_quantize_kv failed (MHA_ERR_INVALID_VALUE)"),
+            std::string::npos);
+  EXPECT_NE(fails("f16 overflow",
+                  [&](AttentionOptions& o) {
+                    o.q = path("q_big");
+                    o.dtype = MHA_DTYPE_F16;
+                  })
+                .find("does not fit in float16"),
+            std::string::npos);
   fails("scale", [](AttentionOptions& o) { o.scale = 0.0; });
   fails("scale inf", [](AttentionOptions& o) { o.scale = HUGE_VAL; });
   fails("out dir", [&](AttentionOptions& o) { o.out = dir_ + "no/such/dir/out.npy"; });

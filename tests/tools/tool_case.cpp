@@ -39,6 +39,7 @@
 #include "attention_run.h"
 #include "npy.h"
 #include "reference.h"
+#include "test_util.h"
 
 namespace {
 
@@ -80,6 +81,18 @@ NpyArray filled(NpyDtype dtype, std::vector<int64_t> shape, const std::vector<do
 
 using Files = std::map<std::string, NpyArray>;
 
+// A copy of a float array as another dtype, element by element in the same
+// order: float64 is exact (the tool's conversion gives the float32 values
+// back), float16 rounds to nearest even (NpyArray's set_from_double).
+NpyArray converted(const NpyArray& a, NpyDtype dtype) {
+  NpyArray d(dtype, a.shape(), a.fortran_order());
+  for (int64_t i = 0; i < a.size(); ++i) d.set_from_double(i, a.value_as_double(i));
+  return d;
+}
+NpyArray as_f64(const NpyArray& a) {
+  return converted(a, NpyDtype::F64);
+}
+
 // S5, the d2l.ai example, and files for the failure checks.
 Files d2l_case() {
   Random rng(2024);
@@ -98,6 +111,16 @@ Files d2l_case() {
   NpyArray q_i32(NpyDtype::I32, {2, 5, 4, 20});
   f["q_i32"] = std::move(q_i32);
   f["q_copy"] = f["q"];  // q.npy as written, to see that no run changed it
+  // Half precision: Q, K and V as float16 files; Q with a value float16
+  // cannot hold; K with a NaN (an int8 cache refuses it).
+  for (const char* name : {"q", "k", "v"})
+    f[std::string(name) + "_f16"] = converted(f[name], NpyDtype::F16);
+  NpyArray q_big = f["q"];
+  q_big.set_from_double(q_big.offset({1, 2, 3, 4}), 1e5);
+  f["q_big"] = std::move(q_big);
+  NpyArray k_nan = f["k"];
+  k_nan.set_from_double(k_nan.offset({0, 1, 2, 3}), std::nan(""));
+  f["k_nan"] = std::move(k_nan);
   // One batch as rank-3 [H, L, D] files and the same values as [1, H, L, D].
   NpyArray q3 = random_floats(rng, {5, 4, 20}), k3 = random_floats(rng, {5, 6, 20}),
            v3 = random_floats(rng, {5, 6, 12});
@@ -115,14 +138,6 @@ Files d2l_case() {
   f["k3"] = std::move(k3);
   f["v3"] = std::move(v3);
   return f;
-}
-
-// A float64 copy of a float32 array (exact: the tool's conversion gives the
-// float32 values back).
-NpyArray as_f64(const NpyArray& a) {
-  NpyArray d(NpyDtype::F64, a.shape(), a.fortran_order());
-  for (int64_t i = 0; i < a.size(); ++i) d.set_from_double(i, a.value_as_double(i));
-  return d;
 }
 
 // Grouped-query attention (6 query heads over 2 KV heads, Dv != D), Q in
@@ -161,6 +176,7 @@ Files additive_case() {
   for (int64_t i = 0; i < vl.size(); ++i) vl.set_from_double(i, static_cast<double>(i % (lk + 1)));
   f["valid_lens"] = std::move(vl);
   f["mask_f64"] = as_f64(f["mask"]);
+  f["mask_f16"] = converted(f["mask"], NpyDtype::F16);
   return f;
 }
 
@@ -221,9 +237,14 @@ NpyArray to_c_order(const NpyArray& a) {
   return c;
 }
 
-mha_tensor c_order_tensor(NpyArray& a, mha_dtype dtype) {
+// A C-order descriptor; `rank` > a.rank() adds leading dimensions of 1
+// (rank-3 inputs and outputs are one batch).
+mha_tensor c_order_tensor(NpyArray& a, mha_dtype dtype, int rank = 0) {
+  std::vector<int64_t> shape = a.shape();
+  while (static_cast<int>(shape.size()) < rank) shape.insert(shape.begin(), 1);
   mha_tensor t{};
-  if (mha_tensor_init(&t, a.data(), dtype, a.rank(), a.shape().data(), nullptr) != MHA_OK) {
+  if (mha_tensor_init(&t, a.data(), dtype, static_cast<int32_t>(shape.size()), shape.data(),
+                      nullptr) != MHA_OK) {
     throw std::runtime_error(std::string("mha_tensor_init: ") + mha_last_error());
   }
   return t;
@@ -233,20 +254,113 @@ NpyArray load_c(const std::string& path) {
   return to_c_order(mha_tools::read_npy(path));
 }
 
+// The float values of an array (float32, float16 or float64 that float32
+// holds exactly, as every case writes) as a float32 array.
+NpyArray as_f32(const NpyArray& a) {
+  if (a.dtype() == NpyDtype::F32) return a;
+  NpyArray f(NpyDtype::F32, a.shape());
+  for (int64_t i = 0; i < a.size(); ++i) {
+    const double value = a.value_as_double(i);
+    if (static_cast<double>(static_cast<float>(value)) != value && !std::isnan(value)) {
+      throw std::runtime_error("check: " + a.describe() +
+                               " holds a value float32 cannot: the "
+                               "checker rounds from float32 values");
+    }
+    f.set_from_double(i, value);
+  }
+  return f;
+}
+
+// K or V as an int8 cache by mha.h's rule for mha_quantize_kv, written here:
+// per row of D values, scale = max|x| / 127 in fp32 and q = x / scale rounded
+// to nearest even (in fp32), within +-127; a row of zeros has scale 0.
+struct Quantized {
+  std::vector<int8_t> values;
+  std::vector<float> scales;
+  mha_tensor t{}, scale{};
+};
+void quantize(const mha_tensor& src, Quantized& q) {
+  const int64_t rows = src.shape[0] * src.shape[1] * src.shape[2], d = src.shape[3];
+  q.values.assign(static_cast<size_t>(rows * d), 0);
+  q.scales.assign(static_cast<size_t>(rows), 0.0f);
+  const float* x = static_cast<const float*>(src.data);  // C order
+  for (int64_t r = 0; r < rows; ++r) {
+    float largest = 0.0f;
+    for (int64_t c = 0; c < d; ++c) largest = std::max(largest, std::fabs(x[r * d + c]));
+    const float scale = largest / 127.0f;
+    q.scales[static_cast<size_t>(r)] = scale;
+    for (int64_t c = 0; c < d; ++c) {
+      const float unit = scale == 0.0f ? 0.0f : std::nearbyint(x[r * d + c] / scale);
+      q.values[static_cast<size_t>(r * d + c)] =
+          static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, unit)));
+    }
+  }
+  q.t = src;
+  q.t.data = q.values.data();
+  q.t.dtype = MHA_DTYPE_I8;
+  const int64_t scale_shape[3] = {src.shape[0], src.shape[1], src.shape[2]};
+  if (mha_tensor_init(&q.scale, q.scales.data(), MHA_DTYPE_F32, 3, scale_shape, nullptr) !=
+      MHA_OK) {
+    throw std::runtime_error(std::string("mha_tensor_init: ") + mha_last_error());
+  }
+}
+
+const char* dtype_text(int32_t dtype) {
+  return mha_tools::dtype_flag_name(static_cast<mha_dtype>(dtype));
+}
+
+// Compares mha-run's outputs with the float64 reference of the values mha-run
+// passed to mha: the inputs rounded to --dtype / --kv-dtype here as mha-run
+// must round them (bf16 and f16 to nearest even, i8 by mha_quantize_kv's
+// rule), so that the fp32 tolerance of tests/reference.h applies.
 int check_case(const mha_tools::AttentionOptions& o) {
-  NpyArray q = load_c(o.q), k = load_c(o.k), v = load_c(o.v), out = load_c(o.out);
+  NpyArray q_file = load_c(o.q), out = load_c(o.out);
+  // The dtypes, by mha-run's documented defaults: f16 for a float16 Q file.
+  const int32_t q_dtype =
+      o.dtype.value_or(q_file.dtype() == NpyDtype::F16 ? MHA_DTYPE_F16 : MHA_DTYPE_F32);
+  const int32_t kv_dtype = o.kv_dtype.value_or(static_cast<mha_dtype>(q_dtype));
+  NpyArray q = as_f32(q_file), k = as_f32(load_c(o.k)), v = as_f32(load_c(o.v));
   std::optional<NpyArray> mask, vl, lse;
-  if (!o.mask.empty()) mask = load_c(o.mask);
+  if (!o.mask.empty()) {
+    mask = load_c(o.mask);
+    if (mask->dtype() != NpyDtype::Bool && mask->dtype() != NpyDtype::U8) mask = as_f32(*mask);
+  }
   if (!o.valid_lens.empty()) vl = load_c(o.valid_lens);
   if (!o.lse.empty()) lse = load_c(o.lse);
+  std::printf("dtypes: q %s, k and v %s\n", dtype_text(q_dtype), dtype_text(kv_dtype));
 
-  const mha_tensor tq = c_order_tensor(q, MHA_DTYPE_F32), tk = c_order_tensor(k, MHA_DTYPE_F32),
-                   tv = c_order_tensor(v, MHA_DTYPE_F32);
-  mha_tensor tmask{}, tvl{};
+  // Q (and a float mask) in Q's dtype; K and V in theirs.
+  mha_test::TypedCopy tq(c_order_tensor(q, MHA_DTYPE_F32, 4), q_dtype);
+  const mha_tensor k32 = c_order_tensor(k, MHA_DTYPE_F32, 4),
+                   v32 = c_order_tensor(v, MHA_DTYPE_F32, 4);
+  std::vector<mha_test::TypedCopy> kv;
+  Quantized k8, v8;
+  const mha_tensor* tk = nullptr;
+  const mha_tensor* tv = nullptr;
   mha_attention_params params;
   mha_attention_params_init(&params);
+  if (kv_dtype == MHA_DTYPE_I8) {
+    quantize(k32, k8);
+    quantize(v32, v8);
+    tk = &k8.t;
+    tv = &v8.t;
+    params.k_scale = &k8.scale;
+    params.v_scale = &v8.scale;
+  } else {
+    kv.emplace_back(k32, kv_dtype);
+    kv.emplace_back(v32, kv_dtype);
+    tk = &kv[0].get();
+    tv = &kv[1].get();
+  }
+  mha_tensor tmask{}, tvl{};
+  std::optional<mha_test::TypedCopy> mask_typed;
   if (mask) {
-    tmask = c_order_tensor(*mask, mask->dtype() == NpyDtype::F32 ? MHA_DTYPE_F32 : MHA_DTYPE_BOOL);
+    if (mask->dtype() == NpyDtype::F32) {
+      mask_typed.emplace(c_order_tensor(*mask, MHA_DTYPE_F32), q_dtype);
+      tmask = mask_typed->get();
+    } else {
+      tmask = c_order_tensor(*mask, MHA_DTYPE_BOOL);
+    }
     params.mask = &tmask;
   }
   if (vl) {
@@ -259,24 +373,38 @@ int check_case(const mha_tools::AttentionOptions& o) {
     params.has_scale = 1;
     params.scale = static_cast<float>(*o.scale);
   }
-  const mha_test::Reference ref = mha_test::reference_attention(tq, tk, tv, &params);
+  const mha_test::Reference ref = mha_test::reference_attention(tq.get(), *tk, *tv, &params);
 
   const std::vector<int64_t> out_shape = {ref.batch, ref.heads, ref.lq, ref.dv};
-  if (out.dtype() != NpyDtype::F32 || out.shape() != out_shape) {
-    std::fprintf(stderr, "check: the output is %s, expected float32 [%lld, %lld, %lld, %lld]\n",
-                 out.describe().c_str(), static_cast<long long>(ref.batch),
+  const bool unbatched = q.rank() == 3;
+  const std::vector<int64_t> file_shape(out_shape.begin() + (unbatched ? 1 : 0), out_shape.end());
+  if (out.dtype() != NpyDtype::F32 || out.shape() != file_shape) {
+    std::fprintf(stderr, "check: the output is %s, expected float32 [%s%lld, %lld, %lld]\n",
+                 out.describe().c_str(),
+                 unbatched ? "" : (std::to_string(ref.batch) + ", ").c_str(),
                  static_cast<long long>(ref.heads), static_cast<long long>(ref.lq),
                  static_cast<long long>(ref.dv));
     return 1;
   }
-  const double error = mha_test::max_abs_error(c_order_tensor(out, MHA_DTYPE_F32), ref);
-  const double tolerance = mha_test::tolerance(ref);
+  const double error = mha_test::max_abs_error(c_order_tensor(out, MHA_DTYPE_F32, 4), ref);
+  double tolerance = mha_test::tolerance(ref);
+  // A backend with bf16 dot products rounds P to bf16 once for P.V
+  // (docs/decisions.md): 4 * 2^-9 * max|V| more.
+  if (!o.backend.empty() && mha_select_backend(o.backend.c_str()) != MHA_OK) {
+    std::fprintf(stderr, "check: --backend %s: %s\n", o.backend.c_str(), mha_last_error());
+    return 1;
+  }
+  const char* backend = mha_selected_backend();
+  if (q_dtype == MHA_DTYPE_BF16 && backend != nullptr &&
+      std::string(backend).find("bf16") != std::string::npos) {
+    tolerance += 4 * 0x1.0p-9 * ref.max_abs_value;
+  }
   std::printf("output: max |out - ref| = %.3g, tolerance %.3g\n", error, tolerance);
   bool ok = error <= tolerance;
 
   if (lse) {
-    if (lse->dtype() != NpyDtype::F32 ||
-        lse->shape() != std::vector<int64_t>(out_shape.begin(), out_shape.end() - 1)) {
+    const std::vector<int64_t> lse_shape(file_shape.begin(), file_shape.end() - 1);
+    if (lse->dtype() != NpyDtype::F32 || lse->shape() != lse_shape) {
       std::fprintf(stderr, "check: the LSE is %s, expected float32 [B, H, Lq]\n",
                    lse->describe().c_str());
       return 1;
@@ -398,7 +526,8 @@ int same(const std::string& a_path, const std::string& b_path) {
 //   bias_missing/   no bias files, config.json "bias": true
 //   zero_attn/      config.json "add_zero_attn": true
 // and the inputs query.npy [2, 3, 8] (read as [B, L, E] or as [L, B, E]),
-// query_f64.npy (the same values), key.npy [2, 5, 8].
+// query_f64.npy (the same values), query_f16.npy (rounded to float16) and
+// query_f16_f32.npy (those values as float32), key.npy [2, 5, 8].
 int write_module(const std::string& dir) {
   namespace fs = std::filesystem;
   Random rng(99);
@@ -438,6 +567,10 @@ int write_module(const std::string& dir) {
   const NpyArray query = random_floats(rng, {2, 3, e});
   mha_tools::write_npy(dir + "/query.npy", query);
   mha_tools::write_npy(dir + "/query_f64.npy", as_f64(query));
+  // float16 queries, and their values as float32 (what the module computes on).
+  const NpyArray query_f16 = converted(query, NpyDtype::F16);
+  mha_tools::write_npy(dir + "/query_f16.npy", query_f16);
+  mha_tools::write_npy(dir + "/query_f16_f32.npy", converted(query_f16, NpyDtype::F32));
   mha_tools::write_npy(dir + "/key.npy", random_floats(rng, {2, 5, e}));
   std::printf("wrote the module cases into %s\n", dir.c_str());
   return 0;

@@ -124,6 +124,21 @@ TEST_F(ToolMain, ExitStatus) {
   EXPECT_EQ(mha_run({"--q", q, "--scale", ""}).status, 105);
   EXPECT_EQ(mha_run({"--q", q, "--causal", "diagonal"}).status, 105);
   EXPECT_EQ(mha_run({"--q", q, "--threads", "x"}).status, 104);
+  // The dtype flags: values CLI11 refuses (105), attention-only flags given
+  // to the module (2 before `module`, CLI11's 109 after it).
+  EXPECT_EQ(mha_run({"--q", q, "--k", k, "--v", v, "--out", out, "--dtype", "i8"}).status, 105);
+  EXPECT_EQ(mha_run({"--q", q, "--k", k, "--v", v, "--out", out, "--kv-dtype", "bogus"}).status,
+            105);
+  EXPECT_EQ(
+      mha_run({"--q", q, "--k", k, "--v", v, "--out", out, "--dtype", "f16", "--kv-dtype", "i8"})
+          .status,
+      0);
+  EXPECT_EQ(
+      mha_run({"--dtype", "bf16", "module", "--weights", dir_, "--query", q, "--out", out}).status,
+      2);
+  EXPECT_EQ(
+      mha_run({"module", "--weights", dir_, "--query", q, "--out", out, "--dtype", "bf16"}).status,
+      109);
   EXPECT_EQ(mha_run({"module", "--sequence-first", "--batch-first"}).status, 108);
   // --help and --version: 0, on stdout.
   const Result help = mha_run({"--help"});
