@@ -148,7 +148,8 @@ TEST_P(Half, EveryDtypeCombination) {
     for (const int32_t kv : {MHA_DTYPE_F32, MHA_DTYPE_BF16, MHA_DTYPE_F16, MHA_DTYPE_I8}) {
       for (const int32_t out : {int32_t{MHA_DTYPE_F32}, q}) {
         HalfCase prefill;
-        prefill.seed = static_cast<uint64_t>(q * 100 + kv * 10 + out);
+        prefill.seed = (static_cast<uint64_t>(q) * 100) + (static_cast<uint64_t>(kv) * 10) +
+                       static_cast<uint64_t>(out);
         run_half_case(prefill, q, kv, out);
         HalfCase decode;
         // Few queries over many keys: the decode layout (lanes along D).
