@@ -3,8 +3,8 @@
 # vector width are written.  From these rows the build makes each plugin
 # (backends/CMakeLists.txt), the runtime's list of known backends
 # (runtime/known_backends.h.in), and the per-ISA tests and benchmarks.
-# Adding a variant (say avx512bf16, the avx512 template with another path
-# enabled) is one more row.
+# A variant is one more row: avx512bf16 is the avx512 template with the bf16
+# dot-product path enabled (a row that requires AVX512_BF16 gets it).
 #
 #   mha_isa(<name>
 #     ARCH x86_64|aarch64|any     the target architecture (any: every one)
@@ -44,6 +44,18 @@ function(mha_isas_for out)
   set(${out} ${result} PARENT_SCOPE)
 endfunction()
 
+# mha_isa_bf16_dot(<out variable> <name>): true when the row requires
+# AVX512_BF16; its kernel then takes the bf16 dot-product path for bf16
+# inputs (backends/simd/bf16_dot.hpp), and the benchmarks get its peak loop.
+function(mha_isa_bf16_dot out name)
+  mha_isa_get(features ${name} FEATURES)
+  if("MHA_CPU_AVX512BF16" IN_LIST features)
+    set(${out} true PARENT_SCOPE)
+  else()
+    set(${out} false PARENT_SCOPE)
+  endif()
+endfunction()
+
 mha_isa(scalar ARCH any PRIORITY 0 LANES 1
   DESCRIPTION "portable C++, no SIMD intrinsics")
 mha_isa(avx2 ARCH x86_64 PRIORITY 20 LANES 8
@@ -59,6 +71,16 @@ mha_isa(avx512 ARCH x86_64 PRIORITY 30 LANES 16
   FEATURES MHA_CPU_AVX512F MHA_CPU_AVX512CD MHA_CPU_AVX512DQ MHA_CPU_AVX512BW MHA_CPU_AVX512VL
            MHA_CPU_AVX2 MHA_CPU_FMA MHA_CPU_F16C
   FLAGS -mavx512f -mavx512cd -mavx512dq -mavx512bw -mavx512vl -mavx2 -mfma -mf16c
+        $<$<CXX_COMPILER_ID:GNU>:-Wno-uninitialized -Wno-maybe-uninitialized>)
+# The avx512 template with vdpbf16ps for bf16 Q with bf16 K and V (prefill);
+# every other call runs avx512's code (Zen 4 and later, Cooper Lake, Sapphire
+# Rapids and later).
+mha_isa(avx512bf16 ARCH x86_64 PRIORITY 40 LANES 16
+  DESCRIPTION "AVX-512 + AVX512_BF16, xsimd avx512bw: bf16 Q with bf16 K/V prefill on vdpbf16ps (P rounded to bf16 once); decode and every other call as avx512"
+  XSIMD "xsimd::avx512bw"
+  FEATURES MHA_CPU_AVX512F MHA_CPU_AVX512CD MHA_CPU_AVX512DQ MHA_CPU_AVX512BW MHA_CPU_AVX512VL
+           MHA_CPU_AVX2 MHA_CPU_FMA MHA_CPU_F16C MHA_CPU_AVX512BF16
+  FLAGS -mavx512f -mavx512cd -mavx512dq -mavx512bw -mavx512vl -mavx512bf16 -mavx2 -mfma -mf16c
         $<$<CXX_COMPILER_ID:GNU>:-Wno-uninitialized -Wno-maybe-uninitialized>)
 # Advanced SIMD is part of the aarch64 baseline: no extra flags.
 mha_isa(neon ARCH aarch64 PRIORITY 20 LANES 4

@@ -13,6 +13,15 @@
 namespace mha::rt {
 namespace {
 
+// Which arithmetic the backend's kernel used: the plugin's own answer, or
+// (without the hook) fp32 for fp32 inputs and widening to fp32 for the others.
+const char* path_of(const Backend& backend, const mha_kernel_problem& p) {
+  if (backend.plugin->path != nullptr) {
+    if (const char* path = backend.plugin->path(&p); path != nullptr) return path;
+  }
+  return p.q_dtype == MHA_DTYPE_F32 && p.kv_dtype == MHA_DTYPE_F32 ? "fp32" : "widened-to-fp32";
+}
+
 void log_call(const Backend& backend, const KernelCall& call, const WorkPlan& plan, int32_t threads,
               double ms) {
   const mha_kernel_problem& p = call.problem;
@@ -26,8 +35,7 @@ void log_call(const Backend& backend, const KernelCall& call, const WorkPlan& pl
       static_cast<long long>(p.kv_heads), static_cast<long long>(p.lq),
       static_cast<long long>(p.lk), static_cast<long long>(p.d), static_cast<long long>(p.dv),
       dtype_name(p.q_dtype), dtype_name(p.kv_dtype), dtype_name(call.out_dtype),
-      p.q_dtype == MHA_DTYPE_F32 && p.kv_dtype == MHA_DTYPE_F32 ? "fp32" : "widened-to-fp32",
-      static_cast<double>(p.scale),
+      printable(path_of(backend, p), 40).c_str(), static_cast<double>(p.scale),
       p.causal_diag >= INT64_MAX / 4 ? "none" : std::to_string(p.causal_diag).c_str(),
       p.valid_lens == nullptr ? "no" : (p.valid_lens_strides[1] != 0 ? "per-query" : "per-batch"),
       p.mask_kind == MHA_MASK_BOOL ? "bool"

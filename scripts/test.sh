@@ -110,8 +110,8 @@ stage_isa-limits() {
   local cpu expect_best unusable
   for cpu in Haswell Nehalem; do
     case $cpu in
-      Haswell) expect_best=avx2; unusable="avx512" ;;
-      Nehalem) expect_best=scalar; unusable="avx512 avx2" ;;
+      Haswell) expect_best=avx2; unusable="avx512 avx512bf16" ;;
+      Nehalem) expect_best=scalar; unusable="avx512 avx512bf16 avx2" ;;
     esac
     echo "--- qemu-x86_64 -cpu $cpu: mha-info --json"
     (unset MHA_BACKEND MHA_PLUGIN_DIR
@@ -144,7 +144,7 @@ if errors:
 PY
     echo "--- qemu-x86_64 -cpu $cpu: backend-selection tests"
     local backend
-    for backend in auto scalar avx2 avx512 neon; do
+    for backend in auto scalar avx2 avx512 avx512bf16 neon; do
       (unset OMP_NUM_THREADS MHA_NUM_THREADS MHA_PLUGIN_DIR
        export MHA_BACKEND=$backend MHA_TEST_REQUESTED_BACKEND=$backend
        qemu_cpu "$cpu" build/native/bin/test_backend_selection --gtest_filter='BackendEnv.*' \

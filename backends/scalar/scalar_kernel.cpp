@@ -259,6 +259,7 @@ extern "C" __attribute__((visibility("default"))) const mha_plugin* mha_plugin_e
       scratch_bytes,
       attend,
       MHA_SCALAR_SUPPORTS,  // every problem the runtime validates
+      nullptr,              // path: the runtime's names (fp32, widened-to-fp32) are right
   };
   return &table;
 }

@@ -9,18 +9,20 @@
 
 namespace mha_simd {
 
-template <class Arch>
+// kBf16Dot: the plugin's ISA has AVX512_BF16 and its prefill layout takes
+// the bf16 dot-product path for bf16 inputs (paths.hpp).
+template <class Arch, bool kBf16Dot>
 size_t scratch_bytes(const mha_kernel_problem& p, int64_t max_queries) {
   return p.layout == MHA_LAYOUT_DECODE ? DecodeKernel<Arch>::scratch_bytes(p, max_queries)
-                                       : PrefillKernel<Arch>::scratch_bytes(p);
+                                       : PrefillKernel<Arch, kBf16Dot>::scratch_bytes(p);
 }
 
-template <class Arch>
+template <class Arch, bool kBf16Dot>
 int attend(const mha_kernel_problem& p, const mha_work_item& item, void* scratch) {
   if (p.layout == MHA_LAYOUT_DECODE) {
     DecodeKernel<Arch>::run(p, item, scratch);
   } else {
-    PrefillKernel<Arch>::run(p, item, scratch);
+    PrefillKernel<Arch, kBf16Dot>::run(p, item, scratch);
   }
   return 0;
 }

@@ -6,12 +6,13 @@
 
 #include "simd/blocking.hpp"
 #include "simd/kernel_entry.hpp"
+#include "simd/paths.hpp"
 
 #define MHA_PLUGIN_EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace mha_simd {
 
-template <class Arch>
+template <class Arch, bool kBf16Dot>
 constexpr mha_plugin plugin_table(const char* name, const char* description, uint32_t features,
                                   int32_t priority, int32_t vector_floats) {
   return mha_plugin{
@@ -28,6 +29,7 @@ constexpr mha_plugin plugin_table(const char* name, const char* description, uin
       mha_simd_scratch_bytes,
       mha_simd_attend,
       nullptr,  // supports: every problem the runtime validates
+      kernel_path<kBf16Dot>,
   };
 }
 

@@ -9,9 +9,15 @@
 // (one lane per query), so there are no horizontal reductions; exp is base 2.
 // (docs/kernel-design.md: this layout measured 5-22 % ahead of packing Kᵀ.)
 //
-// This file composes the pieces: micro-kernels (microkernels.hpp), the tile
-// softmax (softmax.hpp), masks and dropout (masking.hpp), the careful path
-// (nonfinite.hpp) and the row epilogue (epilogue.hpp).
+// kBf16Dot (a plugin built with AVX512_BF16): bf16 Q with bf16 K and V take
+// the bf16 dot-product path of bf16_dot.hpp for both products -- same tiles,
+// same softmax, Q and V packed as bf16 pairs, P rounded to bf16 once.  Every
+// other call, and the careful pass, runs exactly the code of kBf16Dot = false.
+//
+// This file composes the pieces: micro-kernels (microkernels.hpp and
+// bf16_dot.hpp), the tile softmax (softmax.hpp), masks and dropout
+// (masking.hpp), the careful path (nonfinite.hpp) and the row epilogue
+// (epilogue.hpp).
 #pragma once
 
 #include <mha/plugin_abi.h>
@@ -20,24 +26,28 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "common/dropout.h"
 #include "common/problem.h"
+#include "simd/bf16_dot.hpp"
 #include "simd/blocking.hpp"
 #include "simd/convert.hpp"
 #include "simd/epilogue.hpp"
 #include "simd/masking.hpp"
 #include "simd/microkernels.hpp"
 #include "simd/nonfinite.hpp"
+#include "simd/paths.hpp"
 #include "simd/softmax.hpp"
 #include "simd/tile_tools.hpp"
 #include "simd/transpose.hpp"
 
 namespace mha_simd {
 
-template <class Arch>
+template <class Arch, bool kBf16Dot = false>
 class PrefillKernel {
   using B = xsimd::batch<float, Arch>;
+  using Dot = Bf16Dot<Arch>;  // named only when kBf16Dot
   static constexpr int W = static_cast<int>(B::size);
   using Blk = Blocking<Arch>;
   static constexpr int QT = Blk::kQueryTile;
@@ -45,9 +55,11 @@ class PrefillKernel {
   static constexpr int kWarmUpKeys = 4 * Blk::kScoreKeys;
   static_assert(QT % (W * Blk::kScoreQueryVectors) == 0, "query tile must hold whole blocks");
   static_assert(KT % Blk::kScoreKeys == 0, "key tile must hold whole key groups");
+  static_assert(!kBf16Dot || Blk::kScoreKeys % 2 == 0, "bf16 key groups are whole pairs");
 
   struct Tile {
-    float* qt;          // [D][QT]: Q transposed, times scale·log2(e)
+    float* qt;          // [D][QT]: Q transposed, times scale·log2(e);
+                        // bf16 path: [ceil(D/2)][QT] pairs of Q, unscaled
     float* q_stage;     // [QT][D]: a half-precision Q tile widened to fp32
     float* scores;      // [KT][QT]: scores, then probabilities, of one key tile
     float* acc;         // [QT][Dvp]: the unnormalised output
@@ -59,14 +71,27 @@ class PrefillKernel {
     int64_t* last_key;  // [QT]: last visible key, relative to the item's first key
     float* tile_last;   // [QT]: the same relative to the current tile, within [-1, KT]
     uint32_t* row_key;  // [QT]: dropout hash of each query's row
-    float* k_pack;      // [KT][D] when K rows are strided
-    float* v_pack;      // [KT][Dvp] when V rows are strided or Dv % W != 0
+    float* k_pack;      // [KT][D] when K rows are strided; bf16 path: [KT][ceil(D/2)] pairs
+    float* v_pack;      // [KT][Dvp] when V rows are strided or Dv % W != 0;
+                        // bf16 path: [KT/2][Dvp] pairs of keys, always
+    uint32_t* p_pairs;  // bf16 path: [KT/2][QT] probabilities as pairs of keys
     // Half-precision or int8 K and V, widened once per item for all its
     // query tiles (widened_cache): [keys of the item][D] and [..][Dvp], the
     // first widened[0] rows filled, of KV head widened[1].
     float* k_cache;
     float* v_cache;
     int64_t* widened;
+  };
+
+  // Where one key tile's K and V rows are, as the arithmetic reads them:
+  // fp32 rows (in place, packed or widened), or on the bf16 path (kDot) bf16
+  // K rows read as pairs and V as pairs of keys.
+  template <bool kDot>
+  struct KeyTile {
+    const std::conditional_t<kDot, uint16_t, float>* k;
+    int64_t k_stride;
+    const std::conditional_t<kDot, uint32_t, float>* v;
+    int64_t v_stride;
   };
 
   // Widened K and V are cached per item when they fit in this many bytes.
@@ -82,7 +107,8 @@ class PrefillKernel {
     const int64_t cached = widened_cache(p) ? p.lk : 0;
     return ScratchCarver::bytes({p.d * QT, int64_t{KT} * QT, QT * dvp, QT, QT, QT, QT, 2 * QT, QT,
                                  QT, KT * p.d, KT * dvp, int64_t{KT} * QT / 4, QT * p.d,
-                                 cached * p.d, cached * dvp, 2});
+                                 cached * p.d, cached * dvp, 2,
+                                 kBf16Dot ? int64_t{KT} * QT / 2 : 0});
   }
 
   static void run(const mha_kernel_problem& p, const mha_work_item& item, void* scratch) {
@@ -109,6 +135,8 @@ class PrefillKernel {
     t.widened = reinterpret_cast<int64_t*>(carve.floats(2));
     t.widened[0] = 0;
     t.widened[1] = -1;
+    if constexpr (kBf16Dot)
+      t.p_pairs = reinterpret_cast<uint32_t*>(carve.floats(int64_t{KT} * QT / 2));
     for (int64_t h = item.h_begin; h < item.h_end; ++h) {
       for (int64_t q0 = item.q_begin; q0 < item.q_end; q0 += QT) {
         query_tile(p, item, t, h, q0, std::min<int64_t>(QT, item.q_end - q0));
@@ -128,10 +156,14 @@ class PrefillKernel {
   static void query_tile(const mha_kernel_problem& p, const mha_work_item& item, const Tile& t,
                          int64_t h, int64_t q0, int64_t nq) {
     ScoreUnits units = ScoreUnits::base2(p.scale);
-    accumulate_tile(p, item, t, h, q0, nq, units, /*careful=*/false);
+    bool done = false;
+    if constexpr (kBf16Dot) {
+      if (bf16_dot_applies(p)) done = accumulate_tile<true>(p, item, t, h, q0, nq, units, false);
+    }
+    if (!done) accumulate_tile<false>(p, item, t, h, q0, nq, units, /*careful=*/false);
     if (!all_finite<Arch>(t.acc, nq * round_up(p.dv, W)) || has_lost_row(t, nq)) {
       units = ScoreUnits::raw_units(p.scale);
-      accumulate_tile(p, item, t, h, q0, nq, units, /*careful=*/true);
+      accumulate_tile<false>(p, item, t, h, q0, nq, units, /*careful=*/true);
     }
     const int64_t dvp = round_up(p.dv, W);
     for (int64_t r = 0; r < nq; ++r) {
@@ -152,7 +184,12 @@ class PrefillKernel {
     return false;
   }
 
-  static void accumulate_tile(const mha_kernel_problem& p, const mha_work_item& item, const Tile& t,
+  // One query tile over the item's keys into t.acc, t.row_max, t.row_sum.
+  // kDot: on the bf16 dot-product path (base-2 units, never careful); returns
+  // false, leaving the tile to the fp32 path, when a masked tile's V holds
+  // non-finite values (the guarded P·V is fp32 only).
+  template <bool kDot>
+  static bool accumulate_tile(const mha_kernel_problem& p, const mha_work_item& item, const Tile& t,
                               int64_t h, int64_t q0, int64_t nq, const ScoreUnits& units,
                               bool careful) {
     const int64_t b = item.b;
@@ -172,7 +209,12 @@ class PrefillKernel {
       t.last_key[r] = max_last - item.k_begin;  // padding lanes
     }
 
-    pack_queries(p, t, b, h, q0, nq, units.q_factor);
+    if constexpr (kDot) {
+      Dot::template pack_queries<QT>(mha_kernel::q_row<uint16_t>(p, b, h, q0), p.q_strides[2],
+                                     p.q_strides[3], nq, p.d, reinterpret_cast<uint32_t*>(t.qt));
+    } else {
+      pack_queries(p, t, b, h, q0, nq, units.q_factor);
+    }
     if (p.dropout_p > 0.0f) {
       for (int64_t r = 0; r < int64_t{nqv} * W; ++r) {
         t.row_key[r] = mha_dropout::row_key(p.dropout_seed, b, h, q0 + r, p.heads, p.lq);
@@ -195,12 +237,6 @@ class PrefillKernel {
       prefetch.pace(key_tiles * blocks_per_key_tile);
     }
 
-    // K and V are used in place when they are fp32 rows; otherwise each tile
-    // is packed -- widened to fp32, int8 rows times their scales -- once per
-    // query tile.
-    const bool fp32_kv = p.kv_dtype == MHA_DTYPE_F32;
-    const bool k_direct = p.k_strides[3] == 1 && fp32_kv;
-    const bool v_direct = p.v_strides[3] == 1 && p.dv % W == 0 && fp32_kv;
     bool lanes_have_maximum = false;
     int keys = 0;
     for (int64_t j0 = item.k_begin; j0 <= max_last; j0 += keys) {
@@ -209,37 +245,28 @@ class PrefillKernel {
       // key on instead of from the next full tile.
       const int span = j0 == item.k_begin && p.mask_kind == MHA_MASK_NONE ? kWarmUpKeys : KT;
       keys = static_cast<int>(std::min<int64_t>(span, max_last + 1 - j0));
-      const bool cached = widened_cache(p);
-      if (cached) widen_into_cache(p, t, b, kvh, item.k_begin, j0 + keys);
-      const float* k_rows = k_direct ? mha_kernel::k_row(p, b, kvh, j0)
-                            : cached ? t.k_cache + (j0 - item.k_begin) * p.d
-                                     : t.k_pack;
-      const int64_t k_stride = k_direct ? p.k_strides[2] : p.d;
-      if (!k_direct && !cached) {
-        pack_tile(p, p.k, p.k_strides, b, kvh, j0, keys, p.d, t.k_pack, p.d, true);
-      }
+      const KeyTile<kDot> kv = key_tile<kDot>(p, t, b, kvh, item.k_begin, j0, keys);
       // Fused path: once every lane has a finite running maximum, a tile with
       // no mask to apply computes its probabilities straight from the score
       // registers against that (stale) maximum; it is exact as long as no
       // score exceeds the maximum by more than kMaxGrowth (2^16 cannot
       // overflow), which the epilogue checks.  Otherwise, and on the first
-      // tile, the two-pass path: scores, masks, new maximum, rescale.
-      const float* v_rows = v_direct ? mha_kernel::v_row(p, b, kvh, j0)
-                            : cached ? t.v_cache + (j0 - item.k_begin) * dvp
-                                     : t.v_pack;
-      const int64_t v_stride = v_direct ? p.v_strides[2] : dvp;
-      if (!v_direct && !cached) {
-        pack_tile(p, p.v, p.v_strides, b, kvh, j0, keys, p.dv, t.v_pack, dvp, false);
-      }
+      // tile, the two-pass path: scores, masks, new maximum, rescale.  (The
+      // bf16 path's fused kernel stores bf16 probabilities: dropout, which
+      // needs them in fp32, takes the two-pass path.)
       const bool maskless = p.mask_kind == MHA_MASK_NONE && j0 + keys - 1 <= min_last;
       const bool fused = maskless && !careful && lanes_have_maximum &&
-                         compute_scores<true>(t, k_rows, k_stride, p.d, nqv, keys, prefetch);
+                         !(kDot && p.dropout_p > 0.0f) &&
+                         compute_scores<kDot, true>(t, kv, p.d, units, nqv, keys, prefetch);
       // A key a mask or a -inf logit removed must not pass on a NaN or
       // infinity of its V row through 0 · V; such tiles (rare) take the
-      // guarded P·V.
+      // guarded P·V (fp32: the bf16 path hands the query tile over).
       bool skip_removed = false;
       if (!fused) {
-        compute_scores<false>(t, k_rows, k_stride, p.d, nqv, keys, prefetch);
+        if constexpr (kDot) {
+          if (!maskless && !Dot::pairs_finite(kv.v, (keys + 1) / 2 * dvp)) return false;
+        }
+        compute_scores<kDot, false>(t, kv, p.d, units, nqv, keys, prefetch);
         if (p.mask_kind != MHA_MASK_NONE) {
           apply_mask_tile<Arch, QT>(p, t.scores, b, h, q0, nq, nqv, j0, keys, units);
         }
@@ -247,7 +274,9 @@ class PrefillKernel {
           apply_visibility_tile<Arch, QT>(t.scores, t.last_key, t.tile_last, nqv, j0 - item.k_begin,
                                           keys);
         }
-        skip_removed = (careful || !maskless) && !rows_finite<Arch>(v_rows, v_stride, keys, dvp);
+        if constexpr (!kDot) {
+          skip_removed = (careful || !maskless) && !rows_finite<Arch>(kv.v, kv.v_stride, keys, dvp);
+        }
         if (skip_removed) {
           for (int64_t x = 0; x < int64_t{keys} * QT; ++x) t.removed[x] = t.scores[x] == kNegInf;
         }
@@ -260,14 +289,55 @@ class PrefillKernel {
       if (p.dropout_p > 0.0f) {
         apply_dropout_tile<Arch, QT>(p.dropout_p, t.row_key, t.scores, nqv, j0, keys);
       }
-      if (skip_removed) {
+      if constexpr (kDot) {
+        // P rounded to bf16 once (the fused kernel stored its pairs already).
+        if (!fused) Dot::template pair_probabilities<QT>(t.scores, keys, nqv, t.p_pairs);
+        accumulate_pv<kDot>(t, kv, dvp, nq, keys, prefetch);
+      } else if (skip_removed) {
         for (int64_t r = 0; r < nq; ++r) {
-          pv_guarded_row(t.scores + r, t.removed + r, QT, keys, t.alpha[r], v_rows, v_stride, dvp,
+          pv_guarded_row(t.scores + r, t.removed + r, QT, keys, t.alpha[r], kv.v, kv.v_stride, dvp,
                          t.acc + r * dvp);
         }
       } else {
-        accumulate_pv(t, v_rows, v_stride, dvp, nq, keys, prefetch);
+        accumulate_pv<kDot>(t, kv, dvp, nq, keys, prefetch);
       }
+    }
+    return true;
+  }
+
+  // The K and V rows of keys j0 .. j0 + keys of KV head kvh.  fp32 rows are
+  // used in place; otherwise they are widened to fp32 (int8 rows times their
+  // scales) into the item's cache, once for all its query tiles, or -- when
+  // the item's keys are too many for it -- packed once per query tile.  The
+  // bf16 path reads bf16 K in place (pairs along a row need unit strides and
+  // an even D) and packs V as pairs of keys.
+  template <bool kDot>
+  static KeyTile<kDot> key_tile(const mha_kernel_problem& p, const Tile& t, int64_t b, int64_t kvh,
+                                int64_t k_begin, int64_t j0, int keys) {
+    const int64_t dvp = round_up(p.dv, W);
+    if constexpr (kDot) {
+      const bool k_direct = p.k_strides[3] == 1 && p.d % 2 == 0;
+      const uint16_t* k_first = mha_kernel::k_row<uint16_t>(p, b, kvh, j0);
+      auto* k_pairs = reinterpret_cast<uint32_t*>(t.k_pack);
+      if (!k_direct) Dot::pack_rows(k_first, p.k_strides[2], p.k_strides[3], keys, p.d, k_pairs);
+      auto* v_pairs = reinterpret_cast<uint32_t*>(t.v_pack);
+      Dot::pack_key_pairs(mha_kernel::v_row<uint16_t>(p, b, kvh, j0), p.v_strides[2],
+                          p.v_strides[3], keys, p.dv, dvp, v_pairs);
+      return {k_direct ? k_first : reinterpret_cast<const uint16_t*>(k_pairs),
+              k_direct ? p.k_strides[2] : 2 * ((p.d + 1) / 2), v_pairs, dvp};
+    } else {
+      if (widened_cache(p)) {
+        widen_into_cache(p, t, b, kvh, k_begin, j0 + keys);
+        return {t.k_cache + (j0 - k_begin) * p.d, p.d, t.v_cache + (j0 - k_begin) * dvp, dvp};
+      }
+      const bool fp32_kv = p.kv_dtype == MHA_DTYPE_F32;
+      const bool k_direct = p.k_strides[3] == 1 && fp32_kv;
+      const bool v_direct = p.v_strides[3] == 1 && p.dv % W == 0 && fp32_kv;
+      if (!k_direct) pack_tile(p, p.k, p.k_strides, b, kvh, j0, keys, p.d, t.k_pack, p.d, true);
+      if (!v_direct) pack_tile(p, p.v, p.v_strides, b, kvh, j0, keys, p.dv, t.v_pack, dvp, false);
+      return {
+          k_direct ? mha_kernel::k_row(p, b, kvh, j0) : t.k_pack, k_direct ? p.k_strides[2] : p.d,
+          v_direct ? mha_kernel::v_row(p, b, kvh, j0) : t.v_pack, v_direct ? p.v_strides[2] : dvp};
     }
   }
 
@@ -410,9 +480,9 @@ class PrefillKernel {
   // The score micro-kernel over a key tile.  Returns false when the fused
   // path's stale maximum was exceeded; then nothing of the tile is kept
   // (row_sum is untouched, alpha is 1 otherwise).
-  template <bool kFused>
-  static bool compute_scores(const Tile& t, const float* k_rows, int64_t k_stride, int64_t d,
-                             int nqv, int keys, PrefetchQueue& prefetch) {
+  template <bool kDot, bool kFused>
+  static bool compute_scores(const Tile& t, const KeyTile<kDot>& kv, int64_t d,
+                             const ScoreUnits& units, int nqv, int keys, PrefetchQueue& prefetch) {
     constexpr int QV = Blk::kScoreQueryVectors, NK = Blk::kScoreKeys;
     if constexpr (kFused) {
       for (int v = 0; v < nqv; ++v) B(0.0f).store_aligned(t.tile_sum + v * W);
@@ -425,9 +495,17 @@ class PrefillKernel {
         const int nk = std::min(NK, keys - j);
         with_count<QV>(nv, [&](auto NV) {
           with_count<NK>(nk, [&](auto NKc) {
-            within &= score_block<Arch, QT, decltype(NV)::value, decltype(NKc)::value, kFused>(
-                t.qt + v0 * W, k_rows + j * k_stride, k_stride, d, t.scores + j * QT + v0 * W,
-                t.row_max + v0 * W, t.tile_sum + v0 * W);
+            constexpr int kNV = decltype(NV)::value, kNK = decltype(NKc)::value;
+            if constexpr (kDot) {
+              within &= Dot::template score_block<QT, kNV, kNK, kFused>(
+                  reinterpret_cast<const uint32_t*>(t.qt) + v0 * W, kv.k + j * kv.k_stride,
+                  kv.k_stride, (d + 1) / 2, units.q_factor, t.scores + j * QT + v0 * W,
+                  t.p_pairs + j / 2 * QT + v0 * W, t.row_max + v0 * W, t.tile_sum + v0 * W);
+            } else {
+              within &= score_block<Arch, QT, kNV, kNK, kFused>(
+                  t.qt + v0 * W, kv.k + j * kv.k_stride, kv.k_stride, d, t.scores + j * QT + v0 * W,
+                  t.row_max + v0 * W, t.tile_sum + v0 * W);
+            }
           });
         });
       }
@@ -444,8 +522,9 @@ class PrefillKernel {
   }
 
   // The P·V micro-kernel over a key tile.
-  static void accumulate_pv(const Tile& t, const float* v_rows, int64_t v_stride, int64_t dvp,
-                            int64_t nq, int keys, PrefetchQueue& prefetch) {
+  template <bool kDot>
+  static void accumulate_pv(const Tile& t, const KeyTile<kDot>& kv, int64_t dvp, int64_t nq,
+                            int keys, PrefetchQueue& prefetch) {
     constexpr int R = Blk::kPvRows, C = Blk::kPvVectors;
     const int vectors = static_cast<int>(dvp / W);
     for (int64_t r0 = 0; r0 < nq; r0 += R) {
@@ -455,9 +534,15 @@ class PrefillKernel {
         const int nc = std::min(C, vectors - c0);
         with_count<R>(nr, [&](auto NR) {
           with_count<C>(nc, [&](auto NC) {
-            pv_block<Arch, QT, decltype(NR)::value, decltype(NC)::value>(
-                t.scores + r0, t.alpha + r0, v_rows + c0 * W, v_stride, keys,
-                t.acc + r0 * dvp + c0 * W, dvp);
+            constexpr int kNR = decltype(NR)::value, kNC = decltype(NC)::value;
+            if constexpr (kDot) {
+              Dot::template pv_block<QT, kNR, kNC>(t.p_pairs + r0, t.alpha + r0, kv.v + c0 * W,
+                                                   kv.v_stride, (keys + 1) / 2,
+                                                   t.acc + r0 * dvp + c0 * W, dvp);
+            } else {
+              pv_block<Arch, QT, kNR, kNC>(t.scores + r0, t.alpha + r0, kv.v + c0 * W, kv.v_stride,
+                                           keys, t.acc + r0 * dvp + c0 * W, dvp);
+            }
           });
         });
       }

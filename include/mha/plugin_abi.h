@@ -25,8 +25,9 @@ extern "C" {
 /* Bumped whenever any struct below changes layout or meaning.
  * 2: mha_kernel_problem starts with struct_size; mha_plugin ends with supports.
  * 3: dtypes -- q, k, v untyped with their dtypes, int8 row scales, the
- *    output's dtype in the work item. */
-#define MHA_PLUGIN_ABI_VERSION 3
+ *    output's dtype in the work item.
+ * 4: mha_plugin ends with path (which arithmetic a problem takes). */
+#define MHA_PLUGIN_ABI_VERSION 4
 #define MHA_PLUGIN_ENTRY_SYMBOL "mha_plugin_entry"
 
 /* CPU features, as the runtime detects them (OS support included). */
@@ -162,6 +163,12 @@ typedef struct mha_plugin {
    * runtime then fails the call with MHA_ERR_UNSUPPORTED and that reason,
    * instead of guessing what a plugin can do.  NULL: every problem. */
   int (*supports)(const mha_kernel_problem* problem, char* reason, size_t reason_size);
+
+  /* The name of the arithmetic attend uses for a (validated, laid-out)
+   * problem -- a static string without spaces or commas, e.g. "fp32",
+   * "widened-to-fp32", "bf16-dot" -- for MHA_VERBOSE=2's path= field.  NULL:
+   * the runtime names it from the dtypes ("fp32" or "widened-to-fp32"). */
+  const char* (*path)(const mha_kernel_problem* problem);
 } mha_plugin;
 
 typedef const mha_plugin* (*mha_plugin_entry_fn)(void);

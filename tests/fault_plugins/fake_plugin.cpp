@@ -76,6 +76,7 @@ const mha_plugin kTable = {
     attend,
 #endif
     nullptr,
+    nullptr,
 };
 
 }  // namespace

@@ -133,7 +133,7 @@ namespace {
 
 // Which plugin files the runtime loads: the traps (FAULT_ABORT_ON_LOAD) abort
 // the process if it ever dlopens them.
-constexpr int32_t kKnownBackends = 4;  // scalar, avx2, avx512, neon
+constexpr int32_t kKnownBackends = 5;  // scalar, avx2, avx512, avx512bf16, neon
 
 TEST(PluginLoading, UnknownFilesAreNeverLoaded) {
   const std::string stray = env("MHA_TEST_STRAY");

@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
   if (::mkdtemp(scratch) == nullptr) return failed("mkdtemp");
   const std::string root = scratch;
   if (::mkdir((root + "/lib").c_str(), 0755) != 0) return failed("mkdir");
-  for (const char* name : {"scalar", "avx2", "avx512", "neon"}) {
+  for (const char* name : {"scalar", "avx2", "avx512", "avx512bf16", "neon"}) {
     if (!copy_file(trap, root + "/lib/libmha-backend-" + name + ".so")) {
       return failed("cannot plant the trap in " + root);
     }
@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
   auto* last_error = reinterpret_cast<const char* (*)()>(::dlsym(handle, "mha_last_error"));
   if (selected == nullptr || last_error == nullptr) return failed("symbols missing");
   const char* backend = selected();
-  for (const char* name : {"scalar", "avx2", "avx512", "neon"}) {
+  for (const char* name : {"scalar", "avx2", "avx512", "avx512bf16", "neon"}) {
     std::remove((root + "/lib/libmha-backend-" + name + ".so").c_str());
   }
   ::rmdir((root + "/lib").c_str());

@@ -1,0 +1,27 @@
+// Which arithmetic a SIMD plugin's kernel uses for a problem: the kernel
+// decides with these, and the plugin's table reports the same answer to the
+// runtime (MHA_VERBOSE=2's path=).  No ISA code: the table is compiled
+// without the ISA's flags.
+#pragma once
+
+#include <mha/mha.h>
+#include <mha/plugin_abi.h>
+
+namespace mha_simd {
+
+// bf16 Q with bf16 K and V in the prefill layout: the bf16 dot-product path
+// of a plugin built with it (bf16_dot.hpp).  Decode keeps widening to fp32:
+// it is bound by reading K and V, which bf16 already halves, not by products.
+inline bool bf16_dot_applies(const mha_kernel_problem& p) {
+  return p.layout == MHA_LAYOUT_QUERY_LANES && p.q_dtype == MHA_DTYPE_BF16 &&
+         p.kv_dtype == MHA_DTYPE_BF16;
+}
+
+// The name of the path (mha_plugin.path).
+template <bool kBf16Dot>
+const char* kernel_path(const mha_kernel_problem* p) {
+  if (kBf16Dot && bf16_dot_applies(*p)) return "bf16-dot";
+  return p->q_dtype == MHA_DTYPE_F32 && p->kv_dtype == MHA_DTYPE_F32 ? "fp32" : "widened-to-fp32";
+}
+
+}  // namespace mha_simd
