@@ -8,6 +8,7 @@
 #include <mha/mha.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace mha_test {
@@ -38,6 +39,24 @@ double tolerance(const Reference& ref);
 // tolerance(ref) plus what rounding the output once to out_dtype costs (half
 // an ulp of the largest value for BF16 and F16; nothing for F32).
 double tolerance(const Reference& ref, int32_t out_dtype);
+
+// The bf16 dot-product path (docs/decisions.md): tolerance(ref, out_dtype)
+// plus 4 · 2^-9 · max|V|, what rounding P to bf16 once for P·V may cost
+// (each weight moves by at most 2^-8 of itself, the denominator stays fp32:
+// the output by at most 2^-8 · max|V|, half this allowance).
+double bf16_dot_tolerance(const Reference& ref, int32_t out_dtype);
+
+// Whether `backend` rounds P to bf16 for these input dtypes: avx512bf16 with
+// bf16 Q and bf16 K and V (its prefill layout runs Q·Kᵀ and P·V on
+// vdpbf16ps; its decode layout, which widens to fp32, is held to the same
+// allowance here unless a test says otherwise).
+bool rounds_p_to_bf16(const std::string& backend, int32_t q_dtype, int32_t kv_dtype);
+
+// The tolerance `backend`'s result must meet for these dtypes:
+// bf16_dot_tolerance where it rounds P to bf16, tolerance(ref, out_dtype)
+// otherwise.
+double tolerance_for(const std::string& backend, int32_t q_dtype, int32_t kv_dtype,
+                     const Reference& ref, int32_t out_dtype);
 
 // Largest |out - ref| over all elements; out is an F32, BF16 or F16
 // [B, H, Lq, Dv] descriptor.

@@ -77,13 +77,17 @@ struct Bf16Dot {
     return _mm512_permutexvar_epi16(order, words);
   }
 
-  // Words 0-15 of `first` and `second` (16 bf16 values each) as 16 pairs.
-  static __m512i interleave_words(__m256i first, __m256i second) {
-    const __m512i words = _mm512_inserti64x4(_mm512_castsi256_si512(first), second, 1);
-    const __m512i order =
-        _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
-                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    return _mm512_permutexvar_epi16(order, words);
+  // Words 0-15 (kHalf 0) or 16-31 (kHalf 1) of `first` and `second` (32
+  // bf16 values each) as 16 pairs.
+  template <int kHalf>
+  static __m512i interleave_words(__m512i first, __m512i second) {
+    // Indices 32-63 pick from `second`.
+    constexpr short o = kHalf * 16;
+    const __m512i order = _mm512_set_epi16(
+        o + 47, o + 15, o + 46, o + 14, o + 45, o + 13, o + 44, o + 12, o + 43, o + 11, o + 42,
+        o + 10, o + 41, o + 9, o + 40, o + 8, o + 39, o + 7, o + 38, o + 6, o + 37, o + 5, o + 36,
+        o + 4, o + 35, o + 3, o + 34, o + 2, o + 33, o + 1, o + 32, o);
+    return _mm512_permutex2var_epi16(first, order, second);
   }
 
   // ------------------------------------------------------------ packing
@@ -159,12 +163,20 @@ struct Bf16Dot {
       uint32_t* out = dst + (j / 2) * dvp;
       int64_t c = 0;
       if (cs == 1) {
+        // 32 columns of both rows at a time; a last 16 through half vectors.
+        for (; c + 2 * W <= dv; c += 2 * W) {
+          const __m512i first = _mm512_loadu_si512(a + c);
+          const __m512i second = b != nullptr ? _mm512_loadu_si512(b + c) : _mm512_setzero_si512();
+          _mm512_storeu_si512(out + c, interleave_words<0>(first, second));
+          _mm512_storeu_si512(out + c + W, interleave_words<1>(first, second));
+        }
         for (; c + W <= dv; c += W) {
-          const __m256i first = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + c));
-          const __m256i second = b != nullptr
-                                     ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + c))
-                                     : _mm256_setzero_si256();
-          _mm512_storeu_si512(out + c, interleave_words(first, second));
+          const __m512i first =
+              _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + c)));
+          const __m512i second = b != nullptr ? _mm512_castsi256_si512(_mm256_loadu_si256(
+                                                    reinterpret_cast<const __m256i*>(b + c)))
+                                              : _mm512_setzero_si512();
+          _mm512_storeu_si512(out + c, interleave_words<0>(first, second));
         }
       }
       for (; c < dv; ++c) out[c] = pair(a[c * cs], b != nullptr ? b[c * cs] : uint16_t{0});
@@ -214,16 +226,23 @@ struct Bf16Dot {
                           float* tile_sum) {
     const uint16_t* k[NK];
     for (int n = 0; n < NK; ++n) k[n] = k_rows + n * k_stride;
+    // The first pair initialises the accumulators (d2 >= 1): as in
+    // score_block, no path on which they live in memory.
     __m512 acc[NV][NK];
-    for (int v = 0; v < NV; ++v) {
-      for (int n = 0; n < NK; ++n) acc[v][n] = _mm512_setzero_ps();
+    {
+      __m512bh q[NV];
+      for (int v = 0; v < NV; ++v) q[v] = load_pairs(qp + v * W);
+      for (int n = 0; n < NK; ++n) {
+        const __m512bh kb = broadcast_pair(k[n]);
+        for (int v = 0; v < NV; ++v) acc[v][n] = _mm512_dpbf16_ps(_mm512_setzero_ps(), q[v], kb);
+      }
     }
     // The next key group's rows, from L2 while this one computes.
     for (int n = 0; n < NK; ++n) {
       const char* next = reinterpret_cast<const char*>(k[n] + NK * k_stride);
       for (int64_t byte = 0; byte < d2 * 4; byte += 64) __builtin_prefetch(next + byte, 0, 3);
     }
-    for (int64_t x2 = 0; x2 < d2; ++x2) {
+    for (int64_t x2 = 1; x2 < d2; ++x2) {
       __m512bh q[NV];
       for (int v = 0; v < NV; ++v) q[v] = load_pairs(qp + x2 * kStride + v * W);
       for (int n = 0; n < NK; ++n) {
@@ -241,6 +260,8 @@ struct Bf16Dot {
       return true;
     } else {
       bool within = true;
+      // Unrolled, so that acc stays in registers.
+#pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) {
         const B shift = B::load_aligned(row_max + v * W);
         B d[NK];
@@ -249,6 +270,7 @@ struct Bf16Dot {
         for (int n = 1; n < NK; ++n) highest = xsimd::max(highest, d[n]);
         within = within && !xsimd::any(highest > B(kMaxGrowth));
         B sum = B::load_aligned(tile_sum + v * W);
+#pragma GCC unroll 3
         for (int n = 0; n < NK; n += 2) {
           const B e0 = fast_exp2<Arch>(d[n]);
           sum += e0;
@@ -273,11 +295,17 @@ struct Bf16Dot {
   template <int kStride, int NR, int NC>
   static void pv_block(const uint32_t* pairs, const float* alpha, const uint32_t* v_pairs,
                        int64_t v_stride, int keys2, float* acc, int64_t acc_stride) {
+    // The first pair of keys initialises the sums (keys2 >= 1).
     __m512 o[NR][NC];
-    for (int r = 0; r < NR; ++r) {
-      for (int c = 0; c < NC; ++c) o[r][c] = _mm512_setzero_ps();
+    {
+      __m512bh vv[NC];
+      for (int c = 0; c < NC; ++c) vv[c] = load_pairs(v_pairs + c * W);
+      for (int r = 0; r < NR; ++r) {
+        const __m512bh pr = as_bf16(_mm512_set1_epi32(static_cast<int32_t>(pairs[r])));
+        for (int c = 0; c < NC; ++c) o[r][c] = _mm512_dpbf16_ps(_mm512_setzero_ps(), pr, vv[c]);
+      }
     }
-    for (int j2 = 0; j2 < keys2; ++j2) {
+    for (int j2 = 1; j2 < keys2; ++j2) {
       __m512bh vv[NC];
       for (int c = 0; c < NC; ++c) vv[c] = load_pairs(v_pairs + j2 * v_stride + c * W);
       for (int r = 0; r < NR; ++r) {
