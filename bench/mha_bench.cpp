@@ -2,6 +2,8 @@
 // the textbook BLIS method, all measured in the same process.
 //
 //   peak/fma/<isa>/threads:<n>          FMA throughput of one ISA on n threads (GFLOPS)
+//   peak/bf16dot/<isa>/threads:<n>      vdpbf16ps throughput, where the backend has the
+//                                       bf16 dot-product path (GFLOPS)
 //   peak/read_bw/threads:<n>            read bandwidth of a 1 GiB array (GBps)
 //   attention/<backend>/<shape>/threads:<n>
 //   blis_unfused/<shape>/threads:<n>    sgemm + softmax + sgemm per (batch, head)
@@ -14,7 +16,7 @@
 // the measured time per call, so --benchmark_format=json carries them.
 //
 // pct_peak divides by the FMA peak of the backend's ISA at the same thread
-// count, pct_bw (S3) by the read bandwidth, both measured by this process: the
+// count (by its bf16 dot-product peak for a call that takes that path), pct_bw (S3) by the read bandwidth, both measured by this process: the
 // peak benchmarks run first (if a filter left them out, they are measured on
 // demand before the figure is needed).  A peak is the best call of its run
 // (interference on a shared machine only lowers a rate); the mean is reported
@@ -209,10 +211,10 @@ const Inputs& inputs(const Shape& s) {
 
 // ------------------------------------------------------------------ peaks
 
-// The peak loops this CPU may run, by the name of the backend of the same ISA.
+// The peak loops this CPU may run, by "<kind>/<backend of the same ISA>".
 std::map<std::string, const FmaLoop*> g_loops;
-std::string g_widest_isa;                                   // the ISA of the backend "auto" picks
-std::map<std::string, std::map<int, double>> g_fma_gflops;  // isa -> threads -> GFLOP/s
+std::string g_widest_isa;                               // the ISA of the backend "auto" picks
+std::map<std::string, std::map<int, double>> g_gflops;  // kind/isa -> threads -> GFLOP/s
 std::map<int, double> g_read_gbps;                          // threads -> GB/s
 
 constexpr int64_t kFmaSteps = int64_t{1} << 21;  // a few ms per call
@@ -220,6 +222,8 @@ constexpr size_t kReadBytes = size_t{1} << 30;   // 1 GiB: far beyond any cache
 constexpr int kReadPasses = 8;
 
 float g_sink;  // keeps the loops' results alive
+
+std::string loop_key(const FmaLoop& loop) { return std::string(loop.kind) + "/" + loop.isa; }
 
 // One call of the loop on n threads at once; returns the seconds it took.
 double time_fma(const FmaLoop& loop, int n) {
@@ -250,20 +254,22 @@ void bm_peak_fma(benchmark::State& st, const FmaLoop* loop, int n) {
   const double gflops = fma_gflops(*loop, n, best);
   st.counters["GFLOPS"] = gflops;
   st.counters["GFLOPS_mean"] = fma_gflops(*loop, n, sec / static_cast<double>(st.iterations()));
-  g_fma_gflops[loop->isa][n] = gflops;
+  g_gflops[loop_key(*loop)][n] = gflops;
 }
 
-// The peak of an ISA at n threads: as measured by its benchmark, or now.
-double fma_peak(const std::string& isa, int n) {
-  auto it = g_fma_gflops[isa].find(n);
-  if (it != g_fma_gflops[isa].end()) return it->second;
-  auto loop = g_loops.find(isa);
+// A peak ("<kind>/<isa>") at n threads: as measured by its benchmark, or now.
+double peak_of(const std::string& key, int n) {
+  auto it = g_gflops[key].find(n);
+  if (it != g_gflops[key].end()) return it->second;
+  auto loop = g_loops.find(key);
   if (loop == g_loops.end()) return 0.0;
   time_fma(*loop->second, n);
   double best = 1e30;
   for (int c = 0; c < 40; ++c) best = std::min(best, time_fma(*loop->second, n));
-  return g_fma_gflops[isa][n] = fma_gflops(*loop->second, n, best);
+  return g_gflops[key][n] = fma_gflops(*loop->second, n, best);
 }
+
+double fma_peak(const std::string& isa, int n) { return peak_of("fma/" + isa, n); }
 
 struct BigArray {
   explicit BigArray(int n) {
@@ -334,11 +340,16 @@ double read_bw(int n) {
 // ------------------------------------------------------------------ attention
 
 // The counters every attention-like benchmark reports, from seconds per call.
+// pct_peak: against the bf16 dot-product peak where the backend has one and
+// the call takes that path (bf16 Q with bf16 K and V, prefill), the FMA peak
+// otherwise.
 void report(benchmark::State& st, const Shape& s, double sec_per_call, const std::string& isa,
             int n) {
   const double gflops = useful_flops(s) / sec_per_call * 1e-9;
   st.counters["GFLOPS"] = gflops;
-  if (const double peak = fma_peak(isa, n); peak > 0.0)
+  const bool bf16_dot = s.q_dtype == MHA_DTYPE_BF16 && s.kv_dtype == MHA_DTYPE_BF16 &&
+                        !is_decode(s) && g_loops.count("bf16dot/" + isa) != 0;
+  if (const double peak = bf16_dot ? peak_of("bf16dot/" + isa, n) : fma_peak(isa, n); peak > 0.0)
     st.counters["pct_peak"] = gflops / peak * 100;
   if (is_decode(s)) {
     const double gbps = kv_bytes(s) / sec_per_call * 1e-9;
@@ -489,14 +500,15 @@ std::string name_of(const std::string& prefix, int n) {
   return prefix + "/threads:" + std::to_string(n);
 }
 
-// peak/fma/<isa>/threads:<n> for the usable ISAs, then peak/read_bw/threads:<n>.
+// peak/<kind>/<isa>/threads:<n> for the usable ISAs, then
+// peak/read_bw/threads:<n>.
 void register_peak_benchmarks(const std::vector<const FmaLoop*>& loops,
                               const std::vector<int>& threads) {
   for (const FmaLoop* loop : loops) {
-    if (g_loops.count(loop->isa) == 0) continue;
+    if (g_loops.count(loop_key(*loop)) == 0) continue;
     for (int n : threads) {
-      benchmark::RegisterBenchmark(name_of(std::string("peak/fma/") + loop->isa, n).c_str(),
-                                   bm_peak_fma, loop, n)
+      benchmark::RegisterBenchmark(name_of("peak/" + loop_key(*loop), n).c_str(), bm_peak_fma,
+                                   loop, n)
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond);
     }
@@ -575,7 +587,7 @@ int main(int argc, char** argv) {
   for (const std::string& b : backends) {
     for (const FmaLoop* loop : known) {
       if (b == loop->isa) {
-        g_loops[b] = loop;
+        g_loops[loop_key(*loop)] = loop;
         if (g_widest_isa.empty()) g_widest_isa = b;
       }
     }

@@ -15,7 +15,8 @@ namespace mha_bench {
 // point operations on independent register accumulators and returns a value
 // derived from all of them (so nothing can be optimised away).
 struct FmaLoop {
-  const char* isa;  // "scalar", "avx2", "avx512", "neon": the backend whose peak it is
+  const char* isa;   // "scalar", "avx2", "avx512", "neon", ...: the backend whose peak it is
+  const char* kind;  // "fma" (fp32 FMA), "bf16dot" (vdpbf16ps): peak/<kind>/<isa>
   double flops_per_step;
   float (*run)(int64_t steps, float seed);
 };

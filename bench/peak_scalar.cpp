@@ -34,7 +34,7 @@ float fma_scalar(int64_t steps, float seed) {
 
 }  // namespace
 
-extern const FmaLoop kFmaScalar = {"scalar", 2.0 * 4 * kChains, fma_scalar};
+extern const FmaLoop kFmaScalar = {"scalar", "fma", 2.0 * 4 * kChains, fma_scalar};
 
 float read_sum(const float* data, size_t n) {
   constexpr int kAcc = 8;

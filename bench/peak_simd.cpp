@@ -1,9 +1,15 @@
 // The FMA-throughput reference loop of one SIMD instruction set: one source,
 // compiled once per SIMD row of cmake/MhaIsa.cmake with that row's flags
 // (MHA_PEAK_ARCH names the xsimd architecture, MHA_PEAK_NAME the table and
-// MHA_PEAK_BACKEND the backend).  mha_bench calls it only when the runtime
-// reports that backend usable.
+// MHA_PEAK_BACKEND the backend).  A row with the bf16 dot-product path
+// (MHA_PEAK_BF16_DOT_NAME defined) also gets the vdpbf16ps loop, the peak of
+// that path.  mha_bench calls a loop only when the runtime reports that
+// backend usable.
 #include <xsimd/xsimd.hpp>
+
+#ifdef MHA_PEAK_BF16_DOT_NAME
+#include <immintrin.h>
+#endif
 
 #include "peak.h"
 #include "simd/blocking.hpp"
@@ -33,9 +39,31 @@ float fma_loop(int64_t steps, float seed) {
   return xsimd::hadd(sum);
 }
 
+#ifdef MHA_PEAK_BF16_DOT_NAME
+// vdpbf16ps: per fp32 lane two bf16 products added to the accumulator, 4
+// FLOPs, on as many independent chains as the FMA loop.
+float bf16_dot_loop(int64_t steps, float seed) {
+  __m512 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(seed + static_cast<float>(c));
+  const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(1e-3f));
+  const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(2e-3f), _mm512_set1_ps(2e-3f));
+  for (int64_t s = 0; s < steps; ++s) {
+#pragma GCC unroll 24
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
+  }
+  __m512 sum = acc[0];
+  for (int c = 1; c < kChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
+  return _mm512_reduce_add_ps(sum);
+}
+#endif
+
 }  // namespace
 
-extern const FmaLoop MHA_PEAK_NAME = {MHA_PEAK_BACKEND,
+extern const FmaLoop MHA_PEAK_NAME = {MHA_PEAK_BACKEND, "fma",
                                       2.0 * static_cast<double>(B::size) * kChains, fma_loop};
+#ifdef MHA_PEAK_BF16_DOT_NAME
+extern const FmaLoop MHA_PEAK_BF16_DOT_NAME = {MHA_PEAK_BACKEND, "bf16dot", 4.0 * 16 * kChains,
+                                               bf16_dot_loop};
+#endif
 
 }  // namespace mha_bench

@@ -7,9 +7,10 @@ Reads the JSON that mha_bench writes (--benchmark_out=FILE
 --benchmark_out_format=json, or --benchmark_format=json) and prints, per
 implementation x shape x threads: the speed (GFLOP/s of useful work; GB/s of K
 and V read for S3; microseconds per call for S5), the percentage of the
-backend's ISA FMA peak (S3: of the read bandwidth), and the speed relative to
-blis_unfused and to the scalar backend on the same shape and threads (x2.0 =
-twice as fast).  Then the scaling from 1 thread to all threads.  The peaks and
+backend's ISA FMA peak (its bf16 dot-product peak where a bf16 call takes that
+path; S3: of the read bandwidth), and the speed relative to blis_unfused, to
+the scalar backend and -- for the dtype variants ("S1:bf16", "S3:i8kv") -- to
+the fp32 shape on the same backend and threads (x2.0 = twice as fast).  Then the scaling from 1 thread to all threads.  The peaks and
 the bandwidth are the ones measured in the same run.  Python 3 standard library
 only.
 """
@@ -99,15 +100,15 @@ def main():
     ctx, runs, errors = load(args.json)
 
     # The measured references.
-    fma = {}   # isa -> threads -> GFLOP/s
+    fma = {}   # "<kind>/<isa>" -> threads -> GFLOP/s
     bw = {}    # threads -> GB/s
     results = {}  # (impl, shape) -> threads -> entries
     impl_order = []
     for name, entries in runs.items():
         parts = name.split("/")
         n = threads_of(parts)
-        if parts[:2] == ["peak", "fma"] and len(parts) >= 3:
-            fma.setdefault(parts[2], {})[n] = median_counter(entries, "GFLOPS")
+        if parts[0] == "peak" and parts[1] != "read_bw" and len(parts) >= 3:
+            fma.setdefault(parts[1] + "/" + parts[2], {})[n] = median_counter(entries, "GFLOPS")
         elif parts[:2] == ["peak", "read_bw"]:
             bw[n] = median_counter(entries, "GBps")
         elif parts[0] == "attention" and len(parts) >= 3:
@@ -134,8 +135,8 @@ def main():
     all_threads = sorted({n for d in fma.values() for n in d} | set(bw))
     print()
     ref_rows = []
-    for isa, d in fma.items():
-        label = f"FMA peak {isa}" + (" (128-bit mul+add, baseline ISA)" if isa == "scalar" else "")
+    for key, d in fma.items():
+        label = peak_label(key)
         ref_rows.append([label] + [fmt(d.get(n)) + " GFLOP/s" if d.get(n) else "-"
                                    for n in all_threads])
     if bw:
@@ -148,7 +149,8 @@ def main():
 
     # The main table.
     shapes = sorted({k[1] for k in results})
-    header = ["implementation", "shape", "threads", "speed", "unit", "% of peak", "vs blis", "vs scalar"]
+    header = ["implementation", "shape", "threads", "speed", "unit", "% of peak", "vs blis",
+              "vs scalar", "vs f32"]
     rows = []
 
     def gflops_of(impl, shape, n):
@@ -161,11 +163,12 @@ def main():
             for n in sorted(per_thread):
                 e = per_thread[n]
                 g = median_counter(e, "GFLOPS")
-                if shape in DECODE_SHAPES:
+                base = shape.split(":")[0]
+                if base in DECODE_SHAPES:
                     speed, unit = median_counter(e, "GBps"), "GB/s"
                     pct = median_counter(e, "pct_bw")
                     pct_s = (fmt(pct) + " % bw") if pct is not None else "-"
-                elif shape in FIXED_COST_SHAPES:
+                elif base in FIXED_COST_SHAPES:
                     speed, unit = median_counter(e, "us_per_call"), "us/call"
                     pct = median_counter(e, "pct_peak")
                     pct_s = (fmt(pct) + " %") if pct is not None else "-"
@@ -173,17 +176,21 @@ def main():
                     speed, unit = g, "GFLOP/s"
                     pct = median_counter(e, "pct_peak")
                     pct_s = (fmt(pct) + " %") if pct is not None else "-"
-                vs_blis = "-" if impl == "blis_unfused" else ratio(g, gflops_of("blis_unfused", shape, n))
+                vs_blis = "-" if impl == "blis_unfused" else ratio(g, gflops_of("blis_unfused", base, n))
                 vs_scalar = "-" if impl == "scalar" else ratio(g, gflops_of("scalar", shape, n))
-                rows.append([impl, shape, n, fmt(speed), unit, pct_s, vs_blis, vs_scalar])
+                vs_f32 = "-" if base == shape else ratio(g, gflops_of(impl, base, n))
+                rows.append([impl, shape, n, fmt(speed), unit, pct_s, vs_blis, vs_scalar, vs_f32])
     for name, msg in sorted(errors.items()):
-        rows.append([name, "", "", "error", msg, "", "", ""])
-    print(table(header, rows, "lllrlrrr"))
+        rows.append([name, "", "", "error", msg, "", "", "", ""])
+    print(table(header, rows, "lllrlrrrr"))
     print()
     print("speed: GFLOP/s of useful work (causal: only the pairs that take part); S3: GB/s of K and "
           "V read; S5: microseconds per call.")
-    print("% of peak: of the FMA peak of the backend's ISA at the same thread count; blis_unfused "
-          f"against the peak of {ctx.get('blis_peak_isa', 'the widest ISA')}.")
+    print("% of peak: of the FMA peak of the backend's ISA at the same thread count (bf16 Q with "
+          "bf16 K/V on a backend with the bf16 dot-product path: of its bf16dot peak); "
+          f"blis_unfused against the peak of {ctx.get('blis_peak_isa', 'the widest ISA')}.")
+    print("vs f32: a dtype variant's speed relative to the fp32 shape, same backend and threads "
+          "(decode: tokens per second).")
     print("vs blis / vs scalar: speed relative to blis_unfused / the scalar backend, same shape and "
           "threads (x2.00 = twice as fast).")
 
@@ -201,14 +208,22 @@ def main():
     if scale_rows:
         print()
         print(table(["implementation", "shape", "threads", "scaling"], scale_rows, "lllr"))
-    for isa, d in fma.items():
+    for key, d in fma.items():
         if 1 in d and len(d) > 1:
             top = max(d)
-            print(f"FMA peak {isa}: threads:{top} / threads:1 = {ratio(d[top], d[1])}")
+            print(f"{peak_label(key)}: threads:{top} / threads:1 = {ratio(d[top], d[1])}")
     if 1 in bw and len(bw) > 1:
         top = max(bw)
         print(f"read bandwidth: threads:{top} / threads:1 = {ratio(bw[top], bw[1])}")
     return 0
+
+
+def peak_label(key):
+    """'fma/avx512' -> 'FMA peak avx512'; 'bf16dot/avx512bf16' -> 'bf16 dot peak ...'."""
+    kind, isa = key.split("/", 1)
+    if kind == "bf16dot":
+        return f"bf16 dot peak {isa} (vdpbf16ps)"
+    return f"FMA peak {isa}" + (" (128-bit mul+add, baseline ISA)" if isa == "scalar" else "")
 
 
 if __name__ == "__main__":
