@@ -94,6 +94,75 @@ inline xsimd::batch<float, Arch> load_widen(const element_t<kDtype>* p) {
   }
 }
 
+// W fp32 values rounded once to a floating dtype and stored at p (exactly W
+// elements): to nearest even, a NaN stays NaN, as mha_types::f32_to_bf16 and
+// f32_to_f16 do one value at a time.
+template <class Arch, int32_t kDtype>
+inline void store_narrow(element_t<kDtype>* p, xsimd::batch<float, Arch> x) {
+  using B = xsimd::batch<float, Arch>;
+  static_assert(kDtype != MHA_DTYPE_I8, "outputs are floating");
+  if constexpr (kDtype == MHA_DTYPE_F32) {
+    x.store_unaligned(p);
+    return;
+  }
+#if defined(__AVX512F__)
+  if constexpr (kDtype == MHA_DTYPE_F16 && std::is_base_of<xsimd::avx512f, Arch>::value) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    return;
+  }
+#endif
+#if defined(__AVX2__)
+  if constexpr (kDtype == MHA_DTYPE_F16 && std::is_base_of<xsimd::avx2, Arch>::value) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    return;
+  }
+#endif
+#if defined(__aarch64__)
+  if constexpr (kDtype == MHA_DTYPE_F16 && std::is_base_of<xsimd::neon64, Arch>::value) {
+    vst1_u16(p, vreinterpret_u16_f16(vcvt_f16_f32(x)));  // FPCR's default: to nearest even
+    return;
+  }
+#endif
+  if constexpr (kDtype == MHA_DTYPE_BF16) {
+    // The upper half of each word, rounded to nearest even on the lower half.
+    using U = xsimd::batch<uint32_t, Arch>;
+    const U bits = xsimd::bitwise_cast<U>(x);
+    const U rounded = (bits + U(0x7FFFu) + ((bits >> 16) & U(1u))) >> 16;
+    const U word =
+        xsimd::select((bits & U(0x7FFFFFFFu)) > U(0x7F800000u), (bits >> 16) | U(0x40u), rounded);
+#if defined(__AVX512F__)
+    if constexpr (std::is_base_of<xsimd::avx512f, Arch>::value) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(word));
+      return;
+    }
+#endif
+#if defined(__AVX2__)
+    if constexpr (std::is_base_of<xsimd::avx2, Arch>::value) {
+      // packus interleaves the 128-bit halves: words 0-3 and 4-7 of each, in order.
+      const __m256i packed = _mm256_packus_epi32(word, word);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                       _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08)));
+      return;
+    }
+#endif
+#if defined(__aarch64__)
+    if constexpr (std::is_base_of<xsimd::neon64, Arch>::value) {
+      vst1_u16(p, vmovn_u32(word));
+      return;
+    }
+#endif
+    alignas(64) uint32_t lanes[B::size];
+    word.store_aligned(lanes);
+    for (std::size_t i = 0; i < B::size; ++i) p[i] = static_cast<uint16_t>(lanes[i]);
+  } else {
+    alignas(64) float lanes[B::size];
+    x.store_aligned(lanes);
+    for (std::size_t i = 0; i < B::size; ++i) p[i] = mha_types::f32_to_f16(lanes[i]);
+  }
+}
+
 // Calls f(std::integral_constant<int32_t, dtype>{}) for a floating or int8 dtype.
 template <class F>
 inline void with_dtype(int32_t dtype, F&& f) {

@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "common/dtype.h"
+#include "simd/convert.hpp"
 #include "simd/tile_tools.hpp"
 
 namespace mha_simd {
@@ -27,7 +28,18 @@ inline void write_row(const float* acc, int64_t dv, float row_max, float sum,
   const bool empty = sum == 0.0f;
   const float inv = empty ? 0.0f : 1.0f / sum;
   if (out_dtype != MHA_DTYPE_F32) {
-    for (int64_t x = 0; x < dv; ++x) {
+    int64_t x = 0;
+    if (out_stride == 1 && !empty) {
+      with_dtype(out_dtype, [&](auto dt) {
+        constexpr int32_t kOut = decltype(dt)::value;
+        if constexpr (kOut == MHA_DTYPE_BF16 || kOut == MHA_DTYPE_F16) {
+          auto* o = static_cast<element_t<kOut>*>(out);
+          for (; x + W <= dv; x += W)
+            store_narrow<Arch, kOut>(o + x, B::load_aligned(acc + x) * B(inv));
+        }
+      });
+    }
+    for (; x < dv; ++x) {
       mha_types::store_float(out, out_dtype, x * out_stride, empty ? 0.0f : acc[x] * inv);
     }
   } else if (empty) {
