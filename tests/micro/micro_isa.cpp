@@ -2,8 +2,11 @@
 // the function pointers of micro_kernels.h, as MHA_MICRO_NAME().  Compiled
 // with that ISA's flags; the table is a constant, so taking it runs no ISA
 // instruction.
+#include <mha/mha.h>
+
 #include "micro_kernels.h"
 #include "simd/blocking.hpp"
+#include "simd/convert.hpp"
 #include "simd/microkernels.hpp"
 #include "simd/tile_tools.hpp"
 
@@ -48,6 +51,23 @@ void row_pv(const float* probs, int keys, float alpha, const float* v_rows, int6
   mha_simd::row_pv<Arch>(probs, keys, alpha, v_rows, v_stride, dvp, acc);
 }
 
+void narrow(int32_t dtype, const float* x, uint16_t* out) {
+  const auto v = xsimd::batch<float, Arch>::load_unaligned(x);
+  if (dtype == MHA_DTYPE_BF16) {
+    mha_simd::store_narrow<Arch, MHA_DTYPE_BF16>(out, v);
+  } else {
+    mha_simd::store_narrow<Arch, MHA_DTYPE_F16>(out, v);
+  }
+}
+
+void widen(int32_t dtype, const void* in, float* out) {
+  mha_simd::with_dtype(dtype, [&](auto dt) {
+    constexpr int32_t kDtype = decltype(dt)::value;
+    mha_simd::load_widen<Arch, kDtype>(static_cast<const mha_simd::element_t<kDtype>*>(in))
+        .store_unaligned(out);
+  });
+}
+
 }  // namespace
 
 extern "C" const mha_micro::MicroKernels* MHA_MICRO_NAME() {
@@ -63,6 +83,8 @@ extern "C" const mha_micro::MicroKernels* MHA_MICRO_NAME() {
       pv,
       row_scores,
       row_pv,
+      narrow,
+      widen,
   };
   return &kernels;
 }

@@ -24,6 +24,10 @@ struct MicroKernels {
                      float* s);
   void (*row_pv)(const float* probs, int keys, float alpha, const float* v_rows, int64_t v_stride,
                  int64_t dvp, float* acc);
+  // store_narrow: `lanes` floats rounded to BF16 or F16 bits.
+  void (*narrow)(int32_t dtype, const float* x, uint16_t* out);
+  // load_widen: `lanes` BF16 or F16 bits, or int8 values, as floats.
+  void (*widen)(int32_t dtype, const void* in, float* out);
 };
 
 }  // namespace mha_micro

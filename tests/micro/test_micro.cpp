@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/dtype.h"
 #include "micro_kernels.h"
 #include "micro_registry.h"  // generated: kMicroIsas
 #include "test_util.h"
@@ -216,6 +217,72 @@ TEST_P(Micro, DecodeRowKernelsMatchPlainLoops) {
                     1e-5 * (keys + 1))
             << "column " << x;
       }
+    }
+  }
+}
+
+// store_narrow and load_widen against the scalar conversions of
+// common/dtype.h, bit for bit: ties to even, the largest finite values and
+// the first that overflow, subnormals, signed zeros, infinities, NaN; every
+// lane position (a value is tried in each lane).
+TEST_P(Micro, NarrowingAndWideningMatchTheScalarConversions) {
+  const int w = k_->lanes;
+  std::vector<float> values = {0.0f, -0.0f, 1.0f, -1.0f, INFINITY, -INFINITY, NAN, -NAN,
+                               // ties: exactly half an ulp of bf16 (1 + 2^-8) and f16 (1 + 2^-11)
+                               1.00390625f, 1.01171875f, 1.00048828125f, 1.00146484375f,
+                               // largest f16, the first that rounds to inf, overflow
+                               65504.0f, 65519.99f, 65520.0f, 1e30f, -1e30f,
+                               // f16 subnormals and below; fp32 subnormals
+                               5.9604645e-8f, 2.9802322e-8f, 1e-6f, 1e-40f, -1e-45f,
+                               // bf16: the largest finite, and a value rounding to inf
+                               3.3895314e38f, 3.4028235e38f};
+  Rng rng(21);
+  for (int i = 0; i < 2000; ++i) values.push_back(rng.uniform(-70000.0f, 70000.0f));
+  for (int i = 0; i < 2000; ++i)
+    values.push_back(std::ldexp(rng.uniform(-1.0f, 1.0f), i % 300 - 150));
+  const auto same = [](uint16_t a, uint16_t b, int32_t dtype) {
+    const double fa = half_bits_value(a, dtype), fb = half_bits_value(b, dtype);
+    return std::isnan(fa) ? std::isnan(fb) : a == b;
+  };
+  for (const int32_t dtype : {int32_t{MHA_DTYPE_BF16}, int32_t{MHA_DTYPE_F16}}) {
+    SCOPED_TRACE(dtype == MHA_DTYPE_BF16 ? "bf16" : "f16");
+    for (size_t first = 0; first < values.size(); ++first) {
+      std::vector<float> lanes(static_cast<size_t>(w));
+      for (int l = 0; l < w; ++l)
+        lanes[static_cast<size_t>(l)] = values[(first + static_cast<size_t>(l)) % values.size()];
+      std::vector<uint16_t> out(static_cast<size_t>(w) + 1, 0xABCD);
+      k_->narrow(dtype, lanes.data(), out.data());
+      ASSERT_EQ(out[static_cast<size_t>(w)], 0xABCD) << "wrote past the vector";
+      for (int l = 0; l < w; ++l) {
+        const float x = lanes[static_cast<size_t>(l)];
+        const uint16_t want =
+            dtype == MHA_DTYPE_BF16 ? mha_types::f32_to_bf16(x) : mha_types::f32_to_f16(x);
+        ASSERT_TRUE(same(out[static_cast<size_t>(l)], want, dtype))
+            << "lane " << l << ": " << x << " -> 0x" << std::hex << out[static_cast<size_t>(l)]
+            << ", want 0x" << want;
+      }
+      // And back: every lane of the stored bits.
+      std::vector<float> back(static_cast<size_t>(w));
+      k_->widen(dtype, out.data(), back.data());
+      for (int l = 0; l < w; ++l) {
+        const double want = half_bits_value(out[static_cast<size_t>(l)], dtype);
+        const double got = back[static_cast<size_t>(l)];
+        ASSERT_TRUE(std::isnan(want) ? std::isnan(got)
+                                     : got == want && std::signbit(got) == std::signbit(want))
+            << "lane " << l;
+      }
+    }
+  }
+  // int8: every value, in every lane.
+  for (int first = 0; first < 256; ++first) {
+    std::vector<int8_t> bytes(static_cast<size_t>(w));
+    for (int l = 0; l < w; ++l)
+      bytes[static_cast<size_t>(l)] = static_cast<int8_t>((first + l) % 256 - 128);
+    std::vector<float> back(static_cast<size_t>(w));
+    k_->widen(MHA_DTYPE_I8, bytes.data(), back.data());
+    for (int l = 0; l < w; ++l) {
+      ASSERT_EQ(back[static_cast<size_t>(l)], static_cast<float>(bytes[static_cast<size_t>(l)]))
+          << "lane " << l;
     }
   }
 }
