@@ -148,7 +148,7 @@ class Bf16Dot : public BackendTest {};
 
 // The prefill layout over the shapes and options the path must handle.
 TEST_P(Bf16Dot, ShapesMasksAndLayoutsWithinTolerance) {
-  std::vector<DotCase> cases(15);
+  std::vector<DotCase> cases(16);
   cases[0].what = "several key tiles";
   cases[1].what = "GQA, odd key count, Dv below a register pair", cases[1].H = 6, cases[1].Hkv = 2,
   cases[1].Lq = 70, cases[1].Lk = 333, cases[1].D = 40, cases[1].Dv = 24;
@@ -175,6 +175,12 @@ TEST_P(Bf16Dot, ShapesMasksAndLayoutsWithinTolerance) {
   cases[14].what = "causal with padding mask and lengths", cases[14].B = 2,
   cases[14].causal = MHA_CAUSAL_TOP_LEFT, cases[14].mask = 2, cases[14].lens = true,
   cases[14].D = 96, cases[14].Dv = 80;
+  // Query tiles of one item see odd key counts that grow from tile to tile:
+  // the item's cached V pairs are extended, the odd last key paired again.
+  // (Enough heads that the runtime gives an item two query tiles.)
+  cases[15].what = "causal bottom-right, odd offset (V pairs extended)", cases[15].H = 64,
+  cases[15].Hkv = 8, cases[15].Lq = 256, cases[15].Lk = 289, cases[15].D = 16, cases[15].Dv = 16,
+  cases[15].causal = MHA_CAUSAL_BOTTOM_RIGHT;
   uint64_t seed = 100;
   for (DotCase& c : cases) {
     c.seed = ++seed;

@@ -76,8 +76,10 @@ class PrefillKernel {
                         // bf16 path: [KT/2][Dvp] pairs of keys, always
     uint32_t* p_pairs;  // bf16 path: [KT/2][QT] probabilities as pairs of keys
     // Half-precision or int8 K and V, widened once per item for all its
-    // query tiles (widened_cache): [keys of the item][D] and [..][Dvp], the
-    // first widened[0] rows filled, of KV head widened[1].
+    // query tiles (fp32_cache): [keys of the item][D] and [..][Dvp], the
+    // first widened[0] rows filled, of KV head widened[1].  On the bf16 path
+    // (pairs_cache) v_cache holds V as pairs of keys instead, [..][Dvp]
+    // pairs, and K is read in place.
     float* k_cache;
     float* v_cache;
     int64_t* widened;
@@ -100,14 +102,22 @@ class PrefillKernel {
   static bool widened_cache(const mha_kernel_problem& p) {
     return p.kv_dtype != MHA_DTYPE_F32 && p.lk * (p.d + round_up(p.dv, W)) * 4 <= kMaxWidenedBytes;
   }
+  // What an item caches: fp32 K and V rows, or (bf16 path) V as pairs of
+  // keys.  A query tile the bf16 path hands over to fp32 then packs its tiles.
+  static bool pairs_cache(const mha_kernel_problem& p) {
+    return kBf16Dot && bf16_dot_applies(p) && widened_cache(p);
+  }
+  static bool fp32_cache(const mha_kernel_problem& p) {
+    return widened_cache(p) && !pairs_cache(p);
+  }
 
  public:
   static size_t scratch_bytes(const mha_kernel_problem& p) {
     const int64_t dvp = round_up(p.dv, W);
-    const int64_t cached = widened_cache(p) ? p.lk : 0;
+    const int64_t k_cached = fp32_cache(p) ? p.lk : 0, v_cached = widened_cache(p) ? p.lk : 0;
     return ScratchCarver::bytes({p.d * QT, int64_t{KT} * QT, QT * dvp, QT, QT, QT, QT, 2 * QT, QT,
                                  QT, KT * p.d, KT * dvp, int64_t{KT} * QT / 4, QT * p.d,
-                                 cached * p.d, cached * dvp, 2,
+                                 k_cached * p.d, v_cached * dvp, 2,
                                  kBf16Dot ? int64_t{KT} * QT / 2 : 0});
   }
 
@@ -129,9 +139,9 @@ class PrefillKernel {
     t.v_pack = carve.floats(KT * dvp);
     t.removed = reinterpret_cast<uint8_t*>(carve.floats(int64_t{KT} * QT / 4));
     t.q_stage = carve.floats(QT * p.d);
-    const int64_t cached = widened_cache(p) ? p.lk : 0;
-    t.k_cache = carve.floats(cached * p.d);
-    t.v_cache = carve.floats(cached * dvp);
+    const int64_t k_cached = fp32_cache(p) ? p.lk : 0, v_cached = widened_cache(p) ? p.lk : 0;
+    t.k_cache = carve.floats(k_cached * p.d);
+    t.v_cache = carve.floats(v_cached * dvp);
     t.widened = reinterpret_cast<int64_t*>(carve.floats(2));
     t.widened[0] = 0;
     t.widened[1] = -1;
@@ -320,13 +330,19 @@ class PrefillKernel {
       const uint16_t* k_first = mha_kernel::k_row<uint16_t>(p, b, kvh, j0);
       auto* k_pairs = reinterpret_cast<uint32_t*>(t.k_pack);
       if (!k_direct) Dot::pack_rows(k_first, p.k_strides[2], p.k_strides[3], keys, p.d, k_pairs);
-      auto* v_pairs = reinterpret_cast<uint32_t*>(t.v_pack);
-      Dot::pack_key_pairs(mha_kernel::v_row<uint16_t>(p, b, kvh, j0), p.v_strides[2],
-                          p.v_strides[3], keys, p.dv, dvp, v_pairs);
+      uint32_t* v_pairs = nullptr;
+      if (pairs_cache(p)) {  // key tiles start at even offsets from k_begin
+        pair_into_cache(p, t, b, kvh, k_begin, j0 + keys);
+        v_pairs = reinterpret_cast<uint32_t*>(t.v_cache) + (j0 - k_begin) / 2 * dvp;
+      } else {
+        v_pairs = reinterpret_cast<uint32_t*>(t.v_pack);
+        Dot::pack_key_pairs(mha_kernel::v_row<uint16_t>(p, b, kvh, j0), p.v_strides[2],
+                            p.v_strides[3], keys, p.dv, dvp, v_pairs);
+      }
       return {k_direct ? k_first : reinterpret_cast<const uint16_t*>(k_pairs),
               k_direct ? p.k_strides[2] : 2 * ((p.d + 1) / 2), v_pairs, dvp};
     } else {
-      if (widened_cache(p)) {
+      if (fp32_cache(p)) {
         widen_into_cache(p, t, b, kvh, k_begin, j0 + keys);
         return {t.k_cache + (j0 - k_begin) * p.d, p.d, t.v_cache + (j0 - k_begin) * dvp, dvp};
       }
@@ -358,6 +374,27 @@ class PrefillKernel {
     pack_tile(p, p.v, p.v_strides, b, kvh, k_begin + have, rows, p.dv, t.v_cache + have * dvp, dvp,
               false);
     t.widened[0] = want;
+  }
+
+  // The bf16 path's counterpart: extends the item's V pairs of KV head kvh
+  // to cover the keys before `end`.  An odd last key was paired with zero:
+  // its pair is made again with its partner.
+  static void pair_into_cache(const mha_kernel_problem& p, const Tile& t, int64_t b, int64_t kvh,
+                              int64_t k_begin, int64_t end) {
+    if constexpr (kBf16Dot) {
+      if (t.widened[1] != kvh) {
+        t.widened[0] = 0;
+        t.widened[1] = kvh;
+      }
+      const int64_t want = end - k_begin;
+      if (want <= t.widened[0]) return;
+      const int64_t have = t.widened[0] / 2 * 2;
+      const int64_t dvp = round_up(p.dv, W);
+      Dot::pack_key_pairs(mha_kernel::v_row<uint16_t>(p, b, kvh, k_begin + have), p.v_strides[2],
+                          p.v_strides[3], static_cast<int>(want - have), p.dv, dvp,
+                          reinterpret_cast<uint32_t*>(t.v_cache) + have / 2 * dvp);
+      t.widened[0] = want;
+    }
   }
 
   // Rows j0 .. j0 + keys of K or V (data, strides) of KV head kvh packed as
