@@ -16,13 +16,13 @@
 // the measured time per call, so --benchmark_format=json carries them.
 //
 // pct_peak divides by the FMA peak of the backend's ISA at the same thread
-// count (by its bf16 dot-product peak for a call that takes that path), pct_bw (S3) by the read bandwidth, both measured by this process: the
-// peak benchmarks run first (if a filter left them out, they are measured on
-// demand before the figure is needed).  A peak is the best call of its run
-// (interference on a shared machine only lowers a rate); the mean is reported
-// next to it.  blis_unfused's pct_peak uses the peak of the ISA the "auto"
-// backend uses: the widest this CPU has.  The "scalar" peak is that of the
-// baseline ISA: 128-bit vectors, mul + add (SSE2 on x86-64; NEON on aarch64).
+// count (by its bf16 dot-product peak for a call that takes that path), pct_bw (S3) by the read
+// bandwidth, both measured by this process: the peak benchmarks run first (if a filter left them
+// out, they are measured on demand before the figure is needed).  A peak is the best call of its
+// run (interference on a shared machine only lowers a rate); the mean is reported next to it.
+// blis_unfused's pct_peak uses the peak of the ISA the "auto" backend uses: the widest this CPU
+// has.  The "scalar" peak is that of the baseline ISA: 128-bit vectors, mul + add (SSE2 on x86-64;
+// NEON on aarch64).
 //
 // MHA_BENCH_BLIS_THREADING=blis switches the baseline from an OpenMP loop over
 // heads (default, the faster here) to BLIS's own threads; MHA_BENCH_CHECK=1
@@ -215,7 +215,7 @@ const Inputs& inputs(const Shape& s) {
 std::map<std::string, const FmaLoop*> g_loops;
 std::string g_widest_isa;                               // the ISA of the backend "auto" picks
 std::map<std::string, std::map<int, double>> g_gflops;  // kind/isa -> threads -> GFLOP/s
-std::map<int, double> g_read_gbps;                          // threads -> GB/s
+std::map<int, double> g_read_gbps;                      // threads -> GB/s
 
 constexpr int64_t kFmaSteps = int64_t{1} << 21;  // a few ms per call
 constexpr size_t kReadBytes = size_t{1} << 30;   // 1 GiB: far beyond any cache
@@ -223,7 +223,9 @@ constexpr int kReadPasses = 8;
 
 float g_sink;  // keeps the loops' results alive
 
-std::string loop_key(const FmaLoop& loop) { return std::string(loop.kind) + "/" + loop.isa; }
+std::string loop_key(const FmaLoop& loop) {
+  return std::string(loop.kind) + "/" + loop.isa;
+}
 
 // One call of the loop on n threads at once; returns the seconds it took.
 double time_fma(const FmaLoop& loop, int n) {
@@ -269,7 +271,9 @@ double peak_of(const std::string& key, int n) {
   return g_gflops[key][n] = fma_gflops(*loop->second, n, best);
 }
 
-double fma_peak(const std::string& isa, int n) { return peak_of("fma/" + isa, n); }
+double fma_peak(const std::string& isa, int n) {
+  return peak_of("fma/" + isa, n);
+}
 
 struct BigArray {
   explicit BigArray(int n) {
@@ -507,8 +511,8 @@ void register_peak_benchmarks(const std::vector<const FmaLoop*>& loops,
   for (const FmaLoop* loop : loops) {
     if (g_loops.count(loop_key(*loop)) == 0) continue;
     for (int n : threads) {
-      benchmark::RegisterBenchmark(name_of("peak/" + loop_key(*loop), n).c_str(), bm_peak_fma,
-                                   loop, n)
+      benchmark::RegisterBenchmark(name_of("peak/" + loop_key(*loop), n).c_str(), bm_peak_fma, loop,
+                                   n)
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond);
     }
