@@ -178,7 +178,8 @@ stage_python() {
   [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$venv"
   # build-dir keeps CMake's tree between runs of this script (CI starts fresh).
   CMAKE_BUILD_PARALLEL_LEVEL=$jobs "$venv/bin/python" -m pip install --quiet \
-    --disable-pip-version-check --config-settings=build-dir="$PWD/build/python-build" ./python
+    --disable-pip-version-check --root-user-action=ignore \
+    --config-settings=build-dir="$PWD/build/python-build" ./python
   # The settings the tests choose themselves: none from the caller's environment.
   (unset MHA_BACKEND MHA_NUM_THREADS MHA_PLUGIN_DIR MHA_VERBOSE
    "$venv/bin/python" -m pytest -q -p no:cacheprovider python/tests)
