@@ -1,5 +1,7 @@
 #include "call_settings.h"
 
+#include <pthread.h>
+
 #include <mutex>
 
 #include "errors.h"
@@ -9,6 +11,14 @@ namespace mha_python {
 CallSettings& CallSettings::instance() {
   static CallSettings settings;
   return settings;
+}
+
+CallSettings::CallSettings() {
+  (void)pthread_atfork(nullptr, nullptr, &CallSettings::forget_thread_count_in_child);
+}
+
+void CallSettings::forget_thread_count_in_child() {
+  instance().threads_ = 0;
 }
 
 void CallSettings::run(const CallOverrides& overrides, const std::function<mha_status()>& call) {

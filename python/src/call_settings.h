@@ -37,12 +37,14 @@ class CallSettings {
   std::optional<std::string> selected_backend(std::string* why);
 
  private:
-  CallSettings() = default;
+  CallSettings();
+  static void forget_thread_count_in_child();
   void run_with_overrides(const CallOverrides& overrides, const std::function<mha_status()>& call);
 
   std::shared_mutex mutex_;  // shared: a call; exclusive: changing a setting
   // What set_num_threads last set (0: the environment's count), to return to
-  // after a call's threads=.
+  // after a call's threads=.  0 again in a forked child, which computes on one
+  // thread until it chooses a count itself (the library's rule after fork).
   int32_t threads_ = 0;
   // Non-empty when MHA_BACKEND named an unusable backend and a call with
   // backend= has run since: the library then has that call's backend

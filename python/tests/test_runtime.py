@@ -1,4 +1,5 @@
 """Backends, threads, concurrency, the version and the package's layout."""
+import multiprocessing
 import os
 import re
 import subprocess
@@ -89,6 +90,27 @@ def test_set_num_threads():
     assert mha.get_num_threads() == 3  # a call's threads= does not stay
     mha.set_num_threads(0)
     assert mha.get_num_threads() == before
+
+
+def child_thread_counts(results):
+    """In a forked child: the thread count before and after a call with threads=2."""
+    q = np.ones((1, 1, 4, 8), dtype=np.float32)
+    before = mha.get_num_threads()
+    mha.scaled_dot_product_attention(q, q, q, threads=2)
+    results.put((before, mha.get_num_threads()))
+
+
+def test_forked_child_keeps_one_thread_after_a_call_with_threads():
+    """A forked child computes on one thread until it chooses a count; a call's
+    threads= is not such a choice, nor is the parent's set_num_threads."""
+    mha.set_num_threads(2)
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=child_thread_counts, args=(results,))
+    child.start()
+    counts = results.get(timeout=60)
+    child.join(60)
+    assert child.exitcode == 0 and counts == (1, 1)
 
 
 def test_two_python_threads_call_at_once(rng):
