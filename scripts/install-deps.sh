@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Installs the Debian packages mha needs, if any are missing.
-#   scripts/install-deps.sh [native] [sanitizers] [cross]
+#   scripts/install-deps.sh [native] [sanitizers] [cross] [python]
 # native: compiler, CMake, xsimd, BLIS, GoogleTest, Google Benchmark, CLI11, JSON
 # sanitizers: clang, its sanitizer runtimes and LLVM's OpenMP (TSan, fuzzer),
 #             valgrind (leak check) and qemu-user (qemu-x86_64 -cpu: ISA limits)
 # cross: the aarch64 cross compiler, qemu-user and arm64 libraries (adds the
 #        arm64 architecture to dpkg)
+# python: what `pip install ./python` builds with (the compiler, CMake, Ninja,
+#         xsimd, BLIS, Python's headers) and what the package's tests run on:
+#         Debian's python3 with venv and pip, NumPy, PyTorch (1.13) and pytest
+#         (the package's build requirements, scikit-build-core and nanobind,
+#         come from PyPI through pip)
 set -euo pipefail
 
 want=()
@@ -19,6 +24,9 @@ for group in "${@:-native}"; do
     cross)
       want+=(g++-aarch64-linux-gnu qemu-user libblis-openmp-dev:arm64 libbenchmark-dev:arm64
              libgomp1:arm64 libxsimd-dev:arm64 libgtest-dev:arm64) ;;
+    python)
+      want+=(g++ cmake ninja-build pkgconf libxsimd-dev libblis-openmp-dev python3 python3-dev
+             python3-venv python3-pip python3-numpy python3-torch python3-pytest) ;;
     *) echo "install-deps: unknown group '$group'" >&2; exit 2 ;;
   esac
 done

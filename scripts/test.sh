@@ -8,12 +8,14 @@
 # clang and LLVM's libomp, the concurrency tests), fuzz (the libFuzzer target
 # with clang, ASan and UBSan, 60 s on the seed corpus), leaks (valgrind over
 # build/native/bin/leak_check), isa-limits (mha-info and the backend-selection
-# tests under qemu-x86_64 -cpu Haswell and -cpu Nehalem, from build/native).
+# tests under qemu-x86_64 -cpu Haswell and -cpu Nehalem, from build/native),
+# aarch64 (cross build, the functional suite under qemu-aarch64), python (the
+# Python package installed with pip into a venv, and its pytest suite).
 # Build trees go to build/<stage>.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${MHA_JOBS:-2}
-all_stages=(native asan tsan fuzz leaks isa-limits aarch64)
+all_stages=(native asan tsan fuzz leaks isa-limits aarch64 python)
 stages=("${@:-${all_stages[@]}}")
 
 section() { printf '\n=== %s ===\n' "$*"; }
@@ -164,6 +166,23 @@ stage_aarch64() {
   configure build/aarch64 -DCMAKE_TOOLCHAIN_FILE=cmake/toolchains/aarch64-linux-gnu.cmake
   cmake --build build/aarch64 -j"$jobs"
   ctest --test-dir build/aarch64 --output-on-failure -j"$jobs" -LE heavy
+}
+
+# The Python package as a user installs it: `pip install ./python` (pip fetches
+# scikit-build-core and nanobind from PyPI; they build libmha, its plugins and
+# the extension with the project's CMake, -j$jobs) into a venv on Debian's
+# python3 that also sees Debian's NumPy, PyTorch and pytest; then its tests.
+stage_python() {
+  scripts/install-deps.sh python
+  local venv=build/python-venv
+  [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$venv"
+  # build-dir keeps CMake's tree between runs of this script (CI starts fresh).
+  CMAKE_BUILD_PARALLEL_LEVEL=$jobs "$venv/bin/python" -m pip install --quiet \
+    --disable-pip-version-check --root-user-action=ignore \
+    --config-settings=build-dir="$PWD/build/python-build" ./python
+  # The settings the tests choose themselves: none from the caller's environment.
+  (unset MHA_BACKEND MHA_NUM_THREADS MHA_PLUGIN_DIR MHA_VERBOSE
+   "$venv/bin/python" -m pytest -q -p no:cacheprovider python/tests)
 }
 
 mkdir -p build

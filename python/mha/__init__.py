@@ -1,0 +1,28 @@
+"""mha: multi-head attention on the CPU, with SIMD kernels chosen for the CPU at hand.
+
+    import mha
+    out = mha.scaled_dot_product_attention(q, k, v, is_causal=True)  # as torch's
+
+Arrays are NumPy arrays or PyTorch tensors (or any DLPack array) on the
+CPU, read in place with their strides; results come back in the caller's
+framework.  The compiled library (libmha), its backend plugins and the
+extension live together in this package's directory: plugins are loaded
+from there, never from elsewhere (unless MHA_PLUGIN_DIR says otherwise).
+"""
+from ._mha import Error, backends, get_num_threads, info, set_backend, set_num_threads
+from ._mha import version as _library_version
+from ._attention import scaled_dot_product_attention
+from ._merge import merge_partials
+
+__version__ = _library_version()
+
+__all__ = [
+    "Error",
+    "backends",
+    "get_num_threads",
+    "info",
+    "merge_partials",
+    "scaled_dot_product_attention",
+    "set_backend",
+    "set_num_threads",
+]

@@ -1,0 +1,76 @@
+"""The caller's array types: NumPy or PyTorch in, the same out.
+
+Outputs are allocated by the framework of the array they follow (query for
+attention), so NumPy in gives NumPy out and torch in gives torch out; a
+query of another DLPack framework gives NumPy outputs.  torch is never
+imported here: a tensor can only exist when the caller imported it.
+"""
+import sys
+
+import numpy as np
+
+
+def torch_module():
+    """PyTorch, when the caller has imported it (None otherwise)."""
+    return sys.modules.get("torch")
+
+
+def is_torch_tensor(x):
+    torch = torch_module()
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def is_array(x):
+    return isinstance(x, np.ndarray) or is_torch_tensor(x) or hasattr(x, "__dlpack__")
+
+
+def array_argument(x, name):
+    """x as the extension takes it; TypeError naming the argument when x is no array.
+
+    PyTorch tensors that require grad are refused while autograd is on: mha
+    computes no gradients, and a result silently cut from the graph would
+    train nothing.  Under torch.no_grad() they are used as they are (detached:
+    a view, no copy), as PyTorch's inference would.
+    """
+    if is_torch_tensor(x):
+        if x.requires_grad:
+            if torch_module().is_grad_enabled():
+                raise ValueError(
+                    f"{name} requires grad, but mha computes no gradients: call it under "
+                    "torch.no_grad() (or torch.inference_mode()), or pass tensors that do not "
+                    "require grad"
+                )
+            x = x.detach()
+        if x.dtype == torch_module().bool and x.device.type == "cpu":
+            # PyTorch before 2.x cannot export bool tensors through DLPack; NumPy's
+            # view of the same memory (strides kept) goes through the buffer protocol.
+            return x.numpy()
+        return x
+    if not is_array(x):
+        raise TypeError(
+            f"{name} must be a NumPy array or a PyTorch tensor (or any DLPack array), "
+            f"not {type(x).__name__}"
+        )
+    return x
+
+
+def optional_array_argument(x, name):
+    return None if x is None else array_argument(x, name)
+
+
+def shape_of(x):
+    return tuple(x.shape) if hasattr(x, "shape") else np.from_dlpack(x).shape
+
+
+def empty_like_framework(template, shape, dtype=None):
+    """An uninitialised array of `shape` from template's framework.
+
+    dtype None: template's dtype; "float32": float32.
+    """
+    if is_torch_tensor(template):
+        torch = torch_module()
+        torch_dtype = template.dtype if dtype is None else getattr(torch, dtype)
+        return torch.empty(shape, dtype=torch_dtype, device=template.device)
+    if not isinstance(template, np.ndarray):
+        template = np.from_dlpack(template)
+    return np.empty(shape, dtype=template.dtype if dtype is None else dtype)

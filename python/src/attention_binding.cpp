@@ -1,0 +1,80 @@
+// _mha.attention: one mha_attention call over the caller's arrays, without
+// the GIL.  Arguments arrive checked for their Python types and with the
+// outputs allocated (mha/_attention.py); shapes, dtypes and values are the
+// library's to check, and its message names the argument.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "array_view.h"
+#include "bindings.h"
+#include "call_settings.h"
+
+namespace nb = nanobind;
+
+namespace mha_python {
+namespace {
+
+// Q, K, V and the output are [B, H, L, D]; fewer dimensions are leading ones left out.
+constexpr RankRule kHeads{2, 4, 4};
+constexpr RankRule kLse{1, 3, 3};        // [B, H, Lq]
+constexpr RankRule kMask{1, 4, 2};       // broadcast like NumPy against [B, H, Lq, Lk]
+constexpr RankRule kValidLens{1, 2, 1};  // [B] or [B, Lq]
+
+std::optional<ArrayView> optional_view(nb::handle object, const char* name, Access access,
+                                       RankRule rule) {
+  if (object.is_none()) return std::nullopt;
+  return ArrayView(object, name, access, rule);
+}
+
+void attention(nb::handle query, nb::handle key, nb::handle value, nb::handle out,
+               nb::handle attn_mask, nb::handle valid_lens, nb::handle lse,
+               std::optional<double> scale, int32_t causal, double dropout_p, uint64_t dropout_seed,
+               std::optional<std::string> backend, std::optional<int32_t> threads) {
+  const ArrayView q(query, "query", Access::read_only, kHeads);
+  const ArrayView k(key, "key", Access::read_only, kHeads);
+  const ArrayView v(value, "value", Access::read_only, kHeads);
+  ArrayView o(out, "out", Access::writable, kHeads);
+  const std::optional<ArrayView> mask =
+      optional_view(attn_mask, "attn_mask", Access::read_only, kMask);
+  const std::optional<ArrayView> lens =
+      optional_view(valid_lens, "valid_lens", Access::read_only, kValidLens);
+  std::optional<ArrayView> lse_view = optional_view(lse, "lse", Access::writable, kLse);
+
+  mha_attention_params params;
+  mha_attention_params_init(&params);
+  if (scale) {
+    params.has_scale = 1;
+    params.scale = static_cast<float>(*scale);
+  }
+  params.causal = causal;
+  params.mask = mask ? &mask->tensor() : nullptr;
+  params.valid_lens = lens ? &lens->tensor() : nullptr;
+  params.lse = lse_view ? &lse_view->tensor() : nullptr;
+  params.dropout_p = static_cast<float>(dropout_p);
+  params.dropout_seed = dropout_seed;
+
+  const CallOverrides overrides{std::move(backend), threads};
+  nb::gil_scoped_release without_gil;
+  CallSettings::instance().run(overrides, [&] {
+    return mha_attention(&q.tensor(), &k.tensor(), &v.tensor(), &o.tensor(), &params);
+  });
+}
+
+}  // namespace
+
+void register_attention(nb::module_& module) {
+  module.def("attention", &attention, nb::arg("query"), nb::arg("key"), nb::arg("value"),
+             nb::arg("out"), nb::arg("attn_mask").none(), nb::arg("valid_lens").none(),
+             nb::arg("lse").none(), nb::arg("scale").none(), nb::arg("causal"),
+             nb::arg("dropout_p"), nb::arg("dropout_seed"), nb::arg("backend").none(),
+             nb::arg("threads").none(),
+             "out = softmax(query @ key^T * scale + mask) @ value, written into `out` (and the "
+             "log-sum-exp into `lse`).  Internal: use mha.scaled_dot_product_attention.");
+}
+
+}  // namespace mha_python
