@@ -7,7 +7,7 @@
 // reduced together; the softmax runs along the keys.  Decoding is bound by
 // reading K and V, so the kernel streams them once per item.
 //
-// This file composes the pieces: the row micro-kernels (microkernels.hpp),
+// This file composes the pieces: the row micro-kernels (row_kernels.hpp),
 // the row softmax (softmax.hpp), masks and dropout (masking.hpp), the careful
 // path (nonfinite.hpp) and the row epilogue (epilogue.hpp).
 #pragma once
@@ -25,8 +25,8 @@
 #include "simd/convert.hpp"
 #include "simd/epilogue.hpp"
 #include "simd/masking.hpp"
-#include "simd/microkernels.hpp"
 #include "simd/nonfinite.hpp"
+#include "simd/row_kernels.hpp"
 #include "simd/softmax.hpp"
 #include "simd/tile_tools.hpp"
 
@@ -50,6 +50,7 @@ class DecodeKernel {
     uint32_t* row_key;  // [rows]: dropout hash of each row
     float* k_pack;      // [KT][Dp]
     float* v_pack;      // [KT][Dvp]
+    float* pv_total;    // [Dvp]: row_pv's tile sums of a wide row
     uint8_t* removed;   // [KT]: keys a mask removed from the current row
   };
 
@@ -58,7 +59,7 @@ class DecodeKernel {
     const int64_t rows = (p.heads / p.kv_heads) * max_queries;
     const int64_t dp = round_up(p.d, W), dvp = round_up(p.dv, W);
     return ScratchCarver::bytes({rows * dp, rows * dvp, rows * KTP, rows, rows, 2 * rows, rows,
-                                 KT * dp, KT * dvp, KT / 4 + 1});
+                                 KT * dp, KT * dvp, dvp, KT / 4 + 1});
   }
 
   static void run(const mha_kernel_problem& p, const mha_work_item& item, void* scratch) {
@@ -76,6 +77,7 @@ class DecodeKernel {
     rows.row_key = reinterpret_cast<uint32_t*>(carve.floats(rows.count));
     rows.k_pack = carve.floats(KT * dp);
     rows.v_pack = carve.floats(KT * dvp);
+    rows.pv_total = carve.floats(dvp);
     rows.removed = reinterpret_cast<uint8_t*>(carve.floats(KT / 4 + 1));
 
     // Scores in base-2 units; a row that came out non-finite (a -inf logit
@@ -213,12 +215,14 @@ class DecodeKernel {
           pv_guarded_row(s, rows.removed, 1, keys, alpha, v_rows, v_stride, dvp,
                          rows.acc + r * dvp);
         } else if (v_rows != nullptr) {
-          row_pv<Arch, MHA_DTYPE_F32>(s, keys, alpha, v_rows, v_stride, dvp, rows.acc + r * dvp);
+          row_pv<Arch, MHA_DTYPE_F32>(s, keys, alpha, v_rows, v_stride, dvp, rows.acc + r * dvp,
+                                      rows.pv_total);
         } else {
           if constexpr (kInt8) {
             for (int j = 0; j < keys; ++j) s[j] *= v_scale[j * vs];  // after the row's sum
           }
-          row_pv<Arch, kKv>(s, keys, alpha, v_typed, p.v_strides[2], dvp, rows.acc + r * dvp);
+          row_pv<Arch, kKv>(s, keys, alpha, v_typed, p.v_strides[2], dvp, rows.acc + r * dvp,
+                            rows.pv_total);
         }
       }
     }

@@ -1,9 +1,9 @@
-// The register-blocked micro-kernels, as free templates over the xsimd
-// architecture: the prefill layout's score and P·V blocks (lanes along the
-// queries of a tile whose rows are kStride floats apart) and the decode
-// layout's row scores and row P·V (lanes along the head dimension).  Each
-// reads and writes plain arrays, so any kernel -- a backward pass too -- can
-// call them; tests/micro checks each against plain loops on every ISA.
+// The register-blocked micro-kernels of the prefill layout, as free templates
+// over the xsimd architecture: score and P·V blocks with lanes along the
+// queries of a tile whose rows are kStride floats apart (the decode layout's
+// are in row_kernels.hpp).  Each reads and writes plain arrays, so any kernel
+// -- a backward pass too -- can call them; tests/micro checks each against
+// plain loops on every ISA.
 #pragma once
 
 #include <xsimd/xsimd.hpp>
@@ -12,9 +12,7 @@
 #include <cstdint>
 
 #include "simd/blocking.hpp"
-#include "simd/convert.hpp"
 #include "simd/exp2.hpp"
-#include "simd/row_sums.hpp"
 
 namespace mha_simd {
 
@@ -114,62 +112,6 @@ inline void pv_block(const float* probs, const float* alpha, const float* v_rows
     for (int c = 0; c < NC; ++c) {
       float* out = acc + r * acc_stride + c * W;
       xsimd::fma(B::load_aligned(out), a, o[r][c]).store_aligned(out);
-    }
-  }
-}
-
-// s[j] = q · K[j] for `keys` keys, W keys per horizontal reduction; q holds
-// dp floats (a multiple of W, zero-padded), s room for whole vectors.  K rows
-// are of dtype kKv (convert.hpp), widened in registers as they are read.
-template <class Arch, int32_t kKv = MHA_DTYPE_F32>
-inline void row_scores(const float* q, int64_t dp, const element_t<kKv>* k_rows, int64_t k_stride,
-                       int keys, float* s) {
-  using B = xsimd::batch<float, Arch>;
-  constexpr int W = static_cast<int>(B::size);
-  for (int j0 = 0; j0 < keys; j0 += W) {
-    const int n = std::min(W, keys - j0);
-    B acc[W];
-    for (int k = 0; k < W; ++k) acc[k] = B(0.0f);
-    for (int64_t x = 0; x < dp; x += W) {
-      const B qv = B::load_aligned(q + x);
-      for (int k = 0; k < n; ++k) {
-        acc[k] = xsimd::fma(qv, load_widen<Arch, kKv>(k_rows + (j0 + k) * k_stride + x), acc[k]);
-      }
-    }
-    sums_of<Arch>(acc).store_aligned(s + j0);
-  }
-}
-
-// acc = acc · alpha + Σ_j p_j · V_j for one row of dvp floats.  Summed in two
-// levels -- runs of kRun keys from zero, then the runs into the tile's total
-// -- so that rounding grows with kRun + keys / kRun rather than with the
-// number of keys (which matters when many keys are alike and their rounding
-// errors do not cancel).  V rows are of dtype kKv, widened as they are read.
-template <class Arch, int32_t kKv = MHA_DTYPE_F32>
-inline void row_pv(const float* probs, int keys, float alpha, const element_t<kKv>* v_rows,
-                   int64_t v_stride, int64_t dvp, float* acc) {
-  using B = xsimd::batch<float, Arch>;
-  constexpr int W = static_cast<int>(B::size);
-  constexpr int kRun = 32;
-  constexpr int NC = Blocking<Arch>::kDecodePvVectors;
-  for (int64_t c0 = 0; c0 < dvp; c0 += NC * W) {
-    const int nc = static_cast<int>(std::min<int64_t>(NC, (dvp - c0) / W));
-    B total[NC];
-    for (int c = 0; c < nc; ++c) total[c] = B(0.0f);
-    for (int j0 = 0; j0 < keys; j0 += kRun) {
-      const int end = std::min(keys, j0 + kRun);
-      B o[NC];
-      for (int c = 0; c < nc; ++c) o[c] = B(0.0f);
-      for (int j = j0; j < end; ++j) {
-        const B pj(probs[j]);
-        const element_t<kKv>* v = v_rows + j * v_stride + c0;
-        for (int c = 0; c < nc; ++c) o[c] = xsimd::fma(pj, load_widen<Arch, kKv>(v + c * W), o[c]);
-      }
-      for (int c = 0; c < nc; ++c) total[c] += o[c];
-    }
-    const B a(alpha);
-    for (int c = 0; c < nc; ++c) {
-      xsimd::fma(B::load_aligned(acc + c0 + c * W), a, total[c]).store_aligned(acc + c0 + c * W);
     }
   }
 }

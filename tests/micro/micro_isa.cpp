@@ -8,6 +8,7 @@
 #include "simd/blocking.hpp"
 #include "simd/convert.hpp"
 #include "simd/microkernels.hpp"
+#include "simd/row_kernels.hpp"
 #include "simd/tile_tools.hpp"
 
 namespace {
@@ -47,8 +48,8 @@ void row_scores(const float* q, int64_t dp, const float* k_rows, int64_t k_strid
 }
 
 void row_pv(const float* probs, int keys, float alpha, const float* v_rows, int64_t v_stride,
-            int64_t dvp, float* acc) {
-  mha_simd::row_pv<Arch>(probs, keys, alpha, v_rows, v_stride, dvp, acc);
+            int64_t dvp, float* acc, float* total) {
+  mha_simd::row_pv<Arch>(probs, keys, alpha, v_rows, v_stride, dvp, acc, total);
 }
 
 void narrow(int32_t dtype, const float* x, uint16_t* out) {

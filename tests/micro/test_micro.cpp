@@ -179,12 +179,15 @@ TEST_P(Micro, DecodeRowKernelsMatchPlainLoops) {
   const int w = k_->lanes;
   Rng rng(14);
   for (const int keys : {1, w - 1 > 0 ? w - 1 : 1, w, 3 * w + 1, 200}) {
-    for (const int64_t dp : {int64_t{w}, int64_t{4 * w}, int64_t{128}}) {
+    // Every ISA's row_pv both ways: rows within its register budget (one
+    // pass) and wider ones (column blocks inside each run, 5 and 40 vectors).
+    for (const int64_t dp :
+         {int64_t{w}, int64_t{4 * w}, int64_t{5 * w}, int64_t{128}, int64_t{40 * w}}) {
       if (dp % w != 0) continue;
       SCOPED_TRACE("keys " + std::to_string(keys) + " dp " + std::to_string(dp));
       const int64_t k_stride = dp + w;
       Aligned q(static_cast<size_t>(dp)), s(static_cast<size_t>(keys + w)),
-          acc(static_cast<size_t>(dp));
+          acc(static_cast<size_t>(dp)), total(static_cast<size_t>(dp));
       std::vector<float> k(static_cast<size_t>(keys * k_stride + w));
       for (int64_t x = 0; x < dp; ++x) q[static_cast<size_t>(x)] = rng.uniform();
       for (float& f : k) f = rng.uniform();
@@ -211,7 +214,7 @@ TEST_P(Micro, DecodeRowKernelsMatchPlainLoops) {
         }
         expected[static_cast<size_t>(x)] = D(acc[static_cast<size_t>(x)]) * D(alpha) + sum;
       }
-      k_->row_pv(s.get(), keys, alpha, k.data(), k_stride, dp, acc.get());
+      k_->row_pv(s.get(), keys, alpha, k.data(), k_stride, dp, acc.get(), total.get());
       for (int64_t x = 0; x < dp; ++x) {
         ASSERT_NEAR(acc[static_cast<size_t>(x)], expected[static_cast<size_t>(x)],
                     1e-5 * (keys + 1))
