@@ -13,6 +13,29 @@
 
 namespace mha_types {
 
+// The short name of a dtype, as the messages, mha-run's flags and the
+// benchmarks' shape suffixes spell it ("unknown" for a value not in the enum).
+inline const char* dtype_name(int32_t dtype) {
+  switch (dtype) {
+    case MHA_DTYPE_F32:
+      return "f32";
+    case MHA_DTYPE_F16:
+      return "f16";
+    case MHA_DTYPE_BF16:
+      return "bf16";
+    case MHA_DTYPE_BOOL:
+      return "bool";
+    case MHA_DTYPE_I32:
+      return "i32";
+    case MHA_DTYPE_I64:
+      return "i64";
+    case MHA_DTYPE_I8:
+      return "i8";
+    default:
+      return "unknown";
+  }
+}
+
 inline uint32_t bits_of(float x) {
   uint32_t u;
   std::memcpy(&u, &x, sizeof u);

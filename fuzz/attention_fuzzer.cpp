@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "common/dtype.h"
 #include "reference.h"
 #include "test_util.h"
 
@@ -478,14 +479,14 @@ int run_case(FuzzedDataProvider& fdp) {
     kv_typed.emplace_back(v, kFloatTypes[kv_pick]);
     k = kv_typed[0].get();
     v = kv_typed[1].get();
-    note(" kv %s", kv_pick == 1 ? "bf16" : "f16");
+    note(" kv %s", mha_types::dtype_name(kFloatTypes[kv_pick]));
   }
-  if (q_dtype != MHA_DTYPE_F32) note(" q %s", q_dtype == MHA_DTYPE_BF16 ? "bf16" : "f16");
+  if (q_dtype != MHA_DTYPE_F32) note(" q %s", mha_types::dtype_name(q_dtype));
   std::vector<mha_test::TypedCopy> mask_typed;
   if (mask_kind == 2 && mask_dtype != MHA_DTYPE_F32) {
     mask_typed.emplace_back(mask, mask_dtype);
     mask = mask_typed.back().get();
-    note(" mask %s", mask_dtype == MHA_DTYPE_BF16 ? "bf16" : "f16");
+    note(" mask %s", mha_types::dtype_name(mask_dtype));
   }
 
   // ---- outputs

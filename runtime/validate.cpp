@@ -92,27 +92,6 @@ mha_status check_mask(const mha_tensor* mask, const int64_t full[4]) {
 
 }  // namespace
 
-const char* dtype_name(int32_t dtype) {
-  switch (dtype) {
-    case MHA_DTYPE_F32:
-      return "f32";
-    case MHA_DTYPE_F16:
-      return "f16";
-    case MHA_DTYPE_BF16:
-      return "bf16";
-    case MHA_DTYPE_BOOL:
-      return "bool";
-    case MHA_DTYPE_I32:
-      return "i32";
-    case MHA_DTYPE_I64:
-      return "i64";
-    case MHA_DTYPE_I8:
-      return "i8";
-    default:
-      return "unknown";
-  }
-}
-
 int64_t dtype_size(int32_t dtype) {
   switch (dtype) {
     case MHA_DTYPE_F32:

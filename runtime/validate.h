@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "common/dtype.h"
+
 namespace mha::rt {
 
 // A call the kernels can run: their view of it plus where the results go.
@@ -46,7 +48,7 @@ mha_status check_valid_lens(const mha_tensor* vl, const char* name, int64_t batc
 mha_status check_no_overlap(const mha_tensor& output, const char* output_name,
                             const mha_tensor* const* others, const char* const* other_names,
                             int count);
-const char* dtype_name(int32_t dtype);
+using mha_types::dtype_name;
 int64_t dtype_size(int32_t dtype);            // 0 for unknown
 std::string shape_text(const mha_tensor& t);  // "[2, 3]"
 

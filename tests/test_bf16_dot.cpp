@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "backend_param.h"
+#include "checked_call.h"
 #include "reference.h"
 #include "small_call.h"
 #include "test_util.h"
@@ -91,56 +92,22 @@ Outcome run_dot_case(const DotCase& c) {
   k.refresh();
   v.refresh();
 
-  std::vector<uint8_t> mask_bool;
-  std::vector<float> mask_f32;
-  std::vector<TypedCopy> mask_typed;
-  mha_tensor tmask{};
-  if (c.mask == 1) {
-    mask_bool.resize(static_cast<size_t>(c.Lq * c.Lk));
-    for (auto& m : mask_bool) m = rng.chance(0.8) ? 1 : 0;
-    tmask = describe(mask_bool.data(), MHA_DTYPE_BOOL, {c.Lq, c.Lk});
-  } else if (c.mask == 2) {
-    mask_f32.resize(static_cast<size_t>(c.B * c.Lq * c.Lk));
-    for (auto& m : mask_f32) m = rng.chance(0.1) ? -INFINITY : rng.uniform(-3.0f, 3.0f);
-    mask_typed.emplace_back(describe(mask_f32.data(), MHA_DTYPE_F32, {c.B, 1, c.Lq, c.Lk}),
-                            MHA_DTYPE_BF16);
-    tmask = mask_typed[0].get();
-  }
-  std::vector<int32_t> lens(static_cast<size_t>(c.B));
-  for (auto& l : lens) l = static_cast<int32_t>(rng.integer(0, c.Lk));
-  mha_tensor tlens = describe(lens.data(), MHA_DTYPE_I32, {c.B});
-
-  const int64_t count = c.B * c.H * c.Lq * c.Dv;
-  std::vector<float> out_f32(static_cast<size_t>(count), -7.0f);
-  std::vector<uint16_t> out_half(static_cast<size_t>(count), 0xFFFF);
-  std::vector<float> lse(static_cast<size_t>(c.B * c.H * c.Lq));
-  mha_tensor tout =
-      c.out_dtype == MHA_DTYPE_F32
-          ? describe(out_f32.data(), MHA_DTYPE_F32, {c.B, c.H, c.Lq, c.Dv})
-          : describe(out_half.data(), static_cast<mha_dtype>(c.out_dtype), {c.B, c.H, c.Lq, c.Dv});
-  mha_tensor tlse = describe(lse.data(), MHA_DTYPE_F32, {c.B, c.H, c.Lq});
-
-  mha_attention_params p;
-  mha_attention_params_init(&p);
-  p.causal = c.causal;
-  if (c.mask != 0) p.mask = &tmask;
-  if (c.lens) p.valid_lens = &tlens;
-  p.lse = &tlse;
+  CallOptions o;
+  o.causal = c.causal;
+  o.mask = c.mask;
+  o.mask_dtype = MHA_DTYPE_BF16;
+  o.lens = c.lens;
+  o.out_dtype = c.out_dtype;
+  CheckedCall call(rng, c.B, c.H, c.Lq, c.Lk, c.Dv, o);
   Outcome outcome;
-  EXPECT_EQ(mha_attention(&q.get(), &k.get(), &v.get(), &tout, &p), MHA_OK) << mha_last_error();
-  const Reference ref = reference_attention(q.get(), k.get(), v.get(), &p);
-  outcome.error = max_abs_error(tout, ref);
+  EXPECT_EQ(mha_attention(&q.get(), &k.get(), &v.get(), &call.out, &call.params), MHA_OK)
+      << mha_last_error();
+  const Reference ref = reference_attention(q.get(), k.get(), v.get(), &call.params);
+  outcome.error = max_abs_error(call.out, ref);
   outcome.tolerance =
       tolerance_for(mha_selected_backend(), MHA_DTYPE_BF16, MHA_DTYPE_BF16, ref, c.out_dtype);
   EXPECT_LE(outcome.error, outcome.tolerance);
-  for (size_t r = 0; r < lse.size(); ++r) {
-    const double want = ref.lse[r];
-    if (std::isinf(want)) {
-      EXPECT_EQ(lse[r], want) << "lse row " << r;
-    } else {
-      EXPECT_NEAR(lse[r], want, 1e-5 * std::max(1.0, std::fabs(want))) << "lse row " << r;
-    }
-  }
+  call.expect_lse_matches(ref);
   return outcome;
 }
 

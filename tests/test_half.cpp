@@ -16,24 +16,13 @@
 #include <vector>
 
 #include "backend_param.h"
+#include "checked_call.h"
+#include "common/dtype.h"
 #include "reference.h"
 #include "test_util.h"
 
 namespace mha_test {
 namespace {
-
-const char* name_of(int32_t dtype) {
-  switch (dtype) {
-    case MHA_DTYPE_BF16:
-      return "bf16";
-    case MHA_DTYPE_F16:
-      return "f16";
-    case MHA_DTYPE_I8:
-      return "i8";
-    default:
-      return "f32";
-  }
-}
 
 // One problem: float values, stored in the dtypes under test.
 struct HalfCase {
@@ -45,11 +34,12 @@ struct HalfCase {
   bool lens = false;
   uint64_t seed = 1;
   std::string describe(int32_t q, int32_t kv, int32_t out) const {
-    return "q " + std::string(name_of(q)) + " kv " + name_of(kv) + " out " + name_of(out) + " B" +
-           std::to_string(B) + " H" + std::to_string(H) + "/" + std::to_string(Hkv) + " Lq" +
-           std::to_string(Lq) + " Lk" + std::to_string(Lk) + " D" + std::to_string(D) + "/" +
-           std::to_string(Dv) + " " + layout_name(layout) + " causal " + std::to_string(causal) +
-           " mask " + std::to_string(mask) + " lens " + std::to_string(lens);
+    return "q " + std::string(mha_types::dtype_name(q)) + " kv " + mha_types::dtype_name(kv) +
+           " out " + mha_types::dtype_name(out) + " B" + std::to_string(B) + " H" +
+           std::to_string(H) + "/" + std::to_string(Hkv) + " Lq" + std::to_string(Lq) + " Lk" +
+           std::to_string(Lk) + " D" + std::to_string(D) + "/" + std::to_string(Dv) + " " +
+           layout_name(layout) + " causal " + std::to_string(causal) + " mask " +
+           std::to_string(mask) + " lens " + std::to_string(lens);
   }
 };
 
@@ -89,60 +79,26 @@ void run_half_case(const HalfCase& c, int32_t q_dtype, int32_t kv_dtype, int32_t
     value = &tv8;
   }
 
-  std::vector<uint8_t> mask_bool;
-  std::vector<float> mask_f32;
-  mha_tensor tmask{};
-  std::vector<TypedCopy> mask_typed;
-  if (c.mask == 1) {
-    mask_bool.resize(static_cast<size_t>(c.Lq * c.Lk));
-    for (auto& m : mask_bool) m = rng.chance(0.8) ? 1 : 0;
-    tmask = describe(mask_bool.data(), MHA_DTYPE_BOOL, {c.Lq, c.Lk});
-  } else if (c.mask == 2) {
-    mask_f32.resize(static_cast<size_t>(c.B * c.Lq * c.Lk));
-    for (auto& m : mask_f32) m = rng.chance(0.1) ? -INFINITY : rng.uniform(-3.0f, 3.0f);
-    tmask = describe(mask_f32.data(), MHA_DTYPE_F32, {c.B, 1, c.Lq, c.Lk});
-    mask_typed.emplace_back(tmask, c.mask_dtype);
-    tmask = mask_typed.back().get();
-  }
-  std::vector<int32_t> lens(static_cast<size_t>(c.B));
-  for (auto& l : lens) l = static_cast<int32_t>(rng.integer(0, c.Lk));
-  mha_tensor tlens = describe(lens.data(), MHA_DTYPE_I32, {c.B});
-
-  const int64_t out_count = c.B * c.H * c.Lq * c.Dv;
-  std::vector<uint16_t> out_half(static_cast<size_t>(out_count), 0xFFFF);
-  std::vector<float> out_f32(static_cast<size_t>(out_count), -7.0f),
-      lse(static_cast<size_t>(c.B * c.H * c.Lq));
-  mha_tensor tout =
-      out_dtype == MHA_DTYPE_F32
-          ? describe(out_f32.data(), MHA_DTYPE_F32, {c.B, c.H, c.Lq, c.Dv})
-          : describe(out_half.data(), static_cast<mha_dtype>(out_dtype), {c.B, c.H, c.Lq, c.Dv});
-  mha_tensor tlse = describe(lse.data(), MHA_DTYPE_F32, {c.B, c.H, c.Lq});
-
-  mha_attention_params p;
-  mha_attention_params_init(&p);
-  p.causal = c.causal;
-  if (c.mask != 0) p.mask = &tmask;
-  if (c.lens) p.valid_lens = &tlens;
-  p.lse = &tlse;
+  CallOptions o;
+  o.causal = c.causal;
+  o.mask = c.mask;
+  o.mask_dtype = c.mask_dtype;
+  o.lens = c.lens;
+  o.out_dtype = out_dtype;
+  CheckedCall call(rng, c.B, c.H, c.Lq, c.Lk, c.Dv, o);
   if (kv_dtype == MHA_DTYPE_I8) {
-    p.k_scale = &tks;
-    p.v_scale = &tvs;
+    call.params.k_scale = &tks;
+    call.params.v_scale = &tvs;
   }
-  ASSERT_EQ(mha_attention(&q_typed.get(), key, value, &tout, &p), MHA_OK) << mha_last_error();
+  ASSERT_EQ(mha_attention(&q_typed.get(), key, value, &call.out, &call.params), MHA_OK)
+      << mha_last_error();
 
-  const Reference ref = reference_attention(q_typed.get(), *key, *value, &p);
+  const Reference ref = reference_attention(q_typed.get(), *key, *value, &call.params);
   const char* backend = mha_selected_backend();
   ASSERT_NE(backend, nullptr) << mha_last_error();
-  EXPECT_LE(max_abs_error(tout, ref), tolerance_for(backend, q_dtype, kv_dtype, ref, out_dtype));
-  for (int64_t r = 0; r < c.B * c.H * c.Lq; ++r) {
-    const double want = ref.lse[static_cast<size_t>(r)];
-    const double got = lse[static_cast<size_t>(r)];
-    if (std::isinf(want)) {
-      EXPECT_EQ(got, want) << "lse row " << r;
-    } else {
-      EXPECT_NEAR(got, want, 1e-5 * std::max(1.0, std::fabs(want))) << "lse row " << r;
-    }
-  }
+  EXPECT_LE(max_abs_error(call.out, ref),
+            tolerance_for(backend, q_dtype, kv_dtype, ref, out_dtype));
+  call.expect_lse_matches(ref);
 }
 
 class Half : public BackendTest {};
@@ -206,7 +162,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, Half, ::testing::ValuesIn(backend_names()), b
 
 TEST(QuantizeKv, RoundTripWithinHalfAScale) {
   for (const int32_t dtype : {MHA_DTYPE_F32, MHA_DTYPE_BF16, MHA_DTYPE_F16}) {
-    SCOPED_TRACE(name_of(dtype));
+    SCOPED_TRACE(mha_types::dtype_name(dtype));
     const int64_t B = 2, H = 3, L = 17, D = 40;
     std::vector<float> x(static_cast<size_t>(B * H * L * D));
     Rng rng(9);

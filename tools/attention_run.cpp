@@ -347,19 +347,6 @@ TypedInput convert_float_input(NpyArray array, mha_dtype dtype, const std::strin
   return in;
 }
 
-const char* dtype_flag_name(mha_dtype dtype) {
-  switch (dtype) {
-    case MHA_DTYPE_BF16:
-      return "bf16";
-    case MHA_DTYPE_F16:
-      return "f16";
-    case MHA_DTYPE_I8:
-      return "i8";
-    default:
-      return "f32";
-  }
-}
-
 std::optional<mha_dtype> parse_dtype_flag(const std::string& text, bool kv) {
   struct Name {
     const char* text;
@@ -671,8 +658,8 @@ std::string timing_json(const Timing& timing, double flops, const Dtypes& dtypes
   j["min_ms"] = timing.min_ms;
   j["gflops"] = timing.median_ms > 0 ? flops / (timing.median_ms * 1e6) : 0.0;
   if (dtypes.q != MHA_DTYPE_F32 || dtypes.kv != MHA_DTYPE_F32) {
-    j["dtype"] = dtype_flag_name(dtypes.q);
-    j["kv_dtype"] = dtype_flag_name(dtypes.kv);
+    j["dtype"] = mha_types::dtype_name(dtypes.q);
+    j["kv_dtype"] = mha_types::dtype_name(dtypes.kv);
   }
   return j.dump();
 }

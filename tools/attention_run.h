@@ -40,8 +40,6 @@ struct AttentionOptions : RunOptions {
   std::optional<mha_dtype> dtype, kv_dtype;
 };
 
-// The names of --dtype and --kv-dtype's values: "f32", "bf16", "f16", "i8".
-const char* dtype_flag_name(mha_dtype dtype);
 // A value of --dtype (kv = false) or --kv-dtype (kv = true): f32, bf16, f16
 // (and i8 for K and V), or an alias (fp32, float32, fp16, float16, half,
 // bfloat16, int8); nullopt for anything else.

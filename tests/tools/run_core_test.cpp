@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "attention_run.h"
+#include "common/dtype.h"
 #include "npy.h"
 
 namespace {
@@ -197,7 +198,7 @@ TEST(MhaRun, DtypeFlags) {
   EXPECT_FALSE(parse_dtype_flag("", true));
   EXPECT_FALSE(parse_dtype_flag("f64", true));
   for (const mha_dtype d : {MHA_DTYPE_F32, MHA_DTYPE_BF16, MHA_DTYPE_F16, MHA_DTYPE_I8}) {
-    EXPECT_EQ(parse_dtype_flag(mha_tools::dtype_flag_name(d), true), d);
+    EXPECT_EQ(parse_dtype_flag(mha_types::dtype_name(d), true), d);
   }
 
   // Defaults: f16 for a float16 Q file, f32 otherwise; K and V follow.
@@ -342,8 +343,7 @@ TEST_F(MhaRunCommand, Succeeds) {
 TEST_F(MhaRunCommand, HalfPrecision) {
   for (const mha_dtype q : {MHA_DTYPE_F32, MHA_DTYPE_BF16, MHA_DTYPE_F16}) {
     for (const mha_dtype kv : {MHA_DTYPE_F32, MHA_DTYPE_BF16, MHA_DTYPE_F16, MHA_DTYPE_I8}) {
-      SCOPED_TRACE(std::string(mha_tools::dtype_flag_name(q)) + " " +
-                   mha_tools::dtype_flag_name(kv));
+      SCOPED_TRACE(std::string(mha_types::dtype_name(q)) + " " + mha_types::dtype_name(kv));
       AttentionOptions o = o_;
       o.dtype = q;
       o.kv_dtype = kv;

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "attention_run.h"
+#include "common/dtype.h"
 #include "npy.h"
 #include "reference.h"
 #include "test_util.h"
@@ -305,10 +306,6 @@ void quantize(const mha_tensor& src, Quantized& q) {
   }
 }
 
-const char* dtype_text(int32_t dtype) {
-  return mha_tools::dtype_flag_name(static_cast<mha_dtype>(dtype));
-}
-
 // Compares mha-run's outputs with the float64 reference of the values mha-run
 // passed to mha: the inputs rounded to --dtype / --kv-dtype here as mha-run
 // must round them (bf16 and f16 to nearest even, i8 by mha_quantize_kv's
@@ -327,7 +324,8 @@ int check_case(const mha_tools::AttentionOptions& o) {
   }
   if (!o.valid_lens.empty()) vl = load_c(o.valid_lens);
   if (!o.lse.empty()) lse = load_c(o.lse);
-  std::printf("dtypes: q %s, k and v %s\n", dtype_text(q_dtype), dtype_text(kv_dtype));
+  std::printf("dtypes: q %s, k and v %s\n", mha_types::dtype_name(q_dtype),
+              mha_types::dtype_name(kv_dtype));
 
   // Q (and a float mask) in Q's dtype; K and V in theirs.
   mha_test::TypedCopy tq(c_order_tensor(q, MHA_DTYPE_F32, 4), q_dtype);
