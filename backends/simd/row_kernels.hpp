@@ -11,11 +11,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "simd/blocking.hpp"
 #include "simd/convert.hpp"
 #include "simd/row_sums.hpp"
-#include "simd/tile_tools.hpp"
 
 namespace mha_simd {
 
@@ -79,18 +79,31 @@ inline void pv_run(const float* probs, int j0, int j1, const element_t<kKv>* v_r
   }
 }
 
+// Calls f(std::integral_constant<int, n>{}) for the largest power of two n
+// <= min(count, N) (N a power of two, count >= 1) and returns n: the column
+// blocks of a row are compiled for log2(N) + 1 widths only.
+template <int N, class F>
+inline int with_block_of(int count, F&& f) {
+  if constexpr (N > 1) {
+    if (count < N) return with_block_of<N / 2>(count, f);
+  }
+  f(std::integral_constant<int, N>{});
+  return N;
+}
+
 // acc = acc · alpha + Σ_j p_j · V_j for one row of dvp floats.  Summed in two
 // levels -- runs of kPvRun keys from zero, then the runs into the tile's total
 // -- so that rounding grows with kPvRun + keys / kPvRun rather than with the
 // number of keys (which matters when many keys are alike and their rounding
 // errors do not cancel).
 //
-// When the row fits in the register budget (kDecodePvVectors vectors), one
-// pass over the keys keeps the totals in registers.  A wider row is cut into
-// column blocks inside each run, not across the whole tile: the run's V rows
-// (kPvRun rows) stay in L1 while its blocks are summed, so memory sees one
-// stream of rows in address order instead of one strided pass per block; the
-// totals then live in `total` (dvp floats of scratch).
+// When the row is one block (a power of two of vectors within the register
+// budget, kDecodePvVectors), one pass over the keys keeps the totals in
+// registers.  Otherwise the row is cut into column blocks *inside* each run,
+// not across the whole tile: the run's V rows (kPvRun of them) stay in L1
+// while its blocks are summed, so memory sees one stream of rows in address
+// order instead of one strided pass per block; the totals then live in
+// `total` (dvp floats of scratch).
 template <class Arch, int32_t kKv = MHA_DTYPE_F32>
 inline void row_pv(const float* probs, int keys, float alpha, const element_t<kKv>* v_rows,
                    int64_t v_stride, int64_t dvp, float* acc, float* total) {
@@ -98,10 +111,11 @@ inline void row_pv(const float* probs, int keys, float alpha, const element_t<kK
   constexpr int W = static_cast<int>(B::size);
   constexpr int kPvRun = 32;
   constexpr int NC = Blocking<Arch>::kDecodePvVectors;
+  static_assert((NC & (NC - 1)) == 0, "column blocks are powers of two");
   const int vectors = static_cast<int>(dvp / W);
   const B a(alpha);
-  if (vectors <= NC) {
-    with_count<NC>(vectors, [&](auto nb) {
+  if (vectors <= NC && (vectors & (vectors - 1)) == 0) {
+    with_block_of<NC>(vectors, [&](auto nb) {
       constexpr int NB = decltype(nb)::value;
       B sum[NB];
       for (int c = 0; c < NB; ++c) sum[c] = B(0.0f);
@@ -119,8 +133,8 @@ inline void row_pv(const float* probs, int keys, float alpha, const element_t<kK
   std::fill(total, total + dvp, 0.0f);
   for (int j0 = 0; j0 < keys; j0 += kPvRun) {
     const int j1 = std::min(keys, j0 + kPvRun);
-    for (int c0 = 0; c0 < vectors; c0 += NC) {
-      with_count<NC>(std::min(NC, vectors - c0), [&](auto nb) {
+    for (int c0 = 0; c0 < vectors;) {
+      c0 += with_block_of<NC>(vectors - c0, [&](auto nb) {
         constexpr int NB = decltype(nb)::value;
         B o[NB];
         pv_run<Arch, kKv, NB>(probs, j0, j1, v_rows + c0 * W, v_stride, c0 == 0 ? dvp : 0, o);
