@@ -38,9 +38,12 @@ inline void prefetch_row(const T* row, int64_t elements) {
 // overlap it), and W keys share one horizontal reduction.  The last group
 // reads its last key again in place of the missing ones, so every group runs
 // the same register-resident code; s beyond `keys` is left unspecified.
+// (row_scores and row_pv are not inlined: their callers' variants -- the
+// decode kernel's careful pass -- share one copy, which halves the compile
+// time of a backend under the sanitizers and costs nothing at run time.)
 template <class Arch, int32_t kKv = MHA_DTYPE_F32>
-inline void row_scores(const float* q, int64_t dp, const element_t<kKv>* k_rows, int64_t k_stride,
-                       int keys, float* s) {
+[[gnu::noinline]] void row_scores(const float* q, int64_t dp, const element_t<kKv>* k_rows,
+                                  int64_t k_stride, int keys, float* s) {
   using B = xsimd::batch<float, Arch>;
   constexpr int W = static_cast<int>(B::size);
   for (int j0 = 0; j0 < keys; j0 += W) {
@@ -105,8 +108,9 @@ inline int with_block_of(int count, F&& f) {
 // order instead of one strided pass per block; the totals then live in
 // `total` (dvp floats of scratch).
 template <class Arch, int32_t kKv = MHA_DTYPE_F32>
-inline void row_pv(const float* probs, int keys, float alpha, const element_t<kKv>* v_rows,
-                   int64_t v_stride, int64_t dvp, float* acc, float* total) {
+[[gnu::noinline]] void row_pv(const float* probs, int keys, float alpha,
+                              const element_t<kKv>* v_rows, int64_t v_stride, int64_t dvp,
+                              float* acc, float* total) {
   using B = xsimd::batch<float, Arch>;
   constexpr int W = static_cast<int>(B::size);
   constexpr int kPvRun = 32;
