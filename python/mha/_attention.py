@@ -5,6 +5,7 @@ import random
 import numpy as np
 
 from . import _mha
+from ._arguments import flag, integer, real
 from ._arrays import (array_argument, empty_like_framework, is_array, optional_array_argument,
                       shape_of)
 
@@ -71,11 +72,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     value = array_argument(value, "value")
     attn_mask = optional_array_argument(attn_mask, "attn_mask")
     valid_lens = _valid_lens_argument(valid_lens)
-    dropout_p = _real(dropout_p, "dropout_p")
-    scale = None if scale is None else _real(scale, "scale")
-    causal = _causal_mode(_flag(is_causal, "is_causal"), causal_alignment)
-    _check_heads(query, key, value, _flag(enable_gqa, "enable_gqa"))
-    return_lse = _flag(return_lse, "return_lse")
+    dropout_p = real(dropout_p, "dropout_p")
+    scale = None if scale is None else real(scale, "scale")
+    causal = _causal_mode(flag(is_causal, "is_causal"), causal_alignment)
+    _check_heads(query, key, value, flag(enable_gqa, "enable_gqa"))
+    return_lse = flag(return_lse, "return_lse")
     dropout_seed = _dropout_seed(dropout_seed, dropout_p)
     if backend is not None and not isinstance(backend, str):
         raise TypeError(f"backend must be a str, not {type(backend).__name__}")
@@ -114,18 +115,6 @@ def _flatten(items):
             yield item
 
 
-def _real(x, name):
-    if isinstance(x, bool) or not isinstance(x, numbers.Real):
-        raise TypeError(f"{name} must be a real number, not {type(x).__name__}")
-    return float(x)
-
-
-def _flag(x, name):
-    if not isinstance(x, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, not {type(x).__name__}")
-    return bool(x)
-
-
 def _causal_mode(is_causal, causal_alignment):
     if not isinstance(causal_alignment, str):
         raise TypeError(f"causal_alignment must be a str, not {type(causal_alignment).__name__}")
@@ -158,18 +147,10 @@ def _check_heads(query, key, value, enable_gqa):
 def _dropout_seed(dropout_seed, dropout_p):
     if dropout_seed is None:
         return random.getrandbits(64) if dropout_p > 0.0 else 0
-    if isinstance(dropout_seed, bool) or not isinstance(dropout_seed, numbers.Integral):
-        raise TypeError(f"dropout_seed must be an int, not {type(dropout_seed).__name__}")
-    if not 0 <= dropout_seed < 2**64:
-        raise ValueError(f"dropout_seed must be in [0, 2**64), not {dropout_seed}")
-    return int(dropout_seed)
+    return integer(dropout_seed, "dropout_seed", 0, 2**64 - 1)
 
 
 def _threads(threads):
     if threads is None:
         return None
-    if isinstance(threads, bool) or not isinstance(threads, numbers.Integral):
-        raise TypeError(f"threads must be an int, not {type(threads).__name__}")
-    if not 1 <= threads <= 4096:
-        raise ValueError(f"threads must be in [1, 4096], not {threads}")
-    return int(threads)
+    return integer(threads, "threads", 1, 4096)
