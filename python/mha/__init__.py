@@ -16,6 +16,7 @@ from ._mha import version as _library_version
 from ._attention import scaled_dot_product_attention
 from ._merge import merge_partials
 from ._module import MultiheadAttention
+from ._quantize import quantize_kv
 
 __version__ = _library_version()
 
@@ -26,6 +27,7 @@ __all__ = [
     "get_num_threads",
     "info",
     "merge_partials",
+    "quantize_kv",
     "scaled_dot_product_attention",
     "set_backend",
     "set_num_threads",

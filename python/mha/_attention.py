@@ -17,14 +17,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  is_causal=False, scale=None, enable_gqa=False, *,
                                  valid_lens=None, causal_alignment="top-left",
                                  return_lse=False, out=None, backend=None, threads=None,
-                                 dropout_seed=None):
+                                 dropout_seed=None, k_scale=None, v_scale=None):
     """softmax(query @ key^T * scale + mask) @ value, as torch.nn.functional.scaled_dot_product_attention.
 
     Arguments as PyTorch's (same names, positions and meaning):
 
     query: [B, Hq, L, E]; key: [B, Hkv, S, E]; value: [B, Hkv, S, Ev] -- NumPy
         arrays or PyTorch tensors (or any DLPack array) on the CPU, float32,
-        bfloat16 or float16 (key and value share one dtype), with any strides:
+        bfloat16 or float16 (key and value share one dtype, which may also be
+        int8 with k_scale and v_scale), with any strides:
         a view such as x.transpose(1, 2) of a [B, L, H, E] tensor is read in
         place, never copied.  Fewer than four dimensions mean leading ones of
         size 1 ([L, E], [H, L, E]).
@@ -58,6 +59,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     dropout_seed: the 64-bit seed of dropout's counter-based hash: the same
         seed gives the same weights dropped, for any thread count and backend.
         None draws one from Python's `random`.
+    k_scale, v_scale: the float32 row scales of an int8 KV cache, [B, Hkv, S]
+        each (a stride of 0 broadcasts): key and value of dtype int8 mean
+        k_scale * key and v_scale * value (mha.quantize_kv makes such a
+        cache).  Required with int8 key and value, refused otherwise.
 
     A row in which no key takes part is zeros (its LSE -inf), never NaN.
 
@@ -78,6 +83,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     _check_heads(query, key, value, flag(enable_gqa, "enable_gqa"))
     return_lse = flag(return_lse, "return_lse")
     dropout_seed = _dropout_seed(dropout_seed, dropout_p)
+    k_scale = optional_array_argument(k_scale, "k_scale")
+    v_scale = optional_array_argument(v_scale, "v_scale")
     if backend is not None and not isinstance(backend, str):
         raise TypeError(f"backend must be a str, not {type(backend).__name__}")
     threads = _threads(threads)
@@ -89,8 +96,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         out = array_argument(out, "out")
     lse = empty_like_framework(query, q_shape[:-1], "float32") if return_lse else None
 
-    _mha.attention(query, key, value, out, attn_mask, valid_lens, lse, scale, causal,
-                   dropout_p, dropout_seed, backend, threads)
+    _mha.attention(query, key, value, out, attn_mask, valid_lens, lse, k_scale, v_scale, scale,
+                   causal, dropout_p, dropout_seed, backend, threads)
     return (out, lse) if return_lse else out
 
 

@@ -108,4 +108,10 @@ ArrayView::ArrayView(nb::handle object, const char* name, Access access, RankRul
                                         : describe(writable_, name, rule);
 }
 
+std::optional<ArrayView> optional_view(nb::handle object, const char* name, Access access,
+                                       RankRule rule) {
+  if (object.is_none()) return std::nullopt;
+  return ArrayView(object, name, access, rule);
+}
+
 }  // namespace mha_python

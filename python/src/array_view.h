@@ -8,6 +8,7 @@
 #include <nanobind/ndarray.h>
 
 #include <cstdint>
+#include <optional>
 
 namespace mha_python {
 
@@ -39,5 +40,9 @@ class ArrayView {
   nanobind::ndarray<nanobind::device::cpu> writable_;
   mha_tensor tensor_{};
 };
+
+// The view of an optional argument: none for Python's None.
+std::optional<ArrayView> optional_view(nanobind::handle object, const char* name, Access access,
+                                       RankRule rule);
 
 }  // namespace mha_python

@@ -12,5 +12,6 @@ NB_MODULE(_mha, module) {
   mha_python::register_attention(module);
   mha_python::register_merge(module);
   mha_python::register_module(module);
+  mha_python::register_quantize(module);
   mha_python::register_runtime(module);
 }

@@ -42,11 +42,6 @@ void swap_batch_and_length(mha_tensor& tensor) {
   std::swap(tensor.strides[0], tensor.strides[1]);
 }
 
-std::optional<ArrayView> optional_view(nb::handle object, const char* name, RankRule rule) {
-  if (object.is_none()) return std::nullopt;
-  return ArrayView(object, name, Access::read_only, rule);
-}
-
 class Module {
  public:
   Module(int64_t embed_dim, int64_t num_heads, int64_t kdim, int64_t vdim, bool bias,
@@ -93,13 +88,12 @@ class Module {
       for (ArrayView* view : {&q, &k, &v, &o}) swap_batch_and_length(view->tensor());
     }
     const std::optional<ArrayView> padding =
-        optional_view(key_padding_mask, "key_padding_mask", kKeyPadding);
-    const std::optional<ArrayView> mask = optional_view(attn_mask, "attn_mask", kAttnMask);
-    std::optional<ArrayView> weights;
-    if (!attn_weights.is_none()) {
-      weights.emplace(attn_weights, "attn_weights", Access::writable,
+        optional_view(key_padding_mask, "key_padding_mask", Access::read_only, kKeyPadding);
+    const std::optional<ArrayView> mask =
+        optional_view(attn_mask, "attn_mask", Access::read_only, kAttnMask);
+    std::optional<ArrayView> weights =
+        optional_view(attn_weights, "attn_weights", Access::writable,
                       average_attn_weights ? kAveragedWeights : kHeadWeights);
-    }
 
     mha_module_forward_params params;
     mha_module_forward_params_init(&params);
