@@ -4,6 +4,7 @@
     out = mha.scaled_dot_product_attention(q, k, v, is_causal=True)  # as torch's
     attention = mha.MultiheadAttention.from_torch(torch_module)     # nn.MultiheadAttention
     out, weights = attention(x, x, x)
+    import mha.torch                                                 # torch.ops.mha.sdpa
 
 Arrays are NumPy arrays or PyTorch tensors (or any DLPack array) on the
 CPU, read in place with their strides; results come back in the caller's
