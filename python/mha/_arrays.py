@@ -6,8 +6,14 @@ query of another DLPack framework gives NumPy outputs.  torch is never
 imported here: a tensor can only exist when the caller imported it.
 """
 import sys
+from typing import Any
 
 import numpy as np
+
+# What the public functions take and return as arrays: a NumPy array, a
+# PyTorch tensor or any DLPack array on the CPU (the result follows the
+# caller's framework), so no narrower static type fits.
+Array = Any
 
 
 def torch_module():

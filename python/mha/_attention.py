@@ -1,23 +1,29 @@
 """mha.scaled_dot_product_attention: PyTorch's call, computed by mha."""
 import numbers
 import random
+from typing import Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import _mha
 from ._arguments import flag, integer, real
-from ._arrays import (array_argument, empty_like_framework, is_array, optional_array_argument,
-                      shape_of)
+from ._arrays import (Array, array_argument, empty_like_framework, is_array,
+                      optional_array_argument, shape_of)
 
 # mha.h's mha_causal.
 _CAUSAL = {"top-left": 1, "bottom-right": 2}
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
-                                 is_causal=False, scale=None, enable_gqa=False, *,
-                                 valid_lens=None, causal_alignment="top-left",
-                                 return_lse=False, out=None, backend=None, threads=None,
-                                 dropout_seed=None, k_scale=None, v_scale=None):
+def scaled_dot_product_attention(
+        query: Array, key: Array, value: Array, attn_mask: Optional[Array] = None,
+        dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
+        enable_gqa: bool = False, *,
+        valid_lens: Union[Array, Sequence[int], Sequence[Sequence[int]], None] = None,
+        causal_alignment: str = "top-left", return_lse: bool = False,
+        out: Optional[Array] = None, backend: Optional[str] = None,
+        threads: Optional[int] = None, dropout_seed: Optional[int] = None,
+        k_scale: Optional[Array] = None,
+        v_scale: Optional[Array] = None) -> Union[Array, Tuple[Array, Array]]:
     """softmax(query @ key^T * scale + mask) @ value, as torch.nn.functional.scaled_dot_product_attention.
 
     Arguments as PyTorch's (same names, positions and meaning):

@@ -1,11 +1,13 @@
 """mha.MultiheadAttention: PyTorch's nn.MultiheadAttention for inference, computed by mha."""
+from typing import Any, Dict, Mapping, Optional, Tuple
+
 import numpy as np
 
 from . import _mha
 from ._arguments import flag, integer, real
-from ._arrays import (array_argument, empty_like_framework, optional_array_argument, shape_of,
-                      torch_module)
-from ._state_dict import checked_weights, weight_shapes
+from ._arrays import (Array, array_argument, empty_like_framework, optional_array_argument,
+                      shape_of, torch_module)
+from ._state_dict import IncompatibleKeys, checked_weights, weight_shapes
 
 
 class MultiheadAttention:
@@ -35,9 +37,10 @@ class MultiheadAttention:
     computes); loading weights waits until no call of the module runs.
     """
 
-    def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
-                 add_zero_attn=False, kdim=None, vdim=None, batch_first=False, device=None,
-                 dtype=None):
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                 add_bias_kv: bool = False, add_zero_attn: bool = False,
+                 kdim: Optional[int] = None, vdim: Optional[int] = None,
+                 batch_first: bool = False, device: Any = None, dtype: Any = None) -> None:
         embed_dim = integer(embed_dim, "embed_dim", 1)
         num_heads = integer(num_heads, "num_heads", 1)
         if embed_dim % num_heads != 0:
@@ -67,17 +70,38 @@ class MultiheadAttention:
         self._weights = {key: np.zeros(shape, dtype=np.float32)
                          for key, shape in self._shapes.items()}
 
-    embed_dim = property(lambda self: self._embed_dim, doc="E, the output's features.")
-    num_heads = property(lambda self: self._num_heads, doc="H, the number of heads.")
-    head_dim = property(lambda self: self._embed_dim // self._num_heads,
-                        doc="E / H, the features of one head.")
-    kdim = property(lambda self: self._kdim, doc="The features of key.")
-    vdim = property(lambda self: self._vdim, doc="The features of value.")
-    dropout = property(lambda self: self._dropout,
-                       doc="The dropout probability the module was made with (not applied).")
+    @property
+    def embed_dim(self) -> int:
+        """E, the features of query and of the output."""
+        return self._embed_dim
+
+    @property
+    def num_heads(self) -> int:
+        """H, the number of heads."""
+        return self._num_heads
+
+    @property
+    def head_dim(self) -> int:
+        """E / H, the features of one head."""
+        return self._embed_dim // self._num_heads
+
+    @property
+    def kdim(self) -> int:
+        """The features of key."""
+        return self._kdim
+
+    @property
+    def vdim(self) -> int:
+        """The features of value."""
+        return self._vdim
+
+    @property
+    def dropout(self) -> float:
+        """The dropout probability the module was made with (never applied)."""
+        return self._dropout
 
     @classmethod
-    def from_torch(cls, module):
+    def from_torch(cls, module: Any) -> "MultiheadAttention":
         """The mha module computing what `module`, a torch.nn.MultiheadAttention, computes
         in eval mode: its constructor's arguments and a float32 copy of its weights."""
         torch = torch_module()
@@ -92,7 +116,8 @@ class MultiheadAttention:
         result.load_state_dict(module.state_dict())
         return result
 
-    def load_state_dict(self, state_dict, strict=True):
+    def load_state_dict(self, state_dict: Mapping[str, Array],
+                        strict: bool = True) -> IncompatibleKeys:
         """Copies the weights of a PyTorch state_dict (names as nn.MultiheadAttention's,
         values PyTorch tensors or NumPy arrays of a floating dtype, rounded to float32).
 
@@ -109,13 +134,15 @@ class MultiheadAttention:
         self._weights.update(weights)
         return incompatible
 
-    def state_dict(self):
+    def state_dict(self) -> Dict[str, np.ndarray]:
         """{name: float32 NumPy array}, copies of the weights, named and ordered as PyTorch's
         nn.MultiheadAttention.state_dict() (torch.from_numpy makes them tensors)."""
         return {key: self._weights[key].copy() for key in self._shapes}
 
-    def forward(self, query, key, value, key_padding_mask=None, need_weights=True,
-                attn_mask=None, average_attn_weights=True, is_causal=False):
+    def forward(self, query: Array, key: Array, value: Array,
+                key_padding_mask: Optional[Array] = None, need_weights: bool = True,
+                attn_mask: Optional[Array] = None, average_attn_weights: bool = True,
+                is_causal: bool = False) -> Tuple[Array, Optional[Array]]:
         """(output, attention weights or None), as nn.MultiheadAttention.forward in eval mode.
 
         query [L, B, E] (batch_first: [B, L, E]), key [S, B, kdim], value [S, B,
@@ -162,7 +189,7 @@ class MultiheadAttention:
 
     __call__ = forward
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"mha.MultiheadAttention(embed_dim={self._embed_dim}, "
                 f"num_heads={self._num_heads}, kdim={self._kdim}, vdim={self._vdim}, "
                 f"bias={self._bias}, batch_first={self.batch_first})")

@@ -1,9 +1,12 @@
 """mha.quantize_kv: a KV cache's rows as int8 with one float32 scale per row."""
+from typing import Optional, Tuple
+
 from . import _mha
-from ._arrays import array_argument, empty_like_framework, shape_of
+from ._arrays import Array, array_argument, empty_like_framework, shape_of
 
 
-def quantize_kv(src, *, dst=None, scale=None):
+def quantize_kv(src: Array, *, dst: Optional[Array] = None,
+                scale: Optional[Array] = None) -> Tuple[Array, Array]:
     """Quantises keys or values to int8 for scaled_dot_product_attention's int8 KV cache.
 
     src: [B, Hkv, L, D] (fewer dimensions: leading ones left out), float32,

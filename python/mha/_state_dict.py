@@ -9,6 +9,7 @@ PyTorch's load_state_dict copies into float32 parameters).
 """
 import collections
 from collections.abc import Mapping
+from typing import List, NamedTuple
 
 import numpy as np
 
@@ -20,7 +21,11 @@ UNSUPPORTED = {
     "bias_v": "add_bias_kv",
 }
 
-IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
+class IncompatibleKeys(NamedTuple):
+    """What MultiheadAttention.load_state_dict returns, as PyTorch's: the module's weights
+    the state_dict lacked and the names it had that the module has not."""
+    missing_keys: List[str]
+    unexpected_keys: List[str]
 
 
 def weight_shapes(embed_dim, kdim, vdim, bias):
