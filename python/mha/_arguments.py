@@ -10,6 +10,8 @@ import numpy as np
 
 def real(x, name):
     """x as a float; TypeError unless it is a real number (bool is not one)."""
+    if type(x) is float:
+        return x
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         raise TypeError(f"{name} must be a real number, not {type(x).__name__}")
     return float(x)
@@ -17,6 +19,8 @@ def real(x, name):
 
 def flag(x, name):
     """x as a bool; TypeError unless it is a Python or NumPy bool."""
+    if x is False or x is True:
+        return x
     if not isinstance(x, (bool, np.bool_)):
         raise TypeError(f"{name} must be a bool, not {type(x).__name__}")
     return bool(x)

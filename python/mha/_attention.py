@@ -78,6 +78,8 @@ def scaled_dot_product_attention(
     its message (which calls query, key, value and attn_mask q, k, v and mask);
     TypeError or ValueError for arguments of the wrong Python type or rank.
     """
+    # Every call runs this: the checks take the common types' fast paths (S5, the d2l
+    # example, costs a few microseconds in C; python/bench/overhead.py measures this).
     query = array_argument(query, "query")
     key = array_argument(key, "key")
     value = array_argument(value, "value")
@@ -86,32 +88,35 @@ def scaled_dot_product_attention(
     dropout_p = real(dropout_p, "dropout_p")
     scale = None if scale is None else real(scale, "scale")
     causal = _causal_mode(flag(is_causal, "is_causal"), causal_alignment)
-    _check_heads(query, key, value, flag(enable_gqa, "enable_gqa"))
+    enable_gqa = flag(enable_gqa, "enable_gqa")
     return_lse = flag(return_lse, "return_lse")
     dropout_seed = _dropout_seed(dropout_seed, dropout_p)
     k_scale = optional_array_argument(k_scale, "k_scale")
     v_scale = optional_array_argument(v_scale, "v_scale")
-    if backend is not None and not isinstance(backend, str):
+    if backend is not None and type(backend) is not str:
         raise TypeError(f"backend must be a str, not {type(backend).__name__}")
-    threads = _threads(threads)
+    threads = None if threads is None else integer(threads, "threads", 1, 4096)
 
-    q_shape = shape_of(query)
     if out is None:
-        out = empty_like_framework(query, q_shape[:-1] + shape_of(value)[-1:])
+        out = empty_like_framework(query, shape_of(query)[:-1] + shape_of(value)[-1:])
     else:
         out = array_argument(out, "out")
-    lse = empty_like_framework(query, q_shape[:-1], "float32") if return_lse else None
+    lse = empty_like_framework(query, shape_of(query)[:-1], "float32") if return_lse else None
 
     _mha.attention(query, key, value, out, attn_mask, valid_lens, lse, k_scale, v_scale, scale,
-                   causal, dropout_p, dropout_seed, backend, threads)
+                   causal, enable_gqa, dropout_p, dropout_seed, backend, threads)
     return (out, lse) if return_lse else out
 
 
 def _valid_lens_argument(valid_lens):
     """An integer array as it is, or a (nested) list of ints as a small int64 array."""
-    if valid_lens is None or is_array(valid_lens):
-        return optional_array_argument(valid_lens, "valid_lens")
+    if valid_lens is None or type(valid_lens) is np.ndarray:
+        return valid_lens
+    if type(valid_lens) is list and all(type(n) is int for n in valid_lens):
+        return np.array(valid_lens, dtype=np.int64)  # the common case: [B] lengths
     if not isinstance(valid_lens, (list, tuple)):
+        if is_array(valid_lens):
+            return array_argument(valid_lens, "valid_lens")
         raise TypeError("valid_lens must be an integer array or a list of ints, "
                         f"not {type(valid_lens).__name__}")
     if not all(isinstance(n, numbers.Integral) and not isinstance(n, bool)
@@ -129,6 +134,8 @@ def _flatten(items):
 
 
 def _causal_mode(is_causal, causal_alignment):
+    if causal_alignment == "top-left":
+        return _CAUSAL["top-left"] if is_causal else 0
     if not isinstance(causal_alignment, str):
         raise TypeError(f"causal_alignment must be a str, not {type(causal_alignment).__name__}")
     if causal_alignment not in _CAUSAL:
@@ -137,33 +144,7 @@ def _causal_mode(is_causal, causal_alignment):
     return _CAUSAL[causal_alignment] if is_causal else 0
 
 
-def _heads(shape):
-    return shape[-3] if len(shape) >= 3 else 1
-
-
-def _check_heads(query, key, value, enable_gqa):
-    """PyTorch's rule: query heads may differ from key/value heads only with enable_gqa.
-
-    Arrays of a rank mha does not take are left to the rank check, which names them."""
-    shapes = [shape_of(x) for x in (query, key, value)]
-    if not all(2 <= len(shape) <= 4 for shape in shapes):
-        return
-    hq = _heads(shapes[0])
-    for name, shape in (("key", shapes[1]), ("value", shapes[2])):
-        hkv = _heads(shape)
-        if hkv != hq and not enable_gqa:
-            raise ValueError(
-                f"query has {hq} heads but {name} has {hkv}: pass enable_gqa=True for "
-                "grouped-query attention (as PyTorch requires)")
-
-
 def _dropout_seed(dropout_seed, dropout_p):
     if dropout_seed is None:
         return random.getrandbits(64) if dropout_p > 0.0 else 0
     return integer(dropout_seed, "dropout_seed", 0, 2**64 - 1)
-
-
-def _threads(threads):
-    if threads is None:
-        return None
-    return integer(threads, "threads", 1, 4096)

@@ -5,8 +5,8 @@ import numpy as np
 
 from . import _mha
 from ._arguments import flag, integer, real
-from ._arrays import (Array, array_argument, empty_like_framework, optional_array_argument,
-                      shape_of, torch_module)
+from ._arrays import (Array, array_argument, empty_like_framework,
+                      optional_array_argument, shape_of, torch_module)
 from ._state_dict import IncompatibleKeys, checked_weights, weight_shapes
 
 

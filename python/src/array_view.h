@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <optional>
 
+#include "buffer_hold.h"
+
 namespace mha_python {
 
 // Which ranks an argument may have, and how many dimensions the library is
@@ -35,7 +37,9 @@ class ArrayView {
   mha_tensor& tensor() { return tensor_; }
 
  private:
-  // Holds the DLPack export (and with it the memory) for as long as the view.
+  // Holds the buffer or the DLPack export (and with it the memory) for as
+  // long as the view.
+  BufferHold buffer_;
   nanobind::ndarray<nanobind::ro, nanobind::device::cpu> read_only_;
   nanobind::ndarray<nanobind::device::cpu> writable_;
   mha_tensor tensor_{};

@@ -190,3 +190,17 @@ def test_merge_partials_bad_arguments(rng):
         mha.merge_partials([out], ["lse"])
     with expect_library_error("MHA_ERR_SHAPE_MISMATCH"):
         mha.merge_partials([out], [lse[:, :, :4]])
+
+
+def test_arrays_that_cannot_be_read_in_place(qkv):
+    """NumPy arrays the library cannot describe as they are: refused with the reason,
+    never copied."""
+    q, k, v = qkv
+    with pytest.raises(TypeError, match="query cannot be read in place: its bytes are not in "
+                                        "the machine's order"):
+        sdpa(q.astype(">f4"), k, v)
+    fields = np.zeros(k.shape, dtype=[("x", np.float32), ("tag", np.int8)])
+    fields["x"] = k
+    with pytest.raises(TypeError, match="key cannot be read in place: its strides are not "
+                                        "whole elements"):
+        sdpa(q, fields["x"], v)
