@@ -31,38 +31,24 @@ def is_array(x):
 
 
 def array_argument(x, name):
-    """x checked: TypeError naming the argument when it is no array.
+    """x checked to be an array: TypeError naming the argument when it is not.
 
-    PyTorch tensors that require grad are refused while autograd is on: mha
+    The extension reads it (src/array_view.cpp) and applies PyTorch's rules
+    there: a tensor that requires grad is refused while autograd is on (mha
     computes no gradients, and a result silently cut from the graph would
-    train nothing.  Under torch.no_grad() they are used as they are (detached:
-    a view, no copy), as PyTorch's inference would.  Every call of every
-    function checks its arrays here, so the common case, a NumPy array, is
-    recognised first and cheaply.
+    train nothing; under torch.no_grad() it is read as it is).  Every call of
+    every function checks its arrays here, so the common cases are recognised
+    first and cheaply.
     """
     if type(x) is np.ndarray:
         return x
     torch = sys.modules.get("torch")
-    if torch is not None and isinstance(x, torch.Tensor):
-        if x.requires_grad:
-            if torch.is_grad_enabled():
-                raise ValueError(
-                    f"{name} requires grad, but mha computes no gradients: call it under "
-                    "torch.no_grad() (or torch.inference_mode()), or pass tensors that do not "
-                    "require grad"
-                )
-            x = x.detach()
-        if x.dtype is torch.bool and x.device.type == "cpu":
-            # PyTorch before 2.x cannot export bool tensors through DLPack; NumPy's
-            # view of the same memory (strides kept) goes through the buffer protocol.
-            return x.numpy()
+    if (torch is not None and isinstance(x, torch.Tensor)) or is_array(x):
         return x
-    if not is_array(x):
-        raise TypeError(
-            f"{name} must be a NumPy array or a PyTorch tensor (or any DLPack array), "
-            f"not {type(x).__name__}"
-        )
-    return x
+    raise TypeError(
+        f"{name} must be a NumPy array or a PyTorch tensor (or any DLPack array), "
+        f"not {type(x).__name__}"
+    )
 
 
 def optional_array_argument(x, name):

@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "torch_export.h"
+#include "torch_array.h"
 
 namespace nb = nanobind;
 
@@ -95,42 +95,51 @@ void check_rank(int32_t rank, const char* name, RankRule rule) {
   }
 }
 
+[[noreturn]] void refuse_dtype(const char* name, const std::string& dtype) {
+  throw nb::type_error((std::string(name) + " has dtype " + dtype +
+                        ", which mha does not take (it takes float32, bfloat16, float16, "
+                        "bool, int8, int32 and int64, each where the argument allows it)")
+                           .c_str());
+}
+
 // The descriptor of a DLPack export (either kind of nb::ndarray).
 template <class Array>
 mha_tensor describe(const Array& array, const char* name, RankRule rule) {
   const auto rank = static_cast<int32_t>(array.ndim());
   check_rank(rank, name, rule);
   const mha_dtype dtype = library_dtype(array.dtype());
-  if (dtype == MHA_DTYPE_INVALID) {
-    throw nb::type_error((std::string(name) + " has dtype " + dtype_text(array.dtype()) +
-                          ", which mha does not take (it takes float32, bfloat16, float16, "
-                          "bool, int8, int32 and int64, each where the argument allows it)")
-                             .c_str());
-  }
+  if (dtype == MHA_DTYPE_INVALID) refuse_dtype(name, dtype_text(array.dtype()));
   return describe(Layout{array.data(), rank, array.shape_ptr(), array.stride_ptr(), 1}, dtype,
                   rule);
 }
 
 }  // namespace
 
+bool ArrayView::read_buffer(nb::handle object, const char* name, Access access, RankRule rule) {
+  if (!buffer_.acquire(object.ptr(), access == Access::writable)) return false;
+  const Py_buffer& view = buffer_.view();
+  static_assert(sizeof(Py_ssize_t) == sizeof(int64_t), "buffer shapes read as int64_t");
+  check_rank(view.ndim, name, rule);
+  tensor_ = describe(Layout{view.buf, view.ndim, reinterpret_cast<const int64_t*>(view.shape),
+                            reinterpret_cast<const int64_t*>(view.strides), view.itemsize},
+                     buffer_.dtype(), rule);
+  return true;
+}
+
 ArrayView::ArrayView(nb::handle object, const char* name, Access access, RankRule rule) {
-  if (buffer_.acquire(object.ptr(), access == Access::writable)) {
-    const Py_buffer& view = buffer_.view();
-    static_assert(sizeof(Py_ssize_t) == sizeof(int64_t), "buffer shapes read as int64_t");
-    check_rank(view.ndim, name, rule);
-    tensor_ = describe(Layout{view.buf, view.ndim, reinterpret_cast<const int64_t*>(view.shape),
-                              reinterpret_cast<const int64_t*>(view.strides), view.itemsize},
-                       buffer_.dtype(), rule);
+  if (read_buffer(object, name, access, rule)) return;  // NumPy
+  if (TorchArray torch; read_torch(object, name, &torch)) {
+    check_rank(torch.rank, name, rule);
+    if (torch.dtype == MHA_DTYPE_INVALID) refuse_dtype(name, torch.dtype_name);
+    tensor_ =
+        describe(Layout{torch.data, torch.rank, torch.shape, torch.strides, 1}, torch.dtype, rule);
     return;
   }
-  // A torch.Tensor as the capsule of its C export; anything else as it is.
-  // No conversion: an object that is not already a CPU array is refused
-  // rather than copied into one.
-  nb::object capsule = torch_capsule(object);
-  const nb::handle source = capsule.is_valid() ? nb::handle(capsule) : object;
+  // Any other DLPack array.  No conversion: an object that is not already a
+  // CPU array is refused rather than copied into one.
   const bool imported = access == Access::read_only
-                            ? nb::try_cast(source, read_only_, /*convert=*/false)
-                            : nb::try_cast(source, writable_, /*convert=*/false);
+                            ? nb::try_cast(object, read_only_, /*convert=*/false)
+                            : nb::try_cast(object, writable_, /*convert=*/false);
   if (!imported && *buffer_.refusal() != '\0') {
     throw nb::type_error(
         (std::string(name) + " cannot be read in place: " + buffer_.refusal()).c_str());

@@ -37,6 +37,10 @@ class ArrayView {
   mha_tensor& tensor() { return tensor_; }
 
  private:
+  // Describes `object` through the buffer protocol when it exports one mha
+  // can read as it is (NumPy arrays); false otherwise.
+  bool read_buffer(nanobind::handle object, const char* name, Access access, RankRule rule);
+
   // Holds the buffer or the DLPack export (and with it the memory) for as
   // long as the view.
   BufferHold buffer_;

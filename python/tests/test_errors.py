@@ -204,3 +204,13 @@ def test_arrays_that_cannot_be_read_in_place(qkv):
     with pytest.raises(TypeError, match="key cannot be read in place: its strides are not "
                                         "whole elements"):
         sdpa(q, fields["x"], v)
+
+
+def test_torch_tensors_mha_cannot_read(qkv):
+    q, k, v = (torch.from_numpy(x) for x in qkv)
+    with pytest.raises(TypeError, match="key has dtype float64, which mha does not take"):
+        sdpa(q, k.double(), v)
+    with pytest.raises(TypeError, match="query must be an array on the CPU"):
+        sdpa(q.to("meta"), k, v)
+    with pytest.raises(TypeError, match="out must be a writable array on the CPU"):
+        sdpa(q, k, v, out=torch.empty(2, 3, 9, 16, device="meta"))
