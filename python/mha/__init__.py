@@ -2,6 +2,9 @@
 
     import mha
     out = mha.scaled_dot_product_attention(q, k, v, is_causal=True)  # as torch's
+    attention = mha.MultiheadAttention.from_torch(torch_module)     # nn.MultiheadAttention
+    out, weights = attention(x, x, x)
+    import mha.torch                                                 # torch.ops.mha.sdpa
 
 Arrays are NumPy arrays or PyTorch tensors (or any DLPack array) on the
 CPU, read in place with their strides; results come back in the caller's
@@ -13,15 +16,19 @@ from ._mha import Error, backends, get_num_threads, info, set_backend, set_num_t
 from ._mha import version as _library_version
 from ._attention import scaled_dot_product_attention
 from ._merge import merge_partials
+from ._module import MultiheadAttention
+from ._quantize import quantize_kv
 
 __version__ = _library_version()
 
 __all__ = [
     "Error",
+    "MultiheadAttention",
     "backends",
     "get_num_threads",
     "info",
     "merge_partials",
+    "quantize_kv",
     "scaled_dot_product_attention",
     "set_backend",
     "set_num_threads",

@@ -6,8 +6,14 @@ query of another DLPack framework gives NumPy outputs.  torch is never
 imported here: a tensor can only exist when the caller imported it.
 """
 import sys
+from typing import Any
 
 import numpy as np
+
+# What the public functions take and return as arrays: a NumPy array, a
+# PyTorch tensor or any DLPack array on the CPU (the result follows the
+# caller's framework), so no narrower static type fits.
+Array = Any
 
 
 def torch_module():
@@ -25,33 +31,24 @@ def is_array(x):
 
 
 def array_argument(x, name):
-    """x as the extension takes it; TypeError naming the argument when x is no array.
+    """x checked to be an array: TypeError naming the argument when it is not.
 
-    PyTorch tensors that require grad are refused while autograd is on: mha
+    The extension reads it (src/array_view.cpp) and applies PyTorch's rules
+    there: a tensor that requires grad is refused while autograd is on (mha
     computes no gradients, and a result silently cut from the graph would
-    train nothing.  Under torch.no_grad() they are used as they are (detached:
-    a view, no copy), as PyTorch's inference would.
+    train nothing; under torch.no_grad() it is read as it is).  Every call of
+    every function checks its arrays here, so the common cases are recognised
+    first and cheaply.
     """
-    if is_torch_tensor(x):
-        if x.requires_grad:
-            if torch_module().is_grad_enabled():
-                raise ValueError(
-                    f"{name} requires grad, but mha computes no gradients: call it under "
-                    "torch.no_grad() (or torch.inference_mode()), or pass tensors that do not "
-                    "require grad"
-                )
-            x = x.detach()
-        if x.dtype == torch_module().bool and x.device.type == "cpu":
-            # PyTorch before 2.x cannot export bool tensors through DLPack; NumPy's
-            # view of the same memory (strides kept) goes through the buffer protocol.
-            return x.numpy()
+    if type(x) is np.ndarray:
         return x
-    if not is_array(x):
-        raise TypeError(
-            f"{name} must be a NumPy array or a PyTorch tensor (or any DLPack array), "
-            f"not {type(x).__name__}"
-        )
-    return x
+    torch = sys.modules.get("torch")
+    if (torch is not None and isinstance(x, torch.Tensor)) or is_array(x):
+        return x
+    raise TypeError(
+        f"{name} must be a NumPy array or a PyTorch tensor (or any DLPack array), "
+        f"not {type(x).__name__}"
+    )
 
 
 def optional_array_argument(x, name):
@@ -59,18 +56,20 @@ def optional_array_argument(x, name):
 
 
 def shape_of(x):
+    if type(x) is np.ndarray:
+        return x.shape
     return tuple(x.shape) if hasattr(x, "shape") else np.from_dlpack(x).shape
 
 
 def empty_like_framework(template, shape, dtype=None):
     """An uninitialised array of `shape` from template's framework.
 
-    dtype None: template's dtype; "float32": float32.
+    dtype None: template's dtype; "float32", "int8": that dtype.
     """
+    if type(template) is np.ndarray:
+        return np.empty(shape, dtype=template.dtype if dtype is None else dtype)
     if is_torch_tensor(template):
-        torch = torch_module()
-        torch_dtype = template.dtype if dtype is None else getattr(torch, dtype)
-        return torch.empty(shape, dtype=torch_dtype, device=template.device)
-    if not isinstance(template, np.ndarray):
-        template = np.from_dlpack(template)
-    return np.empty(shape, dtype=template.dtype if dtype is None else dtype)
+        if dtype is None:
+            return template.new_empty(shape)
+        return template.new_empty(shape, dtype=getattr(torch_module(), dtype))
+    return np.empty(shape, dtype=np.from_dlpack(template).dtype if dtype is None else dtype)

@@ -1,29 +1,37 @@
 """mha.scaled_dot_product_attention: PyTorch's call, computed by mha."""
 import numbers
 import random
+from typing import Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import _mha
-from ._arrays import (array_argument, empty_like_framework, is_array, optional_array_argument,
-                      shape_of)
+from ._arguments import flag, integer, real
+from ._arrays import (Array, array_argument, empty_like_framework, is_array,
+                      optional_array_argument, shape_of)
 
 # mha.h's mha_causal.
 _CAUSAL = {"top-left": 1, "bottom-right": 2}
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
-                                 is_causal=False, scale=None, enable_gqa=False, *,
-                                 valid_lens=None, causal_alignment="top-left",
-                                 return_lse=False, out=None, backend=None, threads=None,
-                                 dropout_seed=None):
+def scaled_dot_product_attention(
+        query: Array, key: Array, value: Array, attn_mask: Optional[Array] = None,
+        dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
+        enable_gqa: bool = False, *,
+        valid_lens: Union[Array, Sequence[int], Sequence[Sequence[int]], None] = None,
+        causal_alignment: str = "top-left", return_lse: bool = False,
+        out: Optional[Array] = None, backend: Optional[str] = None,
+        threads: Optional[int] = None, dropout_seed: Optional[int] = None,
+        k_scale: Optional[Array] = None,
+        v_scale: Optional[Array] = None) -> Union[Array, Tuple[Array, Array]]:
     """softmax(query @ key^T * scale + mask) @ value, as torch.nn.functional.scaled_dot_product_attention.
 
     Arguments as PyTorch's (same names, positions and meaning):
 
     query: [B, Hq, L, E]; key: [B, Hkv, S, E]; value: [B, Hkv, S, Ev] -- NumPy
         arrays or PyTorch tensors (or any DLPack array) on the CPU, float32,
-        bfloat16 or float16 (key and value share one dtype), with any strides:
+        bfloat16 or float16 (key and value share one dtype, which may also be
+        int8 with k_scale and v_scale), with any strides:
         a view such as x.transpose(1, 2) of a [B, L, H, E] tensor is read in
         place, never copied.  Fewer than four dimensions mean leading ones of
         size 1 ([L, E], [H, L, E]).
@@ -57,6 +65,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     dropout_seed: the 64-bit seed of dropout's counter-based hash: the same
         seed gives the same weights dropped, for any thread count and backend.
         None draws one from Python's `random`.
+    k_scale, v_scale: the float32 row scales of an int8 KV cache, [B, Hkv, S]
+        each (a stride of 0 broadcasts): key and value of dtype int8 mean
+        k_scale * key and v_scale * value (mha.quantize_kv makes such a
+        cache).  Required with int8 key and value, refused otherwise.
 
     A row in which no key takes part is zeros (its LSE -inf), never NaN.
 
@@ -66,38 +78,45 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     its message (which calls query, key, value and attn_mask q, k, v and mask);
     TypeError or ValueError for arguments of the wrong Python type or rank.
     """
+    # Every call runs this: the checks take the common types' fast paths (S5, the d2l
+    # example, costs a few microseconds in C; python/bench/overhead.py measures this).
     query = array_argument(query, "query")
     key = array_argument(key, "key")
     value = array_argument(value, "value")
     attn_mask = optional_array_argument(attn_mask, "attn_mask")
     valid_lens = _valid_lens_argument(valid_lens)
-    dropout_p = _real(dropout_p, "dropout_p")
-    scale = None if scale is None else _real(scale, "scale")
-    causal = _causal_mode(_flag(is_causal, "is_causal"), causal_alignment)
-    _check_heads(query, key, value, _flag(enable_gqa, "enable_gqa"))
-    return_lse = _flag(return_lse, "return_lse")
+    dropout_p = real(dropout_p, "dropout_p")
+    scale = None if scale is None else real(scale, "scale")
+    causal = _causal_mode(flag(is_causal, "is_causal"), causal_alignment)
+    enable_gqa = flag(enable_gqa, "enable_gqa")
+    return_lse = flag(return_lse, "return_lse")
     dropout_seed = _dropout_seed(dropout_seed, dropout_p)
-    if backend is not None and not isinstance(backend, str):
+    k_scale = optional_array_argument(k_scale, "k_scale")
+    v_scale = optional_array_argument(v_scale, "v_scale")
+    if backend is not None and type(backend) is not str:
         raise TypeError(f"backend must be a str, not {type(backend).__name__}")
-    threads = _threads(threads)
+    threads = None if threads is None else integer(threads, "threads", 1, 4096)
 
-    q_shape = shape_of(query)
     if out is None:
-        out = empty_like_framework(query, q_shape[:-1] + shape_of(value)[-1:])
+        out = empty_like_framework(query, shape_of(query)[:-1] + shape_of(value)[-1:])
     else:
         out = array_argument(out, "out")
-    lse = empty_like_framework(query, q_shape[:-1], "float32") if return_lse else None
+    lse = empty_like_framework(query, shape_of(query)[:-1], "float32") if return_lse else None
 
-    _mha.attention(query, key, value, out, attn_mask, valid_lens, lse, scale, causal,
-                   dropout_p, dropout_seed, backend, threads)
+    _mha.attention(query, key, value, out, attn_mask, valid_lens, lse, k_scale, v_scale, scale,
+                   causal, enable_gqa, dropout_p, dropout_seed, backend, threads)
     return (out, lse) if return_lse else out
 
 
 def _valid_lens_argument(valid_lens):
     """An integer array as it is, or a (nested) list of ints as a small int64 array."""
-    if valid_lens is None or is_array(valid_lens):
-        return optional_array_argument(valid_lens, "valid_lens")
+    if valid_lens is None or type(valid_lens) is np.ndarray:
+        return valid_lens
+    if type(valid_lens) is list and all(type(n) is int for n in valid_lens):
+        return np.array(valid_lens, dtype=np.int64)  # the common case: [B] lengths
     if not isinstance(valid_lens, (list, tuple)):
+        if is_array(valid_lens):
+            return array_argument(valid_lens, "valid_lens")
         raise TypeError("valid_lens must be an integer array or a list of ints, "
                         f"not {type(valid_lens).__name__}")
     if not all(isinstance(n, numbers.Integral) and not isinstance(n, bool)
@@ -114,19 +133,9 @@ def _flatten(items):
             yield item
 
 
-def _real(x, name):
-    if isinstance(x, bool) or not isinstance(x, numbers.Real):
-        raise TypeError(f"{name} must be a real number, not {type(x).__name__}")
-    return float(x)
-
-
-def _flag(x, name):
-    if not isinstance(x, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, not {type(x).__name__}")
-    return bool(x)
-
-
 def _causal_mode(is_causal, causal_alignment):
+    if causal_alignment == "top-left":
+        return _CAUSAL["top-left"] if is_causal else 0
     if not isinstance(causal_alignment, str):
         raise TypeError(f"causal_alignment must be a str, not {type(causal_alignment).__name__}")
     if causal_alignment not in _CAUSAL:
@@ -135,41 +144,7 @@ def _causal_mode(is_causal, causal_alignment):
     return _CAUSAL[causal_alignment] if is_causal else 0
 
 
-def _heads(shape):
-    return shape[-3] if len(shape) >= 3 else 1
-
-
-def _check_heads(query, key, value, enable_gqa):
-    """PyTorch's rule: query heads may differ from key/value heads only with enable_gqa.
-
-    Arrays of a rank mha does not take are left to the rank check, which names them."""
-    shapes = [shape_of(x) for x in (query, key, value)]
-    if not all(2 <= len(shape) <= 4 for shape in shapes):
-        return
-    hq = _heads(shapes[0])
-    for name, shape in (("key", shapes[1]), ("value", shapes[2])):
-        hkv = _heads(shape)
-        if hkv != hq and not enable_gqa:
-            raise ValueError(
-                f"query has {hq} heads but {name} has {hkv}: pass enable_gqa=True for "
-                "grouped-query attention (as PyTorch requires)")
-
-
 def _dropout_seed(dropout_seed, dropout_p):
     if dropout_seed is None:
         return random.getrandbits(64) if dropout_p > 0.0 else 0
-    if isinstance(dropout_seed, bool) or not isinstance(dropout_seed, numbers.Integral):
-        raise TypeError(f"dropout_seed must be an int, not {type(dropout_seed).__name__}")
-    if not 0 <= dropout_seed < 2**64:
-        raise ValueError(f"dropout_seed must be in [0, 2**64), not {dropout_seed}")
-    return int(dropout_seed)
-
-
-def _threads(threads):
-    if threads is None:
-        return None
-    if isinstance(threads, bool) or not isinstance(threads, numbers.Integral):
-        raise TypeError(f"threads must be an int, not {type(threads).__name__}")
-    if not 1 <= threads <= 4096:
-        raise ValueError(f"threads must be in [1, 4096], not {threads}")
-    return int(threads)
+    return integer(dropout_seed, "dropout_seed", 0, 2**64 - 1)

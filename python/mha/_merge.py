@@ -1,9 +1,12 @@
 """mha.merge_partials: results over disjoint key ranges combined by their LSE."""
+from typing import Optional, Sequence, Tuple
+
 from . import _mha
-from ._arrays import array_argument, empty_like_framework, shape_of
+from ._arrays import Array, array_argument, empty_like_framework, shape_of
 
 
-def merge_partials(outs, lses, *, out=None, lse=None):
+def merge_partials(outs: Sequence[Array], lses: Sequence[Array], *, out: Optional[Array] = None,
+                   lse: Optional[Array] = None) -> Tuple[Array, Array]:
     """Combines attention results over disjoint key ranges into the result over all keys.
 
     outs: a list of float32 [B, H, L, Ev] arrays, each the attention of the

@@ -8,6 +8,9 @@
 #include <nanobind/ndarray.h>
 
 #include <cstdint>
+#include <optional>
+
+#include "buffer_hold.h"
 
 namespace mha_python {
 
@@ -34,10 +37,20 @@ class ArrayView {
   mha_tensor& tensor() { return tensor_; }
 
  private:
-  // Holds the DLPack export (and with it the memory) for as long as the view.
+  // Describes `object` through the buffer protocol when it exports one mha
+  // can read as it is (NumPy arrays); false otherwise.
+  bool read_buffer(nanobind::handle object, const char* name, Access access, RankRule rule);
+
+  // Holds the buffer or the DLPack export (and with it the memory) for as
+  // long as the view.
+  BufferHold buffer_;
   nanobind::ndarray<nanobind::ro, nanobind::device::cpu> read_only_;
   nanobind::ndarray<nanobind::device::cpu> writable_;
   mha_tensor tensor_{};
 };
+
+// The view of an optional argument: none for Python's None.
+std::optional<ArrayView> optional_view(nanobind::handle object, const char* name, Access access,
+                                       RankRule rule);
 
 }  // namespace mha_python

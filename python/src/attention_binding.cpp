@@ -24,26 +24,39 @@ constexpr RankRule kHeads{2, 4, 4};
 constexpr RankRule kLse{1, 3, 3};        // [B, H, Lq]
 constexpr RankRule kMask{1, 4, 2};       // broadcast like NumPy against [B, H, Lq, Lk]
 constexpr RankRule kValidLens{1, 2, 1};  // [B] or [B, Lq]
+constexpr RankRule kRowScales{1, 3, 3};  // an int8 cache's [B, Hkv, Lk]
 
-std::optional<ArrayView> optional_view(nb::handle object, const char* name, Access access,
-                                       RankRule rule) {
-  if (object.is_none()) return std::nullopt;
-  return ArrayView(object, name, access, rule);
+// PyTorch's rule: query heads may differ from key/value heads only with
+// enable_gqa (shapes as the library sees them, [B, H, L, D]).
+void check_heads(const mha_tensor& q, const mha_tensor& kv, const char* name, bool enable_gqa) {
+  if (enable_gqa || q.shape[1] == kv.shape[1]) return;
+  throw nb::value_error(("query has " + std::to_string(q.shape[1]) + " heads but " + name +
+                         " has " + std::to_string(kv.shape[1]) +
+                         ": pass enable_gqa=True for grouped-query attention (as PyTorch "
+                         "requires)")
+                            .c_str());
 }
 
 void attention(nb::handle query, nb::handle key, nb::handle value, nb::handle out,
-               nb::handle attn_mask, nb::handle valid_lens, nb::handle lse,
-               std::optional<double> scale, int32_t causal, double dropout_p, uint64_t dropout_seed,
-               std::optional<std::string> backend, std::optional<int32_t> threads) {
+               nb::handle attn_mask, nb::handle valid_lens, nb::handle lse, nb::handle k_scale,
+               nb::handle v_scale, std::optional<double> scale, int32_t causal, bool enable_gqa,
+               double dropout_p, uint64_t dropout_seed, std::optional<std::string> backend,
+               std::optional<int32_t> threads) {
   const ArrayView q(query, "query", Access::read_only, kHeads);
   const ArrayView k(key, "key", Access::read_only, kHeads);
   const ArrayView v(value, "value", Access::read_only, kHeads);
+  check_heads(q.tensor(), k.tensor(), "key", enable_gqa);
+  check_heads(q.tensor(), v.tensor(), "value", enable_gqa);
   ArrayView o(out, "out", Access::writable, kHeads);
   const std::optional<ArrayView> mask =
       optional_view(attn_mask, "attn_mask", Access::read_only, kMask);
   const std::optional<ArrayView> lens =
       optional_view(valid_lens, "valid_lens", Access::read_only, kValidLens);
   std::optional<ArrayView> lse_view = optional_view(lse, "lse", Access::writable, kLse);
+  const std::optional<ArrayView> k_scales =
+      optional_view(k_scale, "k_scale", Access::read_only, kRowScales);
+  const std::optional<ArrayView> v_scales =
+      optional_view(v_scale, "v_scale", Access::read_only, kRowScales);
 
   mha_attention_params params;
   mha_attention_params_init(&params);
@@ -55,6 +68,8 @@ void attention(nb::handle query, nb::handle key, nb::handle value, nb::handle ou
   params.mask = mask ? &mask->tensor() : nullptr;
   params.valid_lens = lens ? &lens->tensor() : nullptr;
   params.lse = lse_view ? &lse_view->tensor() : nullptr;
+  params.k_scale = k_scales ? &k_scales->tensor() : nullptr;
+  params.v_scale = v_scales ? &v_scales->tensor() : nullptr;
   params.dropout_p = static_cast<float>(dropout_p);
   params.dropout_seed = dropout_seed;
 
@@ -70,7 +85,8 @@ void attention(nb::handle query, nb::handle key, nb::handle value, nb::handle ou
 void register_attention(nb::module_& module) {
   module.def("attention", &attention, nb::arg("query"), nb::arg("key"), nb::arg("value"),
              nb::arg("out"), nb::arg("attn_mask").none(), nb::arg("valid_lens").none(),
-             nb::arg("lse").none(), nb::arg("scale").none(), nb::arg("causal"),
+             nb::arg("lse").none(), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
+             nb::arg("scale").none(), nb::arg("causal"), nb::arg("enable_gqa"),
              nb::arg("dropout_p"), nb::arg("dropout_seed"), nb::arg("backend").none(),
              nb::arg("threads").none(),
              "out = softmax(query @ key^T * scale + mask) @ value, written into `out` (and the "

@@ -7,6 +7,8 @@ namespace mha_python {
 
 void register_attention(nanobind::module_& module);
 void register_merge(nanobind::module_& module);
+void register_module(nanobind::module_& module);
+void register_quantize(nanobind::module_& module);
 void register_runtime(nanobind::module_& module);
 
 }  // namespace mha_python

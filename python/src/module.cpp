@@ -11,5 +11,7 @@ NB_MODULE(_mha, module) {
   mha_python::register_errors(module);
   mha_python::register_attention(module);
   mha_python::register_merge(module);
+  mha_python::register_module(module);
+  mha_python::register_quantize(module);
   mha_python::register_runtime(module);
 }

@@ -190,3 +190,27 @@ def test_merge_partials_bad_arguments(rng):
         mha.merge_partials([out], ["lse"])
     with expect_library_error("MHA_ERR_SHAPE_MISMATCH"):
         mha.merge_partials([out], [lse[:, :, :4]])
+
+
+def test_arrays_that_cannot_be_read_in_place(qkv):
+    """NumPy arrays the library cannot describe as they are: refused with the reason,
+    never copied."""
+    q, k, v = qkv
+    with pytest.raises(TypeError, match="query cannot be read in place: its bytes are not in "
+                                        "the machine's order"):
+        sdpa(q.astype(">f4"), k, v)
+    fields = np.zeros(k.shape, dtype=[("x", np.float32), ("tag", np.int8)])
+    fields["x"] = k
+    with pytest.raises(TypeError, match="key cannot be read in place: its strides are not "
+                                        "whole elements"):
+        sdpa(q, fields["x"], v)
+
+
+def test_torch_tensors_mha_cannot_read(qkv):
+    q, k, v = (torch.from_numpy(x) for x in qkv)
+    with pytest.raises(TypeError, match="key has dtype float64, which mha does not take"):
+        sdpa(q, k.double(), v)
+    with pytest.raises(TypeError, match="query must be an array on the CPU"):
+        sdpa(q.to("meta"), k, v)
+    with pytest.raises(TypeError, match="out must be a writable array on the CPU"):
+        sdpa(q, k, v, out=torch.empty(2, 3, 9, 16, device="meta"))

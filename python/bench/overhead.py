@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""The Python binding's overhead on S5, the d2l.ai example (bench-shapes: B = 2, H = 5,
+Lq = 4, Lk = 6, D = 20, valid_lens [3, 2]), where a call costs little more than its
+fixed costs.
+
+The C call is timed by mha_bench (attention/<backend>/S5/threads:<n>, a loop of
+mha_attention calls over the same problem, built from the same source); the Python call
+by this script, with the same backend and thread count, on NumPy arrays and on torch
+tensors, with the output allocated per call and into `out`.  A round times the C call
+(mha_bench's median over its repetitions) and then each Python call (the median over
+--samples samples of the mean of --calls calls); the figures are the medians over
+--rounds rounds, so that a change of the machine's speed during the run (these machines
+are shared) moves both sides alike.  The overhead is the Python figure minus the C one.
+Run it from the venv the package is installed in:
+
+    python python/bench/overhead.py --mha-bench build/native/bench/mha_bench
+
+Without --mha-bench the C call is not timed and only the Python figures are printed.
+"""
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import time
+
+import numpy as np
+
+import mha
+
+B, H, LQ, LK, D = 2, 5, 4, 6, 20
+VALID_LENS = [3, 2]
+
+
+def median_per_call_us(call, calls, samples):
+    """The median over `samples` of the mean time of `calls` calls, in microseconds."""
+    for _ in range(max(calls // 10, 10)):
+        call()
+    means = []
+    for _ in range(samples):
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            call()
+        means.append((time.perf_counter_ns() - t0) / calls / 1e3)
+    return statistics.median(means)
+
+
+def python_variants():
+    """(name, call) for each way of calling mha.scaled_dot_product_attention on S5."""
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((B, H, LQ, D)).astype(np.float32)
+    k = rng.standard_normal((B, H, LK, D)).astype(np.float32)
+    v = rng.standard_normal((B, H, LK, D)).astype(np.float32)
+    lens = np.array(VALID_LENS, dtype=np.int32)
+    out = np.empty((B, H, LQ, D), dtype=np.float32)
+    sdpa = mha.scaled_dot_product_attention
+    variants = [
+        ("numpy", lambda: sdpa(q, k, v, valid_lens=lens)),
+        ("numpy, out=", lambda: sdpa(q, k, v, valid_lens=lens, out=out)),
+        ("numpy, valid_lens as a list", lambda: sdpa(q, k, v, valid_lens=VALID_LENS)),
+    ]
+    try:
+        import torch
+    except ImportError:
+        return variants
+    tq, tk, tv, tlens, tout = (torch.from_numpy(x) for x in (q, k, v, lens, out))
+    variants += [
+        ("torch", lambda: sdpa(tq, tk, tv, valid_lens=tlens)),
+        ("torch, out=", lambda: sdpa(tq, tk, tv, valid_lens=tlens, out=tout)),
+    ]
+    return variants
+
+
+def c_call_us(mha_bench, backend, threads, repetitions):
+    """mha_bench's median µs per call of attention/<backend>/S5/threads:<threads>."""
+    name = f"attention/{backend}/S5/threads:{threads}"
+    result = subprocess.run(
+        [mha_bench, f"--benchmark_filter=^{name}(/real_time)?$", "--benchmark_format=json",
+         f"--benchmark_repetitions={repetitions}", "--benchmark_report_aggregates_only=true"],
+        check=True, capture_output=True, text=True)
+    for row in json.loads(result.stdout)["benchmarks"]:
+        if row.get("aggregate_name") == "median":
+            return row["us_per_call"]
+    raise SystemExit(f"{mha_bench} reported no median for {name}")
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            fields = {key.strip(): value for key, value in
+                      (line.split(":", 1) for line in f if ":" in line)}
+        return (f"{fields['model name'].strip()} (family {fields['cpu family'].strip()}, "
+                f"model {fields['model'].strip()})")
+    except (OSError, KeyError):
+        return platform.processor() or "unknown"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mha-bench", help="path of mha_bench, to time the C call")
+    parser.add_argument("--backend", default=None, help="default: the best usable")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--calls", type=int, default=2000, help="calls per sample")
+    parser.add_argument("--samples", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--repetitions", type=int, default=10, help="mha_bench's, per round")
+    args = parser.parse_args()
+
+    backend = args.backend or mha.backends()[0]
+    mha.set_backend(backend)
+    mha.set_num_threads(args.threads)
+    print(f"S5 on {backend}, {args.threads} thread(s); {cpu_name()}; mha {mha.__version__}")
+    variants = python_variants()
+    c_rounds, python_rounds = [], {name: [] for name, _ in variants}
+    for _ in range(args.rounds):
+        if args.mha_bench:
+            c_rounds.append(c_call_us(args.mha_bench, backend, args.threads, args.repetitions))
+        for name, call in variants:
+            python_rounds[name].append(median_per_call_us(call, args.calls, args.samples))
+    c_us = statistics.median(c_rounds) if c_rounds else None
+    if c_us is not None:
+        print(f"{'C call (mha_bench)':36s} {c_us:8.3f} µs")
+    for name, rounds in python_rounds.items():
+        us = statistics.median(rounds)
+        overhead = "" if c_us is None else f"   overhead {us - c_us:+7.3f} µs"
+        print(f"{'Python: ' + name:36s} {us:8.3f} µs{overhead}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""Checks of scalar arguments, shared by the public functions and classes.
+
+Each returns the value as the extension takes it, or raises TypeError (the
+wrong Python type) or ValueError (a value out of range) naming the argument.
+"""
+import numbers
+
+import numpy as np
+
+
+def real(x, name):
+    """x as a float; TypeError unless it is a real number (bool is not one)."""
+    if type(x) is float:
+        return x
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"{name} must be a real number, not {type(x).__name__}")
+    return float(x)
+
+
+def flag(x, name):
+    """x as a bool; TypeError unless it is a Python or NumPy bool."""
+    if x is False or x is True:
+        return x
+    if not isinstance(x, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, not {type(x).__name__}")
+    return bool(x)
+
+
+def integer(x, name, lowest, highest=None):
+    """x as an int in [lowest, highest]; TypeError unless it is an integer (bool is not one)."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise TypeError(f"{name} must be an int, not {type(x).__name__}")
+    if x < lowest or (highest is not None and x > highest):
+        bounds = f">= {lowest}" if highest is None else f"in [{lowest}, {highest}]"
+        raise ValueError(f"{name} must be {bounds}, not {x}")
+    return int(x)
