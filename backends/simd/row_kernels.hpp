@@ -38,9 +38,10 @@ inline void prefetch_row(const T* row, int64_t elements) {
 // overlap it), and W keys share one horizontal reduction.  The last group
 // reads its last key again in place of the missing ones, so every group runs
 // the same register-resident code; s beyond `keys` is left unspecified.
-// (row_scores and row_pv are not inlined: their callers' variants -- the
-// decode kernel's careful pass -- share one copy, which halves the compile
-// time of a backend under the sanitizers and costs nothing at run time.)
+// (row_scores and row_pv are not inlined: the decode kernel's two passes,
+// base-2 and raw units, share one copy.  The release build kept them out of
+// line anyway; under ASan this did not measurably shorten the backend's
+// compile, which the next change must look at.)
 template <class Arch, int32_t kKv = MHA_DTYPE_F32>
 [[gnu::noinline]] void row_scores(const float* q, int64_t dp, const element_t<kKv>* k_rows,
                                   int64_t k_stride, int keys, float* s) {
