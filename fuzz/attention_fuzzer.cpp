@@ -199,8 +199,7 @@ void compare(const mha_tensor& out, const float* lse, const int64_t lse_strides[
           const double got = static_cast<double>(
               lse[b * lse_strides[0] + h * lse_strides[1] + i * lse_strides[2]]);
           const double want = ref.lse[row];
-          const double lse_tol = 1e-5 * std::max(1.0, std::fabs(want)) +
-                                 4.0 * std::ldexp(1.0, -24) * ref.max_abs_logit;
+          const double lse_tol = mha_test::lse_tolerance(ref, want);
           if (!same_value(got, want, lse_tol)) {
             char text[200];
             std::snprintf(text, sizeof text, "lse[%lld,%lld,%lld] = %.9g, reference %.9g",

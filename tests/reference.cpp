@@ -184,11 +184,22 @@ Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mh
           const int64_t mask_offset =
               b * mv.strides[0] + h * mv.strides[1] + i * mv.strides[2] + j * mv.strides[3];
           if (bool_mask && static_cast<const uint8_t*>(mv.t->data)[mask_offset] == 0) continue;
-          double dot = 0;
-          for (int64_t c = 0; c < d; ++c) dot += at4(q, b, h, i, c) * at4(k, b, hk, j, c);
-          if (int8) dot *= row_scale(k_scale, b, hk, j);
+          double dot = 0, terms = 0;
+          for (int64_t c = 0; c < d; ++c) {
+            const double product = at4(q, b, h, i, c) * at4(k, b, hk, j, c);
+            dot += product;
+            terms += std::fabs(product);
+          }
+          if (int8) {
+            dot *= row_scale(k_scale, b, hk, j);
+            terms *= std::fabs(row_scale(k_scale, b, hk, j));
+          }
           double logit = scale * dot;
-          if (additive_mask) logit += value_at(*mv.t, mask_offset);
+          terms *= std::fabs(scale);
+          if (additive_mask) {
+            logit += value_at(*mv.t, mask_offset);
+            terms += std::fabs(value_at(*mv.t, mask_offset));
+          }
           if (logit == -kInf) continue;  // -inf removes the key
           logits[static_cast<size_t>(j)] = logit;
           keys.push_back(j);
@@ -196,6 +207,7 @@ Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mh
           if (std::isfinite(logit)) {
             row_max = std::max(row_max, logit);
             ref.max_abs_logit = std::max(ref.max_abs_logit, std::fabs(logit));
+            if (std::isfinite(terms)) ref.max_score_terms = std::max(ref.max_score_terms, terms);
           } else {
             row_max = logit > 0 ? logit : std::numeric_limits<double>::quiet_NaN();
           }
@@ -228,9 +240,17 @@ Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mh
   return ref;
 }
 
+double logit_rounding(const Reference& ref) {
+  return 4.0 * std::ldexp(1.0, -24) * std::max(ref.max_abs_logit, ref.max_score_terms);
+}
+
 double tolerance(const Reference& ref) {
   return 1e-5 * std::max(1.0, ref.max_abs_out) +
-         4.0 * std::ldexp(1.0, -24) * ref.max_abs_logit * std::max(1.0, ref.max_abs_value);
+         logit_rounding(ref) * std::max(1.0, ref.max_abs_value);
+}
+
+double lse_tolerance(const Reference& ref, double want) {
+  return 1e-5 * std::max(1.0, std::fabs(want)) + logit_rounding(ref);
 }
 
 double tolerance(const Reference& ref, int32_t out_dtype) {

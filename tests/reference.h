@@ -19,6 +19,11 @@ struct Reference {
   std::vector<double> lse;   // [B, H, Lq]; -inf for rows where no key takes part
   double max_abs_out = 0;    // max |out| over all rows
   double max_abs_logit = 0;  // max |scaled score + additive mask| over keys that take part
+  // max |scale| · Σ_c |q_c · k_c| (+ |additive mask|) over keys that take
+  // part: the magnitude a logit's fp32 rounding scales with.  Equal to
+  // |logit| when its terms do not cancel; when they do (a logit of 0 made of
+  // terms of 600), the rounding of the terms remains.
+  double max_score_terms = 0;
   double max_abs_value = 0;  // max finite |v| over keys that take part
 };
 
@@ -29,12 +34,21 @@ struct Reference {
 Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mha_tensor& v,
                               const mha_attention_params* params);
 
+// What rounding the logits to fp32 may cost, 4 · 2^-24 · M: the decisions'
+// M is max|logit|; here it is max(max|logit|, max_score_terms), the bound
+// of a dot product's rounding (Higham: |fl(x·y) - x·y| <= γ_n Σ|x_i y_i|),
+// which is max|logit| unless the terms of a logit cancel.
+double logit_rounding(const Reference& ref);
+
 // The tolerance of docs/decisions.md:
-//   1e-5 * max(1, max|ref|) + 4 * 2^-24 * max|logit| * max(1, max|v|)
-// The second term is what rounding the logits to fp32 costs; it perturbs the
-// weights relatively, so the output moves by that much times |v| (the
-// decision's form, written for |v| <= 1, is the same there).
+//   1e-5 * max(1, max|ref|) + logit_rounding(ref) * max(1, max|v|)
+// The second term perturbs the weights relatively, so the output moves by
+// that much times |v| (the decision's form, written for |v| <= 1, is the
+// same there).
 double tolerance(const Reference& ref);
+
+// An LSE value's tolerance: 1e-5 * max(1, |want|) + logit_rounding(ref).
+double lse_tolerance(const Reference& ref, double want);
 
 // tolerance(ref) plus what rounding the output once to out_dtype costs (half
 // an ulp of the largest value for BF16 and F16; nothing for F32).

@@ -115,8 +115,7 @@ Outcome run(const Problem& p, bool subnormal_bound = false) {
   int64_t bad_lse = 0;
   for (size_t row = 0; row < o.ref.lse.size(); ++row) {
     const double want = o.ref.lse[row], got = static_cast<double>(lse_arena.base()[row]);
-    const double tol =
-        1e-5 * std::max(1.0, std::fabs(want)) + 4.0 * std::ldexp(1.0, -24) * o.ref.max_abs_logit;
+    const double tol = lse_tolerance(o.ref, want);
     if (want == -std::numeric_limits<double>::infinity() ? got != want
                                                          : !(std::fabs(got - want) <= tol)) {
       if (bad_lse++ == 0) {

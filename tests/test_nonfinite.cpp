@@ -195,8 +195,7 @@ Result run(const Problem& p) {
   for (int64_t row = 0; row < p.B * p.H * p.Lq; ++row) {
     const double want = r.ref.lse[static_cast<size_t>(row)];
     const double got = static_cast<double>(lse_arena.base()[row]);
-    const double lse_tol =
-        1e-5 * std::max(1.0, std::fabs(want)) + 4.0 * std::ldexp(1.0, -24) * r.ref.max_abs_logit;
+    const double lse_tol = lse_tolerance(r.ref, want);
     if (!same_value(got, want, lse_tol) && bad_lse++ == 0) {
       first_lse << "lse row " << row << " = " << got << ", reference " << want;
     }

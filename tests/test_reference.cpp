@@ -230,6 +230,22 @@ TEST(Reference, ToleranceFormula) {
   EXPECT_DOUBLE_EQ(tolerance(ref), 3e-5 + 4.0 / 16777216.0 * 1e4);
 }
 
+// A logit whose terms cancel: q · k = 3·2 - 2·3 = 0, from terms of 6.  The
+// logit rounding term of the tolerance follows the terms (|scale| = 0.5:
+// 6), not the logit (0).
+TEST(Reference, ScoreTermsOfACancellingLogit) {
+  std::vector<float> q = {3.0f, 2.0f}, k = {2.0f, -3.0f}, v = {1.0f};
+  mha_attention_params p = default_params();
+  p.has_scale = 1;
+  p.scale = -0.5f;
+  const Reference ref =
+      reference_attention(f32(q, {1, 1, 1, 2}), f32(k, {1, 1, 1, 2}), f32(v, {1, 1, 1, 1}), &p);
+  EXPECT_EQ(ref.max_abs_logit, 0.0);
+  EXPECT_EQ(ref.max_score_terms, 6.0);
+  EXPECT_DOUBLE_EQ(logit_rounding(ref), 4.0 / 16777216.0 * 6.0);
+  EXPECT_DOUBLE_EQ(lse_tolerance(ref, 0.0), 1e-5 + 4.0 / 16777216.0 * 6.0);
+}
+
 TEST(Reference, MaxAbsError) {
   std::vector<float> q = {0.0f}, k = {0.0f, 0.0f}, v = {1.0f, 3.0f};
   const Reference ref = reference_attention(f32(q, {1, 1, 1, 1}), f32(k, {1, 1, 2, 1}),

@@ -416,7 +416,7 @@ int check_case(const mha_tools::AttentionOptions& o) {
         if (!(std::isinf(got) && got < 0)) worst = HUGE_VAL;
         continue;
       }
-      const double tol = 1e-5 * std::max(1.0, std::fabs(want)) + 4 * 0x1.0p-24 * ref.max_abs_logit;
+      const double tol = mha_test::lse_tolerance(ref, want);
       const double err = std::isfinite(got) ? std::fabs(got - want) : HUGE_VAL;
       worst = std::max(worst, err / tol);
     }
