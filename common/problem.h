@@ -23,6 +23,11 @@ inline int64_t last_visible_key(const mha_kernel_problem& p, int64_t b, int64_t 
   return mha_rules::visible_keys(i, p.lk, p.causal_diag, valid_length) - 1;
 }
 
+// The first key query i sees under the sliding window (0 without one).
+inline int64_t first_visible_key(const mha_kernel_problem& p, int64_t i) {
+  return mha_rules::first_visible_key(i, p.lower_diag);
+}
+
 inline int64_t kv_head_of(const mha_kernel_problem& p, int64_t h) {
   return h / (p.heads / p.kv_heads);
 }

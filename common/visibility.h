@@ -3,9 +3,12 @@
 // benchmarks.  The tests' float64 references keep their own, independent
 // copy on purpose.
 //
-// Query i (of Lq) sees keys j < visible_keys(...): the causal rule (a key at
-// most `diagonal` positions after the query, relative to the top-left corner)
-// and the valid length both cut the row; an explicit mask may remove more.
+// Query i (of Lq) sees keys first_visible_key(...) <= j < visible_keys(...):
+// the causal rule and the right edge of a sliding window (a key at most
+// `diagonal` positions after the query, relative to the top-left corner) and
+// the valid length cut the row at its end, the window's left edge (a key at
+// least `lower` positions after the query -- a negative number) at its
+// start; an explicit mask may remove more.
 #pragma once
 
 #include <mha/mha.h>
@@ -32,6 +35,29 @@ inline int64_t causal_diagonal(int32_t causal, int64_t lq, int64_t lk) {
     default:
       return kNoCausalLimit;
   }
+}
+
+// The sliding window, FlashAttention-2's semantics aligned to the bottom-right
+// corner: key j takes part for query i iff
+//   i + lk - lq - left <= j <= i + lk - lq + right,
+// a negative edge meaning unbounded on that side.  Its left edge as the lower
+// diagonal (j >= i + lower; -kNoCausalLimit when unbounded):
+inline int64_t window_lower_diagonal(int64_t left, int64_t lq, int64_t lk) {
+  if (left < 0) return -kNoCausalLimit;
+  return std::max(-kNoCausalLimit, lk - lq - std::min(left, kNoCausalLimit));
+}
+
+// The upper diagonal of the causal rule and the window's right edge together.
+inline int64_t upper_diagonal(int32_t causal, int64_t right, int64_t lq, int64_t lk) {
+  const int64_t causal_limit = causal_diagonal(causal, lq, lk);
+  if (right < 0) return causal_limit;
+  return std::min(causal_limit, lk - lq + std::min(right, kNoCausalLimit));
+}
+
+// The first key query i sees (it sees none when this is not below
+// visible_keys(...)).
+inline int64_t first_visible_key(int64_t i, int64_t lower) {
+  return std::max<int64_t>(0, i + lower);
 }
 
 // How many keys, from the first, query i sees: keys [0, result) take part

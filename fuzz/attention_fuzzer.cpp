@@ -675,6 +675,15 @@ int run_case(FuzzedDataProvider& fdp) {
     }
   }
 
+  // ---- a sliding window (read last, so that older corpus entries, which end
+  // before it, keep their meaning: no bytes left means -1, no window)
+  params.window_left = fdp.ConsumeIntegralInRange<int64_t>(-1, Lk + Lq);
+  params.window_right = fdp.ConsumeIntegralInRange<int64_t>(-1, Lk + Lq);
+  if (params.window_left >= 0 || params.window_right >= 0) {
+    note(" window %lld,%lld", static_cast<long long>(params.window_left),
+         static_cast<long long>(params.window_right));
+  }
+
   // ---- the call
   const std::vector<float> q_before = qb, k_before = kb, v_before = vb, mf_before = mask_f32;
   const std::vector<uint8_t> mb_before = mask_bool;

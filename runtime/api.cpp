@@ -87,6 +87,8 @@ void mha_attention_params_init(mha_attention_params* params) {
   std::memset(params, 0, sizeof *params);
   params->struct_size = sizeof *params;
   params->causal = MHA_CAUSAL_NONE;
+  params->window_left = -1;
+  params->window_right = -1;
 }
 
 mha_status mha_attention(const mha_tensor* q, const mha_tensor* k, const mha_tensor* v,

@@ -22,6 +22,17 @@ const char* path_of(const Backend& backend, const mha_kernel_problem& p) {
   return p.q_dtype == MHA_DTYPE_F32 && p.kv_dtype == MHA_DTYPE_F32 ? "fp32" : "widened-to-fp32";
 }
 
+// The attention variants of a call, '+'-separated ("none" without any):
+// window(L,R) with -1 for an unbounded side.
+std::string variants_of(const KernelCall& call) {
+  std::string list;
+  if (call.window_left >= 0 || call.window_right >= 0) {
+    list += "window(" + std::to_string(call.window_left) + ";" + std::to_string(call.window_right) +
+            ")";
+  }
+  return list.empty() ? "none" : list;
+}
+
 void log_call(const Backend& backend, const KernelCall& call, const WorkPlan& plan, int32_t threads,
               double ms) {
   const mha_kernel_problem& p = call.problem;
@@ -29,7 +40,7 @@ void log_call(const Backend& backend, const KernelCall& call, const WorkPlan& pl
       stderr,
       "mha_verbose,exec,attention,backend=%s,B=%lld,H=%lld,Hkv=%lld,Lq=%lld,Lk=%lld,"
       "D=%lld,Dv=%lld,q=%s,kv=%s,out=%s,path=%s,scale=%g,causal_diag=%s,valid_lens=%s,mask=%s,"
-      "lse=%s,layout=%s,"
+      "variants=%s,lse=%s,layout=%s,"
       "items=%lld,chunks=%lld,threads=%d,ms=%.4f\n",
       backend.name.c_str(), static_cast<long long>(p.batch), static_cast<long long>(p.heads),
       static_cast<long long>(p.kv_heads), static_cast<long long>(p.lq),
@@ -40,7 +51,7 @@ void log_call(const Backend& backend, const KernelCall& call, const WorkPlan& pl
       p.valid_lens == nullptr ? "no" : (p.valid_lens_strides[1] != 0 ? "per-query" : "per-batch"),
       p.mask_kind == MHA_MASK_BOOL ? "bool"
                                    : (p.mask_kind == MHA_MASK_ADDITIVE ? "additive" : "no"),
-      call.lse != nullptr ? "yes" : "no",
+      variants_of(call).c_str(), call.lse != nullptr ? "yes" : "no",
       plan.layout == MHA_LAYOUT_DECODE ? "decode" : "query-lanes",
       static_cast<long long>(plan.items()), static_cast<long long>(plan.chunks), threads, ms);
 }

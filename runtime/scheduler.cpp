@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "common/dtype.h"
+#include "common/visibility.h"
 #include "error.h"
 #include "scratch.h"
 #include "threads.h"
@@ -46,7 +47,22 @@ int64_t heads_per_short_item(const mha_kernel_problem& p, const mha_plugin& plug
   return best;
 }
 
+// How many keys a query tile of q_tile queries can see at most: all of them,
+// or with a sliding window's left edge, the window widened by the tile.
+int64_t key_span(const mha_kernel_problem& p, int64_t q_tile) {
+  if (p.lower_diag <= -mha_rules::kNoCausalLimit) return p.lk;
+  if (p.causal_diag >= mha_rules::kNoCausalLimit) {
+    return p.lk - mha_rules::first_visible_key(0, p.lower_diag);  // the first tile's
+  }
+  return std::max<int64_t>(1, std::min(p.lk, q_tile + p.causal_diag - p.lower_diag));
+}
+
 }  // namespace
+
+int64_t first_key_of_tile(const mha_kernel_problem& p, int64_t q_begin) {
+  if (p.lower_diag <= -mha_rules::kNoCausalLimit) return 0;
+  return std::min(p.lk, mha_rules::first_visible_key(q_begin, p.lower_diag));
+}
 
 int64_t WorkPlan::items() const {
   return batch * head_groups * q_tiles * chunks;
@@ -59,7 +75,8 @@ WorkPlan plan_work(const mha_kernel_problem& p, const mha_plugin& plugin) {
   // KV head together.  It pays off only over many keys: with a short KV the
   // fixed cost of its horizontal reductions outweighs the idle lanes.
   const bool few_queries = p.lq * 4 <= plugin.vector_floats;
-  const bool decode = plugin.vector_floats > 1 && few_queries && p.lk >= 2 * plugin.key_tile &&
+  const bool decode = plugin.vector_floats > 1 && few_queries &&
+                      key_span(p, p.lq) >= 2 * plugin.key_tile &&
                       (p.heads / p.kv_heads) * p.lq <= kMaxDecodeRows;
   plan.layout = decode ? MHA_LAYOUT_DECODE : MHA_LAYOUT_QUERY_LANES;
   plan.batch = p.batch;
@@ -79,15 +96,18 @@ WorkPlan plan_work(const mha_kernel_problem& p, const mha_plugin& plugin) {
     }
   }
   plan.q_tiles = ceil_div(p.lq, plan.q_tile);
-  plan.chunk_len = p.lk;
+  // Key chunks split what a tile can see (the window, not the whole cache):
+  // chunk c of a tile starts at first_key_of_tile + c · chunk_len.
+  const int64_t span = key_span(p, plan.q_tile);
+  plan.chunk_len = span;
   plan.chunks = 1;
 
   const int64_t base = p.batch * plan.head_groups * plan.q_tiles;
   const int64_t min_chunk = ceil_div(kMinChunk, plugin.key_tile) * plugin.key_tile;
-  if (base < kTargetItems && p.lk >= 2 * min_chunk) {
-    const int64_t want = std::min(ceil_div(kTargetItems, base), p.lk / min_chunk);
-    plan.chunk_len = ceil_div(ceil_div(p.lk, want), plugin.key_tile) * plugin.key_tile;
-    plan.chunks = ceil_div(p.lk, plan.chunk_len);
+  if (base < kTargetItems && span >= 2 * min_chunk) {
+    const int64_t want = std::min(ceil_div(kTargetItems, base), span / min_chunk);
+    plan.chunk_len = ceil_div(ceil_div(span, want), plugin.key_tile) * plugin.key_tile;
+    plan.chunks = ceil_div(span, plan.chunk_len);
   }
   return plan;
 }
@@ -193,7 +213,7 @@ mha_status run_attention(const Backend& backend, KernelCall& call, int32_t threa
     item.h_end = item.h_begin + plan.heads_per_item;
     item.q_begin = q_tile * plan.q_tile;
     item.q_end = std::min(item.q_begin + plan.q_tile, p.lq);
-    item.k_begin = chunk * plan.chunk_len;
+    item.k_begin = std::min(p.lk, first_key_of_tile(p, item.q_begin) + chunk * plan.chunk_len);
     item.k_end = std::min(item.k_begin + plan.chunk_len, p.lk);
     if (plan.chunks > 1) {
       item.out = partial_out + index * rows_per_item * p.dv;

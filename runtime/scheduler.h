@@ -27,6 +27,11 @@ struct WorkPlan {
 
 WorkPlan plan_work(const mha_kernel_problem& problem, const mha_plugin& plugin);
 
+// The first key any query of a tile starting at q_begin can see: 0, or with a
+// sliding window the first query's window start.  Keys before it are never
+// read.
+int64_t first_key_of_tile(const mha_kernel_problem& problem, int64_t q_begin);
+
 // Runs the call on the backend with up to `threads` threads.
 mha_status run_attention(const Backend& backend, KernelCall& call, int32_t threads);
 

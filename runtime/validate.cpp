@@ -349,6 +349,13 @@ mha_status check_attention(const mha_tensor* q, const mha_tensor* k, const mha_t
                 "params->causal = %d; it must be MHA_CAUSAL_NONE, _TOP_LEFT or _BOTTOM_RIGHT",
                 params.causal);
   }
+  if (params.window_left < -1 || params.window_right < -1) {
+    const bool left = params.window_left < -1;
+    return fail(MHA_ERR_INVALID_VALUE,
+                "params->window_%s = %lld; it must be -1 (unbounded) or a key count >= 0",
+                left ? "left" : "right",
+                static_cast<long long>(left ? params.window_left : params.window_right));
+  }
   if (!(params.dropout_p >= 0.0f && params.dropout_p < 1.0f)) {
     return fail(MHA_ERR_INVALID_VALUE, "params->dropout_p = %g; it must be in [0, 1)",
                 static_cast<double>(params.dropout_p));
@@ -413,7 +420,8 @@ void describe_attention(const mha_tensor& q, const mha_tensor& k, const mha_tens
   p.dv = v.shape[3];
   p.scale = params.has_scale ? params.scale
                              : static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.d)));
-  p.causal_diag = mha_rules::causal_diagonal(params.causal, p.lq, p.lk);
+  p.causal_diag = mha_rules::upper_diagonal(params.causal, params.window_right, p.lq, p.lk);
+  p.lower_diag = mha_rules::window_lower_diagonal(params.window_left, p.lq, p.lk);
   p.dropout_p = params.dropout_p;
   p.dropout_seed = params.dropout_seed;
   p.q_dtype = q.dtype;
@@ -436,6 +444,8 @@ void describe_attention(const mha_tensor& q, const mha_tensor& k, const mha_tens
     p.mask_dtype = mask->dtype;
     broadcast_mask_strides(*mask, p.mask_strides);
   }
+  call->window_left = params.window_left;
+  call->window_right = params.window_right;
   call->out = out.data;
   call->out_dtype = out.dtype;
   std::memcpy(call->out_strides, out.strides, sizeof call->out_strides);

@@ -19,6 +19,7 @@ struct KernelCall {
   int64_t out_strides[4];
   float* lse;  // nullptr when not wanted
   int64_t lse_strides[3];
+  int64_t window_left = -1, window_right = -1;  // as the caller gave them (verbose lines)
 };
 
 // Checks every argument of mha_attention (pointers, dtypes, ranks, sizes,

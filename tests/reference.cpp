@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
@@ -122,14 +123,21 @@ Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mh
   const mha_tensor* mask = nullptr;
   const mha_tensor* k_scale = nullptr;
   const mha_tensor* v_scale = nullptr;
+  int64_t window_left = -1, window_right = -1;
+  // A field exists when the caller's struct is long enough to hold it.
+  const auto has = [params](size_t end) { return params->struct_size >= end; };
   if (params != nullptr) {
     if (params->has_scale != 0) scale = static_cast<double>(params->scale);
     causal = params->causal;
     vl = params->valid_lens;
     mask = params->mask;
-    if (params->struct_size >= sizeof(mha_attention_params)) {
+    if (has(offsetof(mha_attention_params, v_scale) + sizeof params->v_scale)) {
       k_scale = params->k_scale;
       v_scale = params->v_scale;
+    }
+    if (has(offsetof(mha_attention_params, window_right) + sizeof params->window_right)) {
+      window_left = params->window_left;
+      window_right = params->window_right;
     }
   }
   // An int8 cache: value = row scale · int8, the scales F32 [B, Hkv, Lk].
@@ -169,7 +177,17 @@ Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mh
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t hk = h / group;
       for (int64_t i = 0; i < lq; ++i) {
-        int64_t end = lk;  // keys [0, end) pass causality and the valid length
+        // Keys [begin, end) pass the sliding window (FlashAttention-2's,
+        // aligned to the bottom-right corner: i + Lk - Lq - left <= j <=
+        // i + Lk - Lq + right), causality and the valid length.  A window
+        // side wider than Lk + Lq cannot cut anything (and is not computed,
+        // so no huge value overflows).
+        int64_t begin = 0, end = lk;
+        if (window_left >= 0 && window_left < lk + lq)
+          begin = std::max<int64_t>(0, i + lk - lq - window_left);
+        if (window_right >= 0 && window_right < lk + lq)
+          end = std::max<int64_t>(0, i + lk - lq + window_right + 1);
+        end = std::min(end, lk);
         if (causal == MHA_CAUSAL_TOP_LEFT) end = std::min(end, i + 1);
         if (causal == MHA_CAUSAL_BOTTOM_RIGHT)
           end = std::min(end, std::max<int64_t>(0, i + lk - lq + 1));
@@ -180,7 +198,7 @@ Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mh
         }
         keys.clear();
         double row_max = -kInf;
-        for (int64_t j = 0; j < end; ++j) {
+        for (int64_t j = begin; j < end; ++j) {
           const int64_t mask_offset =
               b * mv.strides[0] + h * mv.strides[1] + i * mv.strides[2] + j * mv.strides[3];
           if (bool_mask && static_cast<const uint8_t*>(mv.t->data)[mask_offset] == 0) continue;

@@ -19,6 +19,8 @@ mha_attention_params default_params() {
   // Written out by hand: the reference must not depend on the library.
   mha_attention_params p{};
   p.struct_size = sizeof p;
+  p.window_left = -1;  // unbounded, as mha_attention_params_init sets them
+  p.window_right = -1;
   return p;
 }
 

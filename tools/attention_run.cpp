@@ -2,6 +2,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cfloat>
 #include <chrono>
@@ -153,8 +154,15 @@ bool mask_allows(const mha_tensor& mask, int64_t offset) {
   return mha_types::load_float(mask.data, mask.dtype, offset) != -INFINITY;
 }
 
-// Keys 0 .. limit-1 of (batch b, query i) survive the causal mode and valid
-// lengths: the library's own visibility rule (common/visibility.h).
+// Keys first_key .. key_limit-1 of (batch b, query i) survive the window,
+// the causal mode and valid lengths: the library's own visibility rule
+// (common/visibility.h).
+int64_t first_key(const AttentionCall& call, int64_t i) {
+  const int64_t lq = call.q.shape[2], lk = call.k.shape[2];
+  return mha_rules::first_visible_key(i,
+                                      mha_rules::window_lower_diagonal(call.window_left, lq, lk));
+}
+
 int64_t key_limit(const AttentionCall& call, int64_t b, int64_t i) {
   const int64_t lq = call.q.shape[2], lk = call.k.shape[2];
   int64_t valid_length = lk;
@@ -162,8 +170,8 @@ int64_t key_limit(const AttentionCall& call, int64_t b, int64_t i) {
     const mha_tensor& vl = *call.valid_lens;
     valid_length = integer_at(vl, b * vl.strides[0] + (vl.ndim == 2 ? i * vl.strides[1] : 0));
   }
-  return mha_rules::visible_keys(i, lk, mha_rules::causal_diagonal(call.causal, lq, lk),
-                                 valid_length);
+  return mha_rules::visible_keys(
+      i, lk, mha_rules::upper_diagonal(call.causal, call.window_right, lq, lk), valid_length);
 }
 
 // Element offset in a mask broadcast (NumPy style, aligned right) to [B,H,Lq,Lk].
@@ -188,12 +196,12 @@ void check_rank(int q_rank, const NpyArray& a, const char* flag, const std::stri
 int64_t count_pairs_of_head(const AttentionCall& call, int64_t b, int64_t h) {
   int64_t pairs = 0;
   for (int64_t i = 0; i < call.q.shape[2]; ++i) {
-    const int64_t limit = key_limit(call, b, i);
+    const int64_t first = first_key(call, i), limit = key_limit(call, b, i);
     if (!call.mask) {
-      pairs += limit;
+      pairs += std::max<int64_t>(0, limit - first);
       continue;
     }
-    for (int64_t j = 0; j < limit; ++j) {
+    for (int64_t j = first; j < limit; ++j) {
       const int64_t index[4] = {b, h, i, j};
       if (mask_allows(*call.mask, mask_offset(*call.mask, index))) ++pairs;
     }
@@ -427,6 +435,11 @@ void add_attention_options(CLI::App& app, AttentionOptions& o) {
   add_causal_option(app, o.causal,
                     "causal mask: none (the default), top-left (also --causal alone) or "
                     "bottom-right");
+  app.add_option("--window", o.window,
+                 "sliding window L,R: query i sees keys i+Lk-Lq-L .. i+Lk-Lq+R "
+                 "(FlashAttention-2's convention); -1 leaves a side unbounded, e.g. 4095,0")
+      ->check(filled)
+      ->option_text("L,R");
   app.add_option_function<std::string>(
          "--scale",
          [&o](const std::string& s) {
@@ -468,6 +481,32 @@ void check_scale(const AttentionOptions& o) {
 
 }  // namespace
 
+WindowEdges parse_window(const std::string& text) {
+  const auto bad = [&text](const std::string& why) {
+    return UsageError("--window " + text + ": " + why +
+                      " (it must be L,R: two integers >= -1, -1 for an unbounded side)");
+  };
+  const size_t comma = text.find(',');
+  if (comma == std::string::npos || text.find(',', comma + 1) != std::string::npos) {
+    throw bad("not two values separated by one comma");
+  }
+  const auto edge = [&bad](const std::string& part) {
+    size_t used = 0;
+    long long value = 0;
+    try {
+      value = std::stoll(part, &used);
+    } catch (const std::exception&) {
+      throw bad("'" + part + "' is not an integer");
+    }
+    if (used != part.size() || part.empty() || std::isspace(static_cast<unsigned char>(part[0]))) {
+      throw bad("'" + part + "' is not an integer");
+    }
+    if (value < -1) throw bad(part + " is below -1");
+    return static_cast<int64_t>(value);
+  };
+  return {edge(text.substr(0, comma)), edge(text.substr(comma + 1))};
+}
+
 void check_attention_options(const AttentionOptions& o) {
   std::string missing;
   const auto need = [&missing](const std::string& value, const char* flag) {
@@ -479,6 +518,7 @@ void check_attention_options(const AttentionOptions& o) {
   if (o.repeat == 0) need(o.out, "--out");
   if (!missing.empty()) throw UsageError("missing " + missing + " (see --help)");
   (void)causal_mode(o.causal);
+  if (!o.window.empty()) (void)parse_window(o.window);
   check_scale(o);
 }
 
@@ -561,6 +601,8 @@ mha_attention_params AttentionCall::params() {
   mha_attention_params p;
   mha_attention_params_init(&p);
   p.causal = causal;
+  p.window_left = window_left;
+  p.window_right = window_right;
   if (scale) {
     p.has_scale = 1;
     p.scale = *scale;
@@ -591,6 +633,11 @@ AttentionCall prepare_attention_call(AttentionInputs& in, const AttentionOptions
     call.valid_lens = describe(*in.valid_lens, dtype, label("--valid-lens", o.valid_lens));
   }
   call.causal = causal_mode(o.causal);
+  if (!o.window.empty()) {
+    const WindowEdges edges = parse_window(o.window);
+    call.window_left = edges.left;
+    call.window_right = edges.right;
+  }
   if (o.scale) call.scale = static_cast<float>(*o.scale);
 
   // [B,H,Lq,Dv] and [B,H,Lq], or [H,Lq,Dv] and [H,Lq] for rank-3 inputs.

@@ -33,6 +33,7 @@ struct AttentionOptions : RunOptions {
   std::string q, k, v, out;
   std::string mask, valid_lens, lse;  // empty: not given
   std::string causal = "none";        // none | top-left | bottom-right
+  std::string window;                 // "L,R" (-1: unbounded side); empty: none
   std::optional<double> scale;
   std::string scale_text;  // --scale as typed
   // --dtype (F32, BF16 or F16) and --kv-dtype (those or I8); not given: see
@@ -114,6 +115,7 @@ struct AttentionCall {
   mha_tensor q{}, k{}, v{}, out{};
   std::optional<mha_tensor> mask, valid_lens, lse, k_scale, v_scale;
   int32_t causal = MHA_CAUSAL_NONE;
+  int64_t window_left = -1, window_right = -1;
   std::optional<float> scale;
   NpyArray out_array, lse_array;
 
@@ -130,8 +132,14 @@ struct Timing {
 // `repeat` timed calls (after the caller's first, untimed one).
 Timing time_attention(AttentionCall& call, int repeat);
 
+// --window's value "L,R": two integers >= -1 (-1: that side unbounded).
+struct WindowEdges {
+  int64_t left = -1, right = -1;
+};
+WindowEdges parse_window(const std::string& text);
+
 // The number of (batch, head, query, key) tuples that take part: the pairs
-// left by the causal mode, the valid lengths, a bool mask (true) and an
+// left by the causal mode, the window, the valid lengths, a bool mask (true) and an
 // additive mask (not -inf).  The descriptors must have passed mha_attention.
 int64_t count_attention_pairs(const AttentionCall& call);
 // Useful FLOPs: QK^T and PV, 2 * (D + Dv) per pair (4 * D when Dv = D).

@@ -3,10 +3,12 @@
 // For a block of query rows it walks the keys tile by tile, keeping each row's
 // running maximum and sum, rescales the accumulator only when the maximum
 // grows, and divides once at the end.  Memory does not grow with Lq·Lk, and
-// keys past every row's causal / valid-length limit are never visited.  It is
+// keys past every row's causal / valid-length limit, or before every row's
+// sliding-window start, are never visited.  It is
 // the fallback on every CPU and the yardstick for the SIMD backends.
 #include <mha/plugin_abi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -55,7 +57,8 @@ struct Workspace {
   float* acc;              // [kRows][Dv]
   float* tile_acc;         // [Dv]: one row's sum over the current key tile
   mha_softmax::Row* rows;  // [kRows]: running maximum and sum
-  int64_t* last;           // [kRows]
+  int64_t* first;          // [kRows]: the row's first key (window, item)
+  int64_t* last;           // [kRows]: its last key (causal, window, valid length, item)
   uint32_t* row_key;       // [kRows]: dropout hash of each row
 };
 
@@ -69,14 +72,15 @@ Workspace carve(void* scratch, int64_t d, int64_t dv) {
   w.acc = w.scores + kRows * kKeys;
   w.tile_acc = w.acc + kRows * dv;
   w.rows = reinterpret_cast<mha_softmax::Row*>(w.tile_acc + dv + (dv % 2));  // 8-byte aligned
-  w.last = reinterpret_cast<int64_t*>(w.rows + kRows);
+  w.first = reinterpret_cast<int64_t*>(w.rows + kRows);
+  w.last = w.first + kRows;
   w.row_key = reinterpret_cast<uint32_t*>(w.last + kRows);
   return w;
 }
 
 size_t scratch_bytes(const mha_kernel_problem* p, int64_t /*max_queries*/) {
   const int64_t floats = kRows * (p->d + kKeys + p->dv + 3) + kKeys * (p->d + p->dv) + p->dv + 1;
-  return static_cast<size_t>(floats) * sizeof(float) + kRows * (sizeof(int64_t) + 4) + 64;
+  return static_cast<size_t>(floats) * sizeof(float) + kRows * (2 * sizeof(int64_t) + 4) + 64;
 }
 
 // The key tile's K and V rows widened to fp32 (an int8 row times its scale):
@@ -103,7 +107,7 @@ void score_tile(const mha_kernel_problem& p, const Workspace& w, const Units& u,
     const float* q = w.q + r * p.d;
     for (int64_t jj = 0; jj < keys; ++jj) {
       const int64_t j = j0 + jj;
-      if (j > w.last[r]) {
+      if (j > w.last[r] || j < w.first[r]) {
         s[jj] = kNegInf;
         continue;
       }
@@ -115,10 +119,11 @@ void score_tile(const mha_kernel_problem& p, const Workspace& w, const Units& u,
     if (p.mask_kind == MHA_MASK_NONE) continue;
     const int64_t row = mha_kernel::mask_row_offset(p, b, h, i0 + r);
     for (int64_t jj = 0; jj < keys; ++jj) {
-      // A key past the causal or valid-length limit takes no part, whatever
-      // the mask holds; for the others the additive mask is added even to a
-      // score of -inf (-inf + NaN or +inf is NaN, as in the reference).
-      if (j0 + jj > w.last[r]) continue;
+      // A key outside the causal, window or valid-length limits takes no
+      // part, whatever the mask holds; for the others the additive mask is
+      // added even to a score of -inf (-inf + NaN or +inf is NaN, as in the
+      // reference).
+      if (j0 + jj > w.last[r] || j0 + jj < w.first[r]) continue;
       const int64_t at = row + (j0 + jj) * p.mask_strides[3];
       if (p.mask_kind == MHA_MASK_BOOL) {
         if (static_cast<const uint8_t*>(p.mask)[at] == 0) s[jj] = kNegInf;
@@ -171,10 +176,14 @@ bool compute_block(const mha_kernel_problem& p, const mha_work_item& item, const
                    const Units& u, int64_t h, int64_t i0, int64_t rows) {
   const int64_t b = item.b;
   const int64_t kvh = mha_kernel::kv_head_of(p, h);
-  int64_t key_end = item.k_begin;
+  int64_t key_begin = item.k_end, key_end = item.k_begin;
   for (int64_t r = 0; r < rows; ++r) {
+    w.first[r] = std::max(mha_kernel::first_visible_key(p, i0 + r), item.k_begin);
     w.last[r] = std::min(last_visible_key(p, b, i0 + r), item.k_end - 1);
-    key_end = std::max(key_end, w.last[r] + 1);
+    if (w.first[r] <= w.last[r]) {
+      key_begin = std::min(key_begin, w.first[r]);
+      key_end = std::max(key_end, w.last[r] + 1);
+    }
     const int64_t q_at = b * p.q_strides[0] + h * p.q_strides[1] + (i0 + r) * p.q_strides[2];
     for (int64_t d = 0; d < p.d; ++d) {
       w.q[r * p.d + d] =
@@ -184,14 +193,14 @@ bool compute_block(const mha_kernel_problem& p, const mha_work_item& item, const
     w.row_key[r] = mha_dropout::row_key(p.dropout_seed, b, h, i0 + r, p.heads, p.lq);
     for (int64_t d = 0; d < p.dv; ++d) w.acc[r * p.dv + d] = 0.0f;
   }
-  for (int64_t j0 = item.k_begin; j0 < key_end; j0 += kKeys) {
+  for (int64_t j0 = key_begin; j0 < key_end; j0 += kKeys) {
     const int64_t keys = std::min(kKeys, key_end - j0);
     load_tile(p, w, b, kvh, j0, keys);
     score_tile(p, w, u, b, h, i0, rows, j0, keys);
     accumulate_tile(p, w, u, rows, j0, keys);
   }
   for (int64_t r = 0; r < rows; ++r) {
-    if (w.rows[r].sum == 0.0f && w.last[r] >= item.k_begin) return false;  // no weight: overflow?
+    if (w.rows[r].sum == 0.0f && w.last[r] >= w.first[r]) return false;  // no weight: overflow?
   }
   for (int64_t x = 0; x < rows * p.dv; ++x) {
     if (!std::isfinite(w.acc[x])) return false;

@@ -41,25 +41,26 @@ class DecodeKernel {
 
   struct Rows {
     int64_t count;
-    float* q;           // [rows][Dp], times scale·log2(e), zero-padded
-    float* acc;         // [rows][Dvp]
-    float* scores;      // [rows][KTP]
-    float* row_max;     // [rows]
-    float* row_sum;     // [rows]
-    int64_t* last_key;  // [rows], absolute key index
-    uint32_t* row_key;  // [rows]: dropout hash of each row
-    float* k_pack;      // [KT][Dp]
-    float* v_pack;      // [KT][Dvp]
-    float* pv_total;    // [Dvp]: row_pv's tile sums of a wide row
-    uint8_t* removed;   // [KT]: keys a mask removed from the current row
+    float* q;            // [rows][Dp], times scale·log2(e), zero-padded
+    float* acc;          // [rows][Dvp]
+    float* scores;       // [rows][KTP]
+    float* row_max;      // [rows]
+    float* row_sum;      // [rows]
+    int64_t* first_key;  // [rows], absolute key index (window, item)
+    int64_t* last_key;   // [rows], absolute key index
+    uint32_t* row_key;   // [rows]: dropout hash of each row
+    float* k_pack;       // [KT][Dp]
+    float* v_pack;       // [KT][Dvp]
+    float* pv_total;     // [Dvp]: row_pv's tile sums of a wide row
+    uint8_t* removed;    // [KT]: keys a mask removed from the current row
   };
 
  public:
   static size_t scratch_bytes(const mha_kernel_problem& p, int64_t max_queries) {
     const int64_t rows = (p.heads / p.kv_heads) * max_queries;
     const int64_t dp = round_up(p.d, W), dvp = round_up(p.dv, W);
-    return ScratchCarver::bytes({rows * dp, rows * dvp, rows * KTP, rows, rows, 2 * rows, rows,
-                                 KT * dp, KT * dvp, dvp, KT / 4 + 1});
+    return ScratchCarver::bytes({rows * dp, rows * dvp, rows * KTP, rows, rows, 2 * rows, 2 * rows,
+                                 rows, KT * dp, KT * dvp, dvp, KT / 4 + 1});
   }
 
   static void run(const mha_kernel_problem& p, const mha_work_item& item, void* scratch) {
@@ -73,6 +74,7 @@ class DecodeKernel {
     rows.scores = carve.floats(rows.count * KTP);
     rows.row_max = carve.floats(rows.count);
     rows.row_sum = carve.floats(rows.count);
+    rows.first_key = reinterpret_cast<int64_t*>(carve.floats(2 * rows.count));
     rows.last_key = reinterpret_cast<int64_t*>(carve.floats(2 * rows.count));
     rows.row_key = reinterpret_cast<uint32_t*>(carve.floats(rows.count));
     rows.k_pack = carve.floats(KT * dp);
@@ -123,11 +125,16 @@ class DecodeKernel {
     const int64_t b = item.b;
     const int64_t kvh = mha_kernel::kv_head_of(p, item.h_begin);
     const float c = units.q_factor;
-    int64_t max_last = item.k_begin - 1;
+    int64_t max_last = item.k_begin - 1, min_first = item.k_end;
     for (int64_t r = 0; r < rows.count; ++r) {
       const int64_t h = item.h_begin + r / nq, i = item.q_begin + r % nq;
       const int64_t last = std::min(mha_kernel::last_visible_key(p, b, i), item.k_end - 1);
-      max_last = std::max(max_last, last);
+      const int64_t first = std::max(mha_kernel::first_visible_key(p, i), item.k_begin);
+      if (first <= last) {
+        max_last = std::max(max_last, last);
+        min_first = std::min(min_first, first);
+      }
+      rows.first_key[r] = first;
       rows.last_key[r] = last;
       rows.row_key[r] = mha_dropout::row_key(p.dropout_seed, b, h, i, p.heads, p.lq);
       const int64_t q_at = b * p.q_strides[0] + h * p.q_strides[1] + i * p.q_strides[2];
@@ -143,7 +150,7 @@ class DecodeKernel {
 
     const bool k_direct = p.k_strides[3] == 1 && p.d % W == 0;
     const bool v_direct = p.v_strides[3] == 1 && p.dv % W == 0;
-    for (int64_t j0 = item.k_begin; j0 <= max_last; j0 += KT) {
+    for (int64_t j0 = min_first; j0 <= max_last; j0 += KT) {
       const int keys = static_cast<int>(std::min<int64_t>(KT, max_last + 1 - j0));
       const float* k_scale = kInt8 ? mha_kernel::k_scales(p, b, kvh, j0) : nullptr;
       const float* v_scale = kInt8 ? mha_kernel::v_scales(p, b, kvh, j0) : nullptr;
@@ -180,13 +187,15 @@ class DecodeKernel {
         }
         if (p.mask_kind != MHA_MASK_NONE) apply_mask_row(p, b, h, i, j0, keys, s, units);
         const int64_t hidden_from = rows.last_key[r] + 1 - j0;
+        const int64_t hidden_below = rows.first_key[r] - j0;  // the window's start
         for (int64_t j = std::max<int64_t>(hidden_from, 0); j < keys; ++j) s[j] = kNegInf;
+        for (int64_t j = 0; j < std::min<int64_t>(hidden_below, keys); ++j) s[j] = kNegInf;
         // A key a mask or a -inf logit removed must not pass on a NaN or
         // infinity of its V row through 0 · V: rows with removed keys check
         // the tile once (the guarded P·V then reads fp32 rows: V in place is
         // widened into the packed tile first).
-        const bool masked =
-            p.mask_kind != MHA_MASK_NONE || hidden_from < keys || has_minus_inf<Arch>(s, keys);
+        const bool masked = p.mask_kind != MHA_MASK_NONE || hidden_from < keys ||
+                            hidden_below > 0 || has_minus_inf<Arch>(s, keys);
         if (masked && v_finite < 0) {
           if (v_rows != nullptr) {
             v_finite = rows_finite<Arch>(v_rows, v_stride, keys, dvp) ? 1 : 0;
@@ -229,7 +238,7 @@ class DecodeKernel {
     // A row with visible keys but no weight: a mask removed every key, or its
     // logits overflowed to -inf in base-2 units (the raw pass finds it).
     for (int64_t r = 0; r < rows.count; ++r) {
-      if (rows.row_sum[r] == 0.0f && rows.last_key[r] >= item.k_begin) return false;
+      if (rows.row_sum[r] == 0.0f && rows.last_key[r] >= rows.first_key[r]) return false;
     }
     return all_finite<Arch>(rows.acc, rows.count * dvp);
   }

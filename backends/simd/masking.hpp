@@ -1,7 +1,7 @@
 // What removes or reweights keys after the scores: the explicit mask (bool or
-// additive, in the units of the scores), the causal / valid-length limits and
-// dropout -- for a prefill tile (scores[j][lane], rows kStride floats apart)
-// and for a decode row (s[j]).
+// additive, in the units of the scores), the causal / window / valid-length
+// limits and dropout -- for a prefill tile (scores[j][lane], rows kStride
+// floats apart) and for a decode row (s[j]).
 #pragma once
 
 #include <mha/plugin_abi.h>
@@ -76,27 +76,33 @@ inline void apply_mask_row(const mha_kernel_problem& p, int64_t b, int64_t h, in
   }
 }
 
-// Causal and valid-length limits on a tile: key j (relative to the item) is
-// hidden from lane q when j > last_key[q].  Only tiles that cross some
-// query's limit get here.  The comparison runs in floats relative to the
-// tile (tile_last: scratch of nqv·W floats), where every value is a small
-// integer: exact for any sequence length.
+// Causal, window and valid-length limits on a tile: key j (relative to the
+// item) is hidden from lane q when j < first_key[q] or j > last_key[q].  Only
+// tiles that cross some query's limit get here.  The comparisons run in
+// floats relative to the tile (bounds: scratch of 2·nqv·W floats), where
+// every value is a small integer: exact for any sequence length.
 template <class Arch, int kStride>
-inline void apply_visibility_tile(float* scores, const int64_t* last_key, float* tile_last, int nqv,
-                                  int64_t j_rel0, int keys) {
+inline void apply_visibility_tile(float* scores, const int64_t* first_key, const int64_t* last_key,
+                                  float* bounds, int nqv, int64_t j_rel0, int keys) {
   using B = xsimd::batch<float, Arch>;
   constexpr int W = static_cast<int>(B::size);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  for (int64_t r = 0; r < int64_t{nqv} * W; ++r) {
+  const int64_t lanes = int64_t{nqv} * W;
+  float* tile_first = bounds;
+  float* tile_last = bounds + lanes;
+  for (int64_t r = 0; r < lanes; ++r) {
+    const int64_t first = std::min<int64_t>(std::max<int64_t>(first_key[r] - j_rel0, -1), keys);
     const int64_t last = std::min<int64_t>(std::max<int64_t>(last_key[r] - j_rel0, -1), keys);
+    tile_first[r] = static_cast<float>(first);
     tile_last[r] = static_cast<float>(last);
   }
   for (int v = 0; v < nqv; ++v) {
+    const B first = B::load_aligned(tile_first + v * W);
     const B last = B::load_aligned(tile_last + v * W);
     for (int j = 0; j < keys; ++j) {
       float* s = scores + j * kStride + v * W;
-      const B hidden_from = B(static_cast<float>(j));
-      xsimd::select(hidden_from > last, B(kNegInf), B::load_aligned(s)).store_aligned(s);
+      const B key = B(static_cast<float>(j));
+      xsimd::select((key > last) || (key < first), B(kNegInf), B::load_aligned(s)).store_aligned(s);
     }
   }
 }

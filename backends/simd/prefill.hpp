@@ -58,23 +58,24 @@ class PrefillKernel {
   static_assert(!kBf16Dot || Blk::kScoreKeys % 2 == 0, "bf16 key groups are whole pairs");
 
   struct Tile {
-    float* qt;          // [D][QT]: Q transposed, times scale·log2(e);
-                        // bf16 path: [ceil(D/2)][QT] pairs of Q, unscaled
-    float* q_stage;     // [QT][D]: a half-precision Q tile widened to fp32
-    float* scores;      // [KT][QT]: scores, then probabilities, of one key tile
-    float* acc;         // [QT][Dvp]: the unnormalised output
-    float* row_max;     // [QT], in the units of the scores
-    float* row_sum;     // [QT]
-    float* alpha;       // [QT]: rescale factor of the current key tile
-    uint8_t* removed;   // [KT][QT]: keys a mask removed, when V holds non-finite values
-    float* tile_sum;    // [QT]: sums of a fused tile until it is known to be valid
-    int64_t* last_key;  // [QT]: last visible key, relative to the item's first key
-    float* tile_last;   // [QT]: the same relative to the current tile, within [-1, KT]
-    uint32_t* row_key;  // [QT]: dropout hash of each query's row
-    float* k_pack;      // [KT][D] when K rows are strided; bf16 path: [KT][ceil(D/2)] pairs
-    float* v_pack;      // [KT][Dvp] when V rows are strided or Dv % W != 0;
-                        // bf16 path: [KT/2][Dvp] pairs of keys, always
-    uint32_t* p_pairs;  // bf16 path: [KT/2][QT] probabilities as pairs of keys
+    float* qt;           // [D][QT]: Q transposed, times scale·log2(e);
+                         // bf16 path: [ceil(D/2)][QT] pairs of Q, unscaled
+    float* q_stage;      // [QT][D]: a half-precision Q tile widened to fp32
+    float* scores;       // [KT][QT]: scores, then probabilities, of one key tile
+    float* acc;          // [QT][Dvp]: the unnormalised output
+    float* row_max;      // [QT], in the units of the scores
+    float* row_sum;      // [QT]
+    float* alpha;        // [QT]: rescale factor of the current key tile
+    uint8_t* removed;    // [KT][QT]: keys a mask removed, when V holds non-finite values
+    float* tile_sum;     // [QT]: sums of a fused tile until it is known to be valid
+    int64_t* first_key;  // [QT]: first visible key (window), relative to the item's first key
+    int64_t* last_key;   // [QT]: last visible key, relative to the item's first key
+    float* tile_bounds;  // [2][QT]: first and last relative to the current tile
+    uint32_t* row_key;   // [QT]: dropout hash of each query's row
+    float* k_pack;       // [KT][D] when K rows are strided; bf16 path: [KT][ceil(D/2)] pairs
+    float* v_pack;       // [KT][Dvp] when V rows are strided or Dv % W != 0;
+                         // bf16 path: [KT/2][Dvp] pairs of keys, always
+    uint32_t* p_pairs;   // bf16 path: [KT/2][QT] probabilities as pairs of keys
     // Half-precision or int8 K and V, widened once per item for all its
     // query tiles (fp32_cache): [keys of the item][D] and [..][Dvp], the
     // first widened[0] rows filled, of KV head widened[1].  On the bf16 path
@@ -115,9 +116,9 @@ class PrefillKernel {
   static size_t scratch_bytes(const mha_kernel_problem& p) {
     const int64_t dvp = round_up(p.dv, W);
     const int64_t k_cached = fp32_cache(p) ? p.lk : 0, v_cached = widened_cache(p) ? p.lk : 0;
-    return ScratchCarver::bytes({p.d * QT, int64_t{KT} * QT, QT * dvp, QT, QT, QT, QT, 2 * QT, QT,
-                                 QT, KT * p.d, KT * dvp, int64_t{KT} * QT / 4, QT * p.d,
-                                 k_cached * p.d, v_cached * dvp, 2,
+    return ScratchCarver::bytes({p.d * QT, int64_t{KT} * QT, QT * dvp, QT, QT, QT, QT, 2 * QT,
+                                 2 * QT, 2 * QT, QT, KT * p.d, KT * dvp, int64_t{KT} * QT / 4,
+                                 QT * p.d, k_cached * p.d, v_cached * dvp, 2,
                                  kBf16Dot ? int64_t{KT} * QT / 2 : 0});
   }
 
@@ -132,8 +133,9 @@ class PrefillKernel {
     t.row_sum = carve.floats(QT);
     t.alpha = carve.floats(QT);
     t.tile_sum = carve.floats(QT);
+    t.first_key = reinterpret_cast<int64_t*>(carve.floats(2 * QT));
     t.last_key = reinterpret_cast<int64_t*>(carve.floats(2 * QT));
-    t.tile_last = carve.floats(QT);
+    t.tile_bounds = carve.floats(2 * QT);
     t.row_key = reinterpret_cast<uint32_t*>(carve.floats(QT));
     t.k_pack = carve.floats(KT * p.d);
     t.v_pack = carve.floats(KT * dvp);
@@ -189,7 +191,7 @@ class PrefillKernel {
   // pass, in raw units, finds the row).
   static bool has_lost_row(const Tile& t, int64_t nq) {
     for (int64_t r = 0; r < nq; ++r) {
-      if (t.row_sum[r] == 0.0f && t.last_key[r] >= 0) return true;
+      if (t.row_sum[r] == 0.0f && t.last_key[r] >= t.first_key[r]) return true;
     }
     return false;
   }
@@ -207,17 +209,29 @@ class PrefillKernel {
     const int64_t dvp = round_up(p.dv, W);
     const int nqv = static_cast<int>((nq + W - 1) / W);
 
-    // Which keys each query sees; the tile stops at the furthest one.
+    // Which keys each query sees: the tile starts at the earliest first key
+    // (a sliding window's; the item's first otherwise) and stops at the
+    // furthest last one.
     int64_t min_last = item.k_end - 1, max_last = item.k_begin - 1;
+    int64_t min_first = item.k_end, max_first = item.k_begin;
     for (int64_t r = 0; r < nq; ++r) {
       const int64_t last = std::min(mha_kernel::last_visible_key(p, b, q0 + r), item.k_end - 1);
+      const int64_t first = std::max(mha_kernel::first_visible_key(p, q0 + r), item.k_begin);
       min_last = std::min(min_last, last);
       max_last = std::max(max_last, last);
+      min_first = std::min(min_first, first);
+      max_first = std::max(max_first, first);
+      t.first_key[r] = first - item.k_begin;
       t.last_key[r] = last - item.k_begin;
     }
-    for (int64_t r = nq; r < int64_t{nqv} * W; ++r) {
-      t.last_key[r] = max_last - item.k_begin;  // padding lanes
+    for (int64_t r = nq; r < int64_t{nqv} * W; ++r) {  // padding lanes
+      t.first_key[r] = min_first - item.k_begin;
+      t.last_key[r] = max_last - item.k_begin;
     }
+    // Key tiles start an even number of keys after the item's first (the
+    // bf16 path's V pairs are cached from there).
+    const int64_t key_begin =
+        item.k_begin + (std::max<int64_t>(min_first - item.k_begin, 0) & ~int64_t{1});
 
     if constexpr (kDot) {
       Dot::template pack_queries<QT>(mha_kernel::q_row<uint16_t>(p, b, h, q0), p.q_strides[2],
@@ -238,7 +252,7 @@ class PrefillKernel {
 
     PrefetchQueue prefetch;
     queue_next_rows(p, item, h, q0, nq, prefetch);
-    const int64_t key_tiles = (max_last + 1 - item.k_begin + KT - 1) / KT;
+    const int64_t key_tiles = std::max<int64_t>(0, (max_last + 1 - key_begin + KT - 1) / KT);
     {
       constexpr int QV = Blk::kScoreQueryVectors, NK = Blk::kScoreKeys;
       constexpr int R = Blk::kPvRows, C = Blk::kPvVectors;
@@ -249,11 +263,11 @@ class PrefillKernel {
 
     bool lanes_have_maximum = false;
     int keys = 0;
-    for (int64_t j0 = item.k_begin; j0 <= max_last; j0 += keys) {
+    for (int64_t j0 = key_begin; j0 <= max_last; j0 += keys) {
       // Without a mask the first tile is short: it sets the running maximum
       // with the two-pass path, and the fused path takes over from the next
       // key on instead of from the next full tile.
-      const int span = j0 == item.k_begin && p.mask_kind == MHA_MASK_NONE ? kWarmUpKeys : KT;
+      const int span = j0 == key_begin && p.mask_kind == MHA_MASK_NONE ? kWarmUpKeys : KT;
       keys = static_cast<int>(std::min<int64_t>(span, max_last + 1 - j0));
       const KeyTile<kDot> kv = key_tile<kDot>(p, t, b, kvh, item.k_begin, j0, keys);
       // Fused path: once every lane has a finite running maximum, a tile with
@@ -264,7 +278,8 @@ class PrefillKernel {
       // tile, the two-pass path: scores, masks, new maximum, rescale.  (The
       // bf16 path's fused kernel stores bf16 probabilities: dropout, which
       // needs them in fp32, takes the two-pass path.)
-      const bool maskless = p.mask_kind == MHA_MASK_NONE && j0 + keys - 1 <= min_last;
+      const bool within_bounds = j0 >= max_first && j0 + keys - 1 <= min_last;
+      const bool maskless = p.mask_kind == MHA_MASK_NONE && within_bounds;
       const bool fused = maskless && !careful && lanes_have_maximum &&
                          !(kDot && p.dropout_p > 0.0f) &&
                          compute_scores<kDot, true>(t, kv, p.d, units, nqv, keys, prefetch);
@@ -280,9 +295,9 @@ class PrefillKernel {
         if (p.mask_kind != MHA_MASK_NONE) {
           apply_mask_tile<Arch, QT>(p, t.scores, b, h, q0, nq, nqv, j0, keys, units);
         }
-        if (j0 + keys - 1 > min_last) {
-          apply_visibility_tile<Arch, QT>(t.scores, t.last_key, t.tile_last, nqv, j0 - item.k_begin,
-                                          keys);
+        if (!within_bounds) {
+          apply_visibility_tile<Arch, QT>(t.scores, t.first_key, t.last_key, t.tile_bounds, nqv,
+                                          j0 - item.k_begin, keys);
         }
         if constexpr (!kDot) {
           skip_removed = (careful || !maskless) && !rows_finite<Arch>(kv.v, kv.v_stride, keys, dvp);

@@ -164,6 +164,18 @@ typedef struct mha_attention_params {
    * and V, refused otherwise.  NULL: none. */
   const mha_tensor* k_scale;
   const mha_tensor* v_scale;
+
+  /* --- added in 0.3 --- */
+
+  /* A sliding window, FlashAttention-2's semantics aligned to the
+   * bottom-right corner: key j takes part in query i's row iff
+   *   i + Lk - Lq - window_left <= j <= i + Lk - Lq + window_right.
+   * -1 (the default) leaves that side unbounded; any other negative value is
+   * refused.  It combines with the causal rule, valid lengths and masks (a
+   * key must pass all of them).  Keys outside the window are never read:
+   * the cost is that of the window, not of Lk. */
+  int64_t window_left;
+  int64_t window_right;
 } mha_attention_params;
 
 MHA_API void mha_attention_params_init(mha_attention_params* params);

@@ -270,6 +270,13 @@ class AttentionParams {
     params_.causal = mode;
     return *this;
   }
+  // Sliding window: query i sees keys i+Lk-Lq-left .. i+Lk-Lq+right; -1
+  // leaves a side unbounded (the default).
+  AttentionParams& window(int64_t left, int64_t right) noexcept {
+    params_.window_left = left;
+    params_.window_right = right;
+    return *this;
+  }
   // I32 or I64 [B] or [B, Lq]: key j takes part in a row iff j < valid length.
   AttentionParams& valid_lens(const ConstTensor& t) noexcept {
     valid_lens_ = *t.get();

@@ -26,8 +26,10 @@ extern "C" {
  * 2: mha_kernel_problem starts with struct_size; mha_plugin ends with supports.
  * 3: dtypes -- q, k, v untyped with their dtypes, int8 row scales, the
  *    output's dtype in the work item.
- * 4: mha_plugin ends with path (which arithmetic a problem takes). */
-#define MHA_PLUGIN_ABI_VERSION 4
+ * 4: mha_plugin ends with path (which arithmetic a problem takes).
+ * 5: mha_kernel_problem ends with lower_diag (the sliding window's left
+ *    edge); causal_diag includes the window's right edge. */
+#define MHA_PLUGIN_ABI_VERSION 5
 #define MHA_PLUGIN_ENTRY_SYMBOL "mha_plugin_entry"
 
 /* CPU features, as the runtime detects them (OS support included). */
@@ -77,8 +79,9 @@ typedef struct mha_kernel_problem {
 
   float scale;         /* resolved: finite, non-zero */
   int32_t layout;      /* mha_kernel_layout */
-  int64_t causal_diag; /* key j is allowed for query i iff j <= i + causal_diag
-                          (INT64_MAX / 4 when not causal) */
+  int64_t causal_diag; /* key j is allowed for query i iff j <= i + causal_diag:
+                          the causal rule and the sliding window's right edge
+                          (INT64_MAX / 4 when neither applies) */
 
   /* valid lengths (already range-checked): element at [b * s0 + i * s1] */
   const void* valid_lens; /* NULL: none */
@@ -101,6 +104,11 @@ typedef struct mha_kernel_problem {
   int64_t k_scale_strides[3];
   const float* v_scale;
   int64_t v_scale_strides[3];
+
+  /* ABI 5: the sliding window's left edge: key j is allowed for query i only
+   * if j >= i + lower_diag (-(INT64_MAX / 4) when unbounded).  The runtime
+   * starts every item at or after its first query's first key. */
+  int64_t lower_diag;
 } mha_kernel_problem;
 
 /*

@@ -158,6 +158,18 @@ Files gqa_case() {
   return f;
 }
 
+// Grouped-query attention over a longer cache; run with --window and
+// --causal bottom-right (the window cuts most keys of every row).
+Files window_case() {
+  Random rng(31);
+  const int64_t batch = 1, lq = 40, lk = 300;
+  Files f;
+  f["q"] = random_floats(rng, {batch, 4, lq, 32});
+  f["k"] = random_floats(rng, {batch, 2, lk, 32});
+  f["v"] = random_floats(rng, {batch, 2, lk, 24});
+  return f;
+}
+
 // Multi-query attention with an additive float mask [Lq,Lk] holding -inf,
 // per-query int32 valid lengths (a zero among them); run with --causal
 // top-left --scale 0.3.
@@ -183,7 +195,7 @@ Files additive_case() {
 
 int write_case(const std::string& name, const std::string& dir) {
   const std::map<std::string, std::function<Files()>> cases = {
-      {"d2l", d2l_case}, {"gqa", gqa_case}, {"additive", additive_case}};
+      {"d2l", d2l_case}, {"gqa", gqa_case}, {"additive", additive_case}, {"window", window_case}};
   const auto it = cases.find(name);
   if (it == cases.end()) {
     std::fprintf(stderr, "mha_tools_case: unknown case '%s'\n", name.c_str());
@@ -367,6 +379,11 @@ int check_case(const mha_tools::AttentionOptions& o) {
   }
   if (o.causal == "top-left") params.causal = MHA_CAUSAL_TOP_LEFT;
   if (o.causal == "bottom-right") params.causal = MHA_CAUSAL_BOTTOM_RIGHT;
+  if (!o.window.empty()) {
+    const mha_tools::WindowEdges edges = mha_tools::parse_window(o.window);
+    params.window_left = edges.left;
+    params.window_right = edges.right;
+  }
   if (o.scale) {
     params.has_scale = 1;
     params.scale = static_cast<float>(*o.scale);
