@@ -77,6 +77,12 @@ struct Shape {
   // in bf16; "S3:bf16kv" the cache alone (K and V; i8 with row scales).
   mha_dtype q_dtype = MHA_DTYPE_F32;
   mha_dtype kv_dtype = MHA_DTYPE_F32;
+  // Variant shapes (../shared/bench-shapes.md): a sliding window's left edge
+  // (-1: none), a softcap (0: none), ALiBi slopes 2^(-8h/H), h = 1..H, and a
+  // sink logit per head.
+  int64_t window_left = -1;
+  float softcap = 0.0f;
+  bool alibi = false, sinks = false;
 };
 
 const Shape kShapes[] = {
@@ -120,6 +126,64 @@ const Shape kDtypeShapes[] = {
      false, MHA_DTYPE_F32, MHA_DTYPE_I8},
 };
 
+// The variants: S7 (Mistral 7B's sliding-window prefill) and S7d (decoding
+// over its cache), S2 with a softcap or ALiBi, S3 with sinks; each costs at
+// most 10 % over its plain shape (issue 15).
+Shape variant_shape(const Shape& base, const char* name) {
+  Shape s = base;
+  s.name = name;
+  return s;
+}
+const Shape kVariantShapes[] = {
+    [] {
+      Shape s{"S7",
+              1,
+              32,
+              8,
+              16384,
+              16384,
+              128,
+              128,
+              MHA_CAUSAL_TOP_LEFT,
+              false,
+              benchmark::kMillisecond,
+              true};
+      s.window_left = 4095;
+      return s;
+    }(),
+    [] {
+      Shape s{"S7d",
+              1,
+              32,
+              8,
+              1,
+              16384,
+              128,
+              128,
+              MHA_CAUSAL_BOTTOM_RIGHT,
+              false,
+              benchmark::kMicrosecond,
+              false};
+      s.window_left = 4095;
+      return s;
+    }(),
+    [] {
+      Shape s = variant_shape(kShapes[1], "S2:softcap");
+      s.softcap = 50.0f;
+      return s;
+    }(),
+    [] {
+      Shape s = variant_shape(kShapes[1], "S2:alibi");
+      s.alibi = true;
+      return s;
+    }(),
+    [] {
+      Shape s = variant_shape(kShapes[2], "S3:sinks");
+      s.sinks = true;
+      return s;
+    }(),
+};
+
 bool is_decode(const Shape& s) {
   return s.lq == 1;
 }  // S3: reported in GB/s
@@ -129,14 +193,21 @@ bool is_fixed_cost(const Shape& s) {
 
 // Useful FLOPs: 2·(D + Dv) per (query, key) pair that takes part, per head
 // (bench/README.md), the pairs counted by the library's own visibility rule.
-double useful_flops(const Shape& s) {
+// Keys of (batch b, query i) that take part: the causal rule, the valid
+// lengths and the window's left edge (the library's own visibility rules).
+int64_t visible_pairs(const Shape& s, int64_t b, int64_t i) {
   const int64_t diagonal = mha_rules::causal_diagonal(s.causal, s.lq, s.lk);
+  const int64_t valid = s.valid_lens ? kS5ValidLens[b] : s.lk;
+  const int64_t end = mha_rules::visible_keys(i, s.lk, diagonal, valid);
+  const int64_t first =
+      mha_rules::first_visible_key(i, mha_rules::window_lower_diagonal(s.window_left, s.lq, s.lk));
+  return std::max<int64_t>(0, end - first);
+}
+
+double useful_flops(const Shape& s) {
   double pairs = 0.0;
   for (int64_t b = 0; b < s.b; ++b) {
-    const int64_t valid = s.valid_lens ? kS5ValidLens[b] : s.lk;
-    for (int64_t i = 0; i < s.lq; ++i) {
-      pairs += static_cast<double>(mha_rules::visible_keys(i, s.lk, diagonal, valid));
-    }
+    for (int64_t i = 0; i < s.lq; ++i) pairs += static_cast<double>(visible_pairs(s, b, i));
   }
   return 2.0 * static_cast<double>(s.d + s.dv) * static_cast<double>(s.h) * pairs;
 }
@@ -148,7 +219,8 @@ int64_t element_bytes(mha_dtype dtype) {
 // Bytes of K and V read by one call: their elements, and an int8 cache's row
 // scales.
 double kv_bytes(const Shape& s) {
-  const double rows = static_cast<double>(s.b * s.hkv * s.lk);
+  // Decode (Lq = 1): the keys its one query sees (S7d: the window's).
+  const double rows = static_cast<double>(s.b * s.hkv * visible_pairs(s, 0, s.lq - 1));
   const double scales = s.kv_dtype == MHA_DTYPE_I8 ? 2.0 * rows * sizeof(float) : 0.0;
   return rows * static_cast<double>((s.d + s.dv) * element_bytes(s.kv_dtype)) + scales;
 }
@@ -367,8 +439,8 @@ void report(benchmark::State& st, const Shape& s, double sec_per_call, const std
 // One mha_attention call of a shape on the shared inputs (in the shape's
 // dtypes), into its own output (F32, or Q's dtype for the half variants).
 struct ShapeCall {
-  std::vector<float> out;
-  mha_tensor q{}, k{}, v{}, o{}, lens{}, k_scale{}, v_scale{};
+  std::vector<float> out, slopes, sink_logits;
+  mha_tensor q{}, k{}, v{}, o{}, lens{}, k_scale{}, v_scale{}, slope_tensor{}, sink_tensor{};
   mha_attention_params params{};
 
   explicit ShapeCall(const Shape& s) : out(static_cast<size_t>(s.b * s.h * s.lq * s.dv)) {
@@ -402,6 +474,22 @@ struct ShapeCall {
                       nullptr);
       params.k_scale = &k_scale;
       params.v_scale = &v_scale;
+    }
+    params.window_left = s.window_left;
+    params.softcap = s.softcap;
+    if (s.alibi) {
+      for (int64_t h = 0; h < s.h; ++h) {
+        slopes.push_back(std::exp2(-8.0f * static_cast<float>(h + 1) / static_cast<float>(s.h)));
+      }
+      const int64_t hs[1] = {s.h};
+      mha_tensor_init(&slope_tensor, slopes.data(), MHA_DTYPE_F32, 1, hs, nullptr);
+      params.alibi_slopes = &slope_tensor;
+    }
+    if (s.sinks) {
+      for (int64_t h = 0; h < s.h; ++h) sink_logits.push_back(static_cast<float>(h % 5) - 1.0f);
+      const int64_t hs[1] = {s.h};
+      mha_tensor_init(&sink_tensor, sink_logits.data(), MHA_DTYPE_F32, 1, hs, nullptr);
+      params.sinks = &sink_tensor;
     }
   }
   ShapeCall(const ShapeCall&) = delete;
@@ -558,6 +646,25 @@ void register_dtype_benchmarks(const std::vector<std::string>& backends,
   }
 }
 
+// attention/<backend>/<shape>/threads:<n> for the variant shapes, on the
+// SIMD backends (S7 alone would take the scalar backend minutes): one call
+// of S7 per benchmark (seconds each).
+void register_variant_benchmarks(const std::vector<std::string>& backends,
+                                 const std::vector<int>& threads) {
+  for (const std::string& b : backends) {
+    if (b == "scalar") continue;
+    for (const Shape& s : kVariantShapes) {
+      for (int n : threads) {
+        auto* bm = benchmark::RegisterBenchmark(name_of("attention/" + b + "/" + s.name, n).c_str(),
+                                                bm_attention, b, s, n)
+                       ->UseRealTime()
+                       ->Unit(s.unit);
+        if (s.heavy && s.lq > 4096) bm->Iterations(1);
+      }
+    }
+  }
+}
+
 // blis_unfused/<shape>/threads:<n>: the textbook method on the same inputs.
 void register_blis_benchmarks(const std::vector<int>& threads) {
   for (const Shape& s : kShapes) {
@@ -602,6 +709,7 @@ int main(int argc, char** argv) {
   register_peak_benchmarks(known, threads);
   register_attention_benchmarks(backends, threads);
   register_dtype_benchmarks(backends, threads);
+  register_variant_benchmarks(backends, threads);
   register_blis_benchmarks(threads);
   // The whole module (projections + attention), module/<backend>/<shape>/threads:<n>.
   register_module_benchmarks(fma_peak);

@@ -25,7 +25,7 @@ import sys
 GB_SUFFIX = re.compile(
     r"^(real_time|manual_time|process_time|iterations:\d+|repeats:\d+|"
     r"min_time:[\d.]+s?|min_warmup_time:[\d.]+s?)$")
-DECODE_SHAPES = {"S3", "S3b4", "S3b16"}       # reported in GB/s against the read bandwidth
+DECODE_SHAPES = {"S3", "S3b4", "S3b16", "S7d"}  # reported in GB/s against the read bandwidth
 FIXED_COST_SHAPES = {"S5"}   # reported in microseconds per call
 
 
@@ -189,8 +189,9 @@ def main():
     print("% of peak: of the FMA peak of the backend's ISA at the same thread count (bf16 Q with "
           "bf16 K/V on a backend with the bf16 dot-product path: of its bf16dot peak); "
           f"blis_unfused against the peak of {ctx.get('blis_peak_isa', 'the widest ISA')}.")
-    print("vs f32: a dtype variant's speed relative to the fp32 shape, same backend and threads "
-          "(decode: tokens per second).")
+    print("vs f32: a dtype variant's speed relative to the fp32 shape -- or a variant shape's "
+          "(S2:softcap, S2:alibi, S3:sinks) relative to the plain one --, same backend and "
+          "threads (decode: tokens per second).")
     print("vs blis / vs scalar: speed relative to blis_unfused / the scalar backend, same shape and "
           "threads (x2.00 = twice as fast).")
 

@@ -6,6 +6,7 @@
 #include <mha/plugin_abi.h>
 
 #include <cstdint>
+#include <limits>
 
 #include "common/dtype.h"
 #include "common/visibility.h"
@@ -88,6 +89,30 @@ inline void widen_row(const void* data, int32_t dtype, int64_t row, int64_t stri
 // Offset of mask element [b, h, i, 0]; keys step by mask_strides[3].
 inline int64_t mask_row_offset(const mha_kernel_problem& p, int64_t b, int64_t h, int64_t i) {
   return b * p.mask_strides[0] + h * p.mask_strides[1] + i * p.mask_strides[2];
+}
+
+// The score variants (ABI 6).  Whether the scores change before the mask:
+// a softcap or ALiBi.  (A call without them runs the unchanged fused path.)
+inline bool has_score_variants(const mha_kernel_problem& p) {
+  return p.softcap > 0.0f || p.alibi_slopes != nullptr;
+}
+
+// ALiBi's slope for batch b, head h (0 without ALiBi).
+inline float alibi_slope(const mha_kernel_problem& p, int64_t b, int64_t h) {
+  return p.alibi_slopes == nullptr
+             ? 0.0f
+             : p.alibi_slopes[b * p.alibi_strides[0] + h * p.alibi_strides[1]];
+}
+
+// ALiBi's distance of query i to key j: |i + Lk - Lq - j|.
+inline int64_t alibi_distance(const mha_kernel_problem& p, int64_t i, int64_t j) {
+  const int64_t d = i + p.lk - p.lq - j;
+  return d < 0 ? -d : d;
+}
+
+// Head h's sink logit (-inf: none).
+inline float sink_logit(const mha_kernel_problem& p, int64_t h) {
+  return p.sinks == nullptr ? -std::numeric_limits<float>::infinity() : p.sinks[h * p.sinks_stride];
 }
 
 }  // namespace mha_kernel

@@ -60,4 +60,18 @@ inline Fold fold_tile(float* s, int64_t n, Row& row, WeightOf&& weight_of) {
   return {true, alpha};
 }
 
+// Folds an attention sink -- a logit without a value row, in the row's
+// units; -inf: none -- into a finished row.  Returns what the row's
+// accumulated values must be multiplied by (besides the division by the new
+// sum).  A row without keys gets sum 1 (the sink's weight) and factor 0.
+template <class WeightOf>
+inline float fold_sink(Row& row, float sink, WeightOf&& weight_of) {
+  if (sink == kNegInf) return 1.0f;
+  const float new_max = max_propagating_nan(row.max, sink);
+  const float alpha = row.sum == 0.0f ? 0.0f : weight_of(row.max - new_max);
+  row.sum = row.sum * alpha + weight_of(sink - new_max);
+  row.max = new_max;
+  return alpha;
+}
+
 }  // namespace mha_softmax

@@ -5,8 +5,9 @@
 // ([B,H,L,D], [B,L,H,D], others, padded rows, zero strides that broadcast an
 // input, arbitrary strides on dimensions of size 1), a mask (bool, or additive
 // with -inf, NaN, +inf, ±1e4), valid lengths (per batch or per query, i32 or
-// i64, sometimes out of range), the causal mode, the scale, whether the LSE is
-// wanted, the backend and the thread count -- and the data, with NaN, ±Inf,
+// i64, sometimes out of range), the causal mode, the scale, a sliding window,
+// a softcap, sinks and ALiBi slopes, whether the LSE is wanted, the backend
+// and the thread count -- and the data, with NaN, ±Inf,
 // zeros and subnormals planted anywhere (row padding included).  Some inputs
 // then break the call in one way that must be refused (stride-0 giants among
 // them: a head size or key length past the limits); some split the keys
@@ -682,6 +683,35 @@ int run_case(FuzzedDataProvider& fdp) {
   if (params.window_left >= 0 || params.window_right >= 0) {
     note(" window %lld,%lld", static_cast<long long>(params.window_left),
          static_cast<long long>(params.window_right));
+  }
+
+  // ---- the score variants (read after the window, likewise): a softcap,
+  // sinks (finite, ±1e4 or -inf), ALiBi slopes per head or per batch.
+  const int variants = fdp.ConsumeIntegralInRange<int>(0, 7);
+  static const float kCaps[] = {1.0f, 5.0f, 50.0f, 1e4f};
+  static const float kSinks[] = {-std::numeric_limits<float>::infinity(), -1e4f, 1e4f, 0.0f};
+  std::vector<float> sink_values(static_cast<size_t>(H)), slopes(static_cast<size_t>(B * H));
+  mha_tensor sinks{}, alibi{};
+  if (variants & 1) {
+    params.softcap = kCaps[fdp.ConsumeIntegralInRange<int>(0, 3)];
+    note(" softcap %g", static_cast<double>(params.softcap));
+  }
+  if (variants & 2) {
+    for (float& x : sink_values) {
+      const int pick = fdp.ConsumeIntegralInRange<int>(0, 4);
+      x = pick < 4 ? kSinks[pick] : rng.uniform(-3.0f, 5.0f);
+    }
+    sinks = mha_test::describe(sink_values.data(), MHA_DTYPE_F32, {H});
+    params.sinks = &sinks;
+    note(" sinks");
+  }
+  if (variants & 4) {
+    const bool per_batch = fdp.ConsumeBool(), zero = fdp.ConsumeIntegralInRange<int>(0, 3) == 0;
+    for (float& x : slopes) x = zero ? 0.0f : rng.uniform(0.0f, 1.0f);
+    alibi = per_batch ? mha_test::describe(slopes.data(), MHA_DTYPE_F32, {B, H})
+                      : mha_test::describe(slopes.data(), MHA_DTYPE_F32, {H});
+    params.alibi_slopes = &alibi;
+    note(" alibi%s%s", per_batch ? " per batch" : "", zero ? " (slopes 0)" : "");
   }
 
   // ---- the call

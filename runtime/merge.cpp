@@ -2,6 +2,7 @@
 #include <mha/mha.h>
 
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -100,8 +101,9 @@ extern "C" mha_status mha_merge_partials(int32_t n, const mha_tensor* outs, cons
         float* dst_lse = lse == nullptr ? nullptr
                                         : static_cast<float*>(lse->data) + b * lse->strides[0] +
                                               h * lse->strides[1] + i * lse->strides[2];
-        merge_row(n, part_rows.data(), part_strides.data(), part_lses.data(), part_weights.data(),
-                  dv, dst, MHA_DTYPE_F32, out->strides[3], dst_lse);
+        merge_row(n, part_rows.data(), part_strides.data(), part_lses.data(),
+                  -std::numeric_limits<float>::infinity(), part_weights.data(), dv, dst,
+                  MHA_DTYPE_F32, out->strides[3], dst_lse);
       }
     }
   }

@@ -113,10 +113,10 @@ WorkPlan plan_work(const mha_kernel_problem& p, const mha_plugin& plugin) {
 }
 
 void merge_row(int64_t n, const float* const* outs, const int64_t* strides, const float* lses,
-               float* weights, int64_t dv, void* dst, int32_t dst_dtype, int64_t dst_stride,
-               float* lse) {
+               float sink, float* weights, int64_t dv, void* dst, int32_t dst_dtype,
+               int64_t dst_stride, float* lse) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  float max_lse = kNegInf;
+  float max_lse = sink;
   for (int64_t c = 0; c < n; ++c) {
     if (std::isnan(lses[c])) {  // a NaN anywhere in the row makes the row NaN
       const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -135,7 +135,7 @@ void merge_row(int64_t n, const float* const* outs, const int64_t* strides, cons
   // fp32, and is rounded to dst's dtype once.  Only parts without any key
   // (LSE -inf) are skipped: a part whose weight merely underflows still passes
   // on a NaN of its values, as the same keys in one part would.
-  float weights_sum = 0.0f;
+  float weights_sum = sink == kNegInf ? 0.0f : std::exp(sink - max_lse);
   for (int64_t c = 0; c < n; ++c) {
     weights[c] = lses[c] == kNegInf ? 0.0f : std::exp(lses[c] - max_lse);
     weights_sum += weights[c];
@@ -182,6 +182,14 @@ mha_status run_attention(const Backend& backend, KernelCall& call, int32_t threa
     partial_out = buffer;
     partial_lse = buffer + n_items * rows_per_item * p.dv;
   }
+
+  // Split-KV partials leave the sinks out: the merge adds each once.
+  mha_kernel_problem item_problem = p;
+  if (plan.chunks > 1) item_problem.sinks = nullptr;
+  const auto sink_of = [&p](int64_t h) {
+    return p.sinks == nullptr ? -std::numeric_limits<float>::infinity()
+                              : p.sinks[h * p.sinks_stride];
+  };
 
   const double flops = 4.0 * static_cast<double>(p.batch * p.heads * p.lq) *
                        static_cast<double>(p.lk) * static_cast<double>(p.d + p.dv) / 2.0;
@@ -241,7 +249,7 @@ mha_status run_attention(const Backend& backend, KernelCall& call, int32_t threa
       }
     }
     void* scratch = thread_scratch(ScratchSlot::kKernel, scratch_bytes);
-    if (int code = plugin.attend(&p, &item, scratch); code != 0) {
+    if (int code = plugin.attend(&item_problem, &item, scratch); code != 0) {
       int expected = 0;
       failed_item_code.compare_exchange_strong(expected, code);
     }
@@ -289,8 +297,8 @@ mha_status run_attention(const Backend& backend, KernelCall& call, int32_t threa
                            ? nullptr
                            : call.lse + b * call.lse_strides[0] + (h0 + h) * call.lse_strides[1] +
                                  (q0 + i) * call.lse_strides[2];
-          merge_row(plan.chunks, outs, unit_strides, lses, weights, p.dv, dst, call.out_dtype,
-                    call.out_strides[3], lse);
+          merge_row(plan.chunks, outs, unit_strides, lses, sink_of(h0 + h), weights, p.dv, dst,
+                    call.out_dtype, call.out_strides[3], lse);
         }
       }
     };

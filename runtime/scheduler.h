@@ -39,11 +39,12 @@ mha_status run_attention(const Backend& backend, KernelCall& call, int32_t threa
 // normalised over its own keys (outs[c][d * strides[c]]) with its log-sum-exp
 // lses[c] -- into the row over all of them, in the order c = 0..n-1, in fp32,
 // written to dst (d * dst_stride) as dst_dtype (F32, BF16, F16).  weights:
-// scratch of n floats.  A row whose partials are all -inf gets zeros and
-// -inf.  lse may be nullptr.
+// scratch of n floats.  sink (-inf: none) joins the denominator as a part
+// without values (an attention sink).  A row whose partials and sink are all
+// -inf gets zeros and -inf.  lse may be nullptr.
 void merge_row(int64_t n, const float* const* outs, const int64_t* strides, const float* lses,
-               float* weights, int64_t dv, void* dst, int32_t dst_dtype, int64_t dst_stride,
-               float* lse);
+               float sink, float* weights, int64_t dv, void* dst, int32_t dst_dtype,
+               int64_t dst_stride, float* lse);
 
 // The most key chunks the scheduler splits a row into.
 constexpr int64_t kMaxChunks = 64;

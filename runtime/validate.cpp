@@ -1,6 +1,7 @@
 #include "validate.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -289,6 +290,54 @@ mha_status check_scales(const mha_attention_params& params, bool int8_kv, int64_
   return MHA_OK;
 }
 
+// The score variants: sinks F32 [H] (no NaN, no +inf), softcap 0 or finite
+// and > 0, ALiBi slopes F32 [H] or [B, H] (finite).
+mha_status check_variants(const mha_attention_params& params, int64_t batch, int64_t heads) {
+  if (!(params.softcap >= 0.0f && params.softcap <= FLT_MAX)) {
+    return fail(MHA_ERR_INVALID_VALUE,
+                "params->softcap = %g; it must be 0 (off) or a finite value > 0",
+                static_cast<double>(params.softcap));
+  }
+  if (const mha_tensor* t = params.sinks; t != nullptr) {
+    if (mha_status s = check_tensor(t, "sinks", 1, 1); s != MHA_OK) return s;
+    if (mha_status s = check_f32(t, "sinks"); s != MHA_OK) return s;
+    if (t->shape[0] != heads) {
+      return fail(MHA_ERR_SHAPE_MISMATCH, "sinks has shape %s; it must be [H] = [%lld]",
+                  shape_text(*t).c_str(), static_cast<long long>(heads));
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+      const float x = static_cast<const float*>(t->data)[h * t->strides[0]];
+      if (std::isnan(x) || x == HUGE_VALF) {
+        return fail(MHA_ERR_INVALID_VALUE,
+                    "sinks[%lld] = %g; a sink must be finite or -inf (no sink)",
+                    static_cast<long long>(h), static_cast<double>(x));
+      }
+    }
+  }
+  if (const mha_tensor* t = params.alibi_slopes; t != nullptr) {
+    if (mha_status s = check_tensor(t, "alibi_slopes", 1, 2); s != MHA_OK) return s;
+    if (mha_status s = check_f32(t, "alibi_slopes"); s != MHA_OK) return s;
+    const bool per_batch = t->ndim == 2;
+    if (t->shape[t->ndim - 1] != heads || (per_batch && t->shape[0] != batch)) {
+      return fail(MHA_ERR_SHAPE_MISMATCH,
+                  "alibi_slopes has shape %s; it must be [H] = [%lld] or [B, H] = [%lld, %lld]",
+                  shape_text(*t).c_str(), static_cast<long long>(heads),
+                  static_cast<long long>(batch), static_cast<long long>(heads));
+    }
+    for (int64_t b = 0; b < (per_batch ? batch : 1); ++b) {
+      for (int64_t h = 0; h < heads; ++h) {
+        const float x = static_cast<const float*>(
+            t->data)[(per_batch ? b * t->strides[0] : 0) + h * t->strides[t->ndim - 1]];
+        if (!std::isfinite(x)) {
+          return fail(MHA_ERR_INVALID_VALUE, "alibi_slopes holds %g; slopes must be finite",
+                      static_cast<double>(x));
+        }
+      }
+    }
+  }
+  return MHA_OK;
+}
+
 // Every check of mha_attention's arguments (params already completed to this
 // version's struct); nothing is written.
 mha_status check_attention(const mha_tensor* q, const mha_tensor* k, const mha_tensor* v,
@@ -364,6 +413,7 @@ mha_status check_attention(const mha_tensor* q, const mha_tensor* k, const mha_t
       s != MHA_OK) {
     return s;
   }
+  if (mha_status s = check_variants(params, batch, heads); s != MHA_OK) return s;
   if (params.valid_lens != nullptr) {
     if (mha_status s = check_valid_lens(params.valid_lens, "valid_lens", batch, lq, lk);
         s != MHA_OK) {
@@ -385,12 +435,22 @@ mha_status check_attention(const mha_tensor* q, const mha_tensor* k, const mha_t
     }
   }
 
-  const mha_tensor* inputs[] = {
-      q, k, v, params.mask, params.valid_lens, params.k_scale, params.v_scale, lse};
-  const char* input_names[] = {"q", "k", "v", "mask", "valid_lens", "k_scale", "v_scale", "lse"};
-  if (mha_status s = check_no_overlap(*out, "out", inputs, input_names, 8); s != MHA_OK) return s;
+  // (lse last: it is checked against the others, not itself.)
+  const mha_tensor* inputs[] = {q,
+                                k,
+                                v,
+                                params.mask,
+                                params.valid_lens,
+                                params.k_scale,
+                                params.v_scale,
+                                params.sinks,
+                                params.alibi_slopes,
+                                lse};
+  const char* input_names[] = {"q",       "k",       "v",     "mask",         "valid_lens",
+                               "k_scale", "v_scale", "sinks", "alibi_slopes", "lse"};
+  if (mha_status s = check_no_overlap(*out, "out", inputs, input_names, 10); s != MHA_OK) return s;
   if (lse != nullptr) {
-    if (mha_status s = check_no_overlap(*lse, "lse", inputs, input_names, 7); s != MHA_OK) {
+    if (mha_status s = check_no_overlap(*lse, "lse", inputs, input_names, 9); s != MHA_OK) {
       return s;
     }
   }
@@ -443,6 +503,16 @@ void describe_attention(const mha_tensor& q, const mha_tensor& k, const mha_tens
     p.mask_kind = mask->dtype == MHA_DTYPE_BOOL ? MHA_MASK_BOOL : MHA_MASK_ADDITIVE;
     p.mask_dtype = mask->dtype;
     broadcast_mask_strides(*mask, p.mask_strides);
+  }
+  p.softcap = params.softcap;
+  if (const mha_tensor* slopes = params.alibi_slopes; slopes != nullptr) {
+    p.alibi_slopes = static_cast<const float*>(slopes->data);
+    p.alibi_strides[0] = slopes->ndim == 2 ? slopes->strides[0] : 0;
+    p.alibi_strides[1] = slopes->strides[slopes->ndim - 1];
+  }
+  if (const mha_tensor* sinks = params.sinks; sinks != nullptr) {
+    p.sinks = static_cast<const float*>(sinks->data);
+    p.sinks_stride = sinks->strides[0];
   }
   call->window_left = params.window_left;
   call->window_right = params.window_right;

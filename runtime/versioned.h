@@ -17,8 +17,8 @@ namespace mha::rt {
 
 // Every size each struct has had, oldest first; the last is this version's.
 // Add the new sizeof when a field is added, never remove an entry.
-// 0.1, 0.2 (int8 row scales), 0.3 (sliding window)
-constexpr uint32_t kAttentionParamsSizes[] = {56, 72, 88};
+// 0.1, 0.2 (int8 row scales), 0.3 (sliding window; then sinks, softcap, ALiBi)
+constexpr uint32_t kAttentionParamsSizes[] = {56, 72, 88, 112};
 constexpr uint32_t kModuleConfigSizes[] = {56};         // 0.1
 constexpr uint32_t kModuleForwardParamsSizes[] = {64};  // 0.1
 static_assert(kAttentionParamsSizes[std::size(kAttentionParamsSizes) - 1] ==

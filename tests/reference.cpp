@@ -124,6 +124,9 @@ Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mh
   const mha_tensor* k_scale = nullptr;
   const mha_tensor* v_scale = nullptr;
   int64_t window_left = -1, window_right = -1;
+  const mha_tensor* sinks = nullptr;
+  const mha_tensor* alibi = nullptr;
+  double softcap = 0;
   // A field exists when the caller's struct is long enough to hold it.
   const auto has = [params](size_t end) { return params->struct_size >= end; };
   if (params != nullptr) {
@@ -138,6 +141,11 @@ Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mh
     if (has(offsetof(mha_attention_params, window_right) + sizeof params->window_right)) {
       window_left = params->window_left;
       window_right = params->window_right;
+    }
+    if (has(offsetof(mha_attention_params, alibi_slopes) + sizeof params->alibi_slopes)) {
+      sinks = params->sinks;
+      softcap = static_cast<double>(params->softcap);
+      alibi = params->alibi_slopes;
     }
   }
   // An int8 cache: value = row scale · int8, the scales F32 [B, Hkv, Lk].
@@ -155,6 +163,29 @@ Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mh
     require(vl->dtype == MHA_DTYPE_I32 || vl->dtype == MHA_DTYPE_I64, "valid_lens dtype");
     require(vl->shape[0] == batch && (vl->ndim == 1 || vl->shape[1] == lq), "valid_lens shape");
   }
+  // Sinks F32 [H]; ALiBi slopes F32 [H] or [B, H].
+  if (sinks != nullptr) {
+    require_tensor(*sinks, "sinks", 1, 1);
+    require(sinks->dtype == MHA_DTYPE_F32 && sinks->shape[0] == heads, "sinks: F32 [H]");
+  }
+  if (alibi != nullptr) {
+    require_tensor(*alibi, "alibi_slopes", 1, 2);
+    require(alibi->dtype == MHA_DTYPE_F32 && alibi->shape[alibi->ndim - 1] == heads &&
+                (alibi->ndim == 1 || alibi->shape[0] == batch),
+            "alibi_slopes: F32 [H] or [B, H]");
+  }
+  const auto sink_of = [sinks](int64_t h) {
+    return sinks == nullptr
+               ? -kInf
+               : static_cast<double>(static_cast<const float*>(sinks->data)[h * sinks->strides[0]]);
+  };
+  const auto slope_of = [alibi](int64_t b, int64_t h) {
+    if (alibi == nullptr) return 0.0;
+    const int64_t at =
+        (alibi->ndim == 2 ? b * alibi->strides[0] : 0) + h * alibi->strides[alibi->ndim - 1];
+    return static_cast<double>(static_cast<const float*>(alibi->data)[at]);
+  };
+
   const int64_t full[4] = {batch, heads, lq, lk};
   const MaskView mv = make_mask_view(mask, full);
   const bool bool_mask = mv.t != nullptr && mv.t->dtype == MHA_DTYPE_BOOL;
@@ -214,6 +245,14 @@ Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mh
           }
           double logit = scale * dot;
           terms *= std::fabs(scale);
+          // Gemma 2's softcap, then ALiBi (FlashAttention-2's distance to the
+          // bottom-right diagonal), then the mask.
+          if (softcap > 0) logit = softcap * std::tanh(logit / softcap);
+          if (alibi != nullptr) {
+            const double bias = -slope_of(b, h) * static_cast<double>(std::llabs(i + lk - lq - j));
+            logit += bias;
+            terms += std::fabs(bias);
+          }
           if (additive_mask) {
             logit += value_at(*mv.t, mask_offset);
             terms += std::fabs(value_at(*mv.t, mask_offset));
@@ -230,9 +269,16 @@ Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mh
             row_max = logit > 0 ? logit : std::numeric_limits<double>::quiet_NaN();
           }
         }
-        if (keys.empty()) continue;  // zeros, lse = -inf
+        // An attention sink joins the denominator without a value row.
+        const double sink = sink_of(h);
+        const size_t row = static_cast<size_t>((b * heads + h) * lq + i);
+        if (keys.empty()) {  // zeros; lse = the sink (-inf without one)
+          ref.lse[row] = sink;
+          continue;
+        }
+        if (sink > row_max) row_max = sink;
 
-        double sum = 0;
+        double sum = sink == -kInf ? 0.0 : std::exp(sink - row_max);
         std::fill(acc.begin(), acc.end(), 0.0);
         for (const int64_t j : keys) {
           const double p = std::exp(logits[static_cast<size_t>(j)] - row_max);
@@ -245,7 +291,6 @@ Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mh
               ref.max_abs_value = std::max(ref.max_abs_value, std::fabs(value));
           }
         }
-        const size_t row = static_cast<size_t>((b * heads + h) * lq + i);
         ref.lse[row] = row_max + std::log(sum);
         for (int64_t c = 0; c < dv; ++c) {
           const double value = acc[static_cast<size_t>(c)] / sum;

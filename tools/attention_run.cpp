@@ -440,6 +440,28 @@ void add_attention_options(CLI::App& app, AttentionOptions& o) {
                  "(FlashAttention-2's convention); -1 leaves a side unbounded, e.g. 4095,0")
       ->check(filled)
       ->option_text("L,R");
+  app.add_option("--sinks", o.sinks,
+                 "attention sinks .npy, float32 [H]: per-head logits that join each row's "
+                 "softmax denominator without a value row (gpt-oss); -inf: no sink")
+      ->check(filled);
+  app.add_option("--softcap", o.softcap,
+                 "logit softcap C > 0: scores become C*tanh(score/C) before ALiBi and the mask "
+                 "(Gemma 2)")
+      ->check(filled)
+      ->check(CLI::Validator(
+          [](const std::string& text) {
+            double cap = 0;
+            const bool number = CLI::detail::lexical_cast(text, cap);
+            return number && cap > 0 && static_cast<float>(cap) <= FLT_MAX
+                       ? std::string()
+                       : "the softcap must be a finite number > 0 (not " + text + ")";
+          },
+          "", "C > 0"))
+      ->option_text("C");
+  app.add_option("--alibi", o.alibi,
+                 "ALiBi slopes .npy, float32 [H] or [B,H]: adds -slope*|i+Lk-Lq-j| to the "
+                 "scores (FlashAttention-2's convention)")
+      ->check(filled);
   app.add_option_function<std::string>(
          "--scale",
          [&o](const std::string& s) {
@@ -592,6 +614,16 @@ AttentionInputs load_attention_inputs(const AttentionOptions& o) {
     }
     in.valid_lens = std::move(vl);
   }
+  const auto read_f32 = [](const char* flag, const std::string& path, const char* shapes) {
+    NpyArray a = read_input(flag, path);
+    if (a.dtype() != NpyDtype::F32) {
+      throw ToolError(label(flag, path) + ": must be float32 (<f4) " + shapes +
+                      "; the file holds " + a.describe());
+    }
+    return a;
+  };
+  if (!o.sinks.empty()) in.sinks = read_f32("--sinks", o.sinks, "[H]");
+  if (!o.alibi.empty()) in.alibi = read_f32("--alibi", o.alibi, "[H] or [B,H]");
   return in;
 }
 
@@ -612,6 +644,9 @@ mha_attention_params AttentionCall::params() {
   p.lse = lse ? &*lse : nullptr;
   p.k_scale = k_scale ? &*k_scale : nullptr;
   p.v_scale = v_scale ? &*v_scale : nullptr;
+  p.sinks = sinks ? &*sinks : nullptr;
+  p.alibi_slopes = alibi ? &*alibi : nullptr;
+  p.softcap = softcap;
   return p;
 }
 
@@ -639,6 +674,9 @@ AttentionCall prepare_attention_call(AttentionInputs& in, const AttentionOptions
     call.window_right = edges.right;
   }
   if (o.scale) call.scale = static_cast<float>(*o.scale);
+  if (in.sinks) call.sinks = describe(*in.sinks, MHA_DTYPE_F32, label("--sinks", o.sinks));
+  if (in.alibi) call.alibi = describe(*in.alibi, MHA_DTYPE_F32, label("--alibi", o.alibi));
+  if (o.softcap) call.softcap = static_cast<float>(*o.softcap);
 
   // [B,H,Lq,Dv] and [B,H,Lq], or [H,Lq,Dv] and [H,Lq] for rank-3 inputs.
   std::vector<int64_t> lse_shape = in.q.shape;
@@ -721,8 +759,13 @@ std::vector<NamedFile> attention_outputs(const AttentionOptions& o) {
 }
 
 std::vector<NamedFile> attention_inputs(const AttentionOptions& o) {
-  return {
-      {"--q", o.q}, {"--k", o.k}, {"--v", o.v}, {"--mask", o.mask}, {"--valid-lens", o.valid_lens}};
+  return {{"--q", o.q},
+          {"--k", o.k},
+          {"--v", o.v},
+          {"--mask", o.mask},
+          {"--valid-lens", o.valid_lens},
+          {"--sinks", o.sinks},
+          {"--alibi", o.alibi}};
 }
 
 void write_attention_outputs(const AttentionCall& call, const AttentionOptions& o,

@@ -34,6 +34,8 @@ struct AttentionOptions : RunOptions {
   std::string mask, valid_lens, lse;  // empty: not given
   std::string causal = "none";        // none | top-left | bottom-right
   std::string window;                 // "L,R" (-1: unbounded side); empty: none
+  std::string sinks, alibi;           // .npy files; empty: none
+  std::optional<double> softcap;
   std::optional<double> scale;
   std::string scale_text;  // --scale as typed
   // --dtype (F32, BF16 or F16) and --kv-dtype (those or I8); not given: see
@@ -105,7 +107,8 @@ struct AttentionInputs {
   std::optional<NpyArray> valid_lens;
   // With int8 K and V: the F32 row scales, K's (V's) shape without D.
   std::optional<NpyArray> k_scale, v_scale;
-  bool unbatched = false;  // rank 3
+  std::optional<NpyArray> sinks, alibi;  // float32 [H]; [H] or [B,H]
+  bool unbatched = false;                // rank 3
 };
 AttentionInputs load_attention_inputs(const AttentionOptions& options);
 
@@ -113,9 +116,10 @@ AttentionInputs load_attention_inputs(const AttentionOptions& options);
 // pointers are set by params() from the members, so the struct may be moved.
 struct AttentionCall {
   mha_tensor q{}, k{}, v{}, out{};
-  std::optional<mha_tensor> mask, valid_lens, lse, k_scale, v_scale;
+  std::optional<mha_tensor> mask, valid_lens, lse, k_scale, v_scale, sinks, alibi;
   int32_t causal = MHA_CAUSAL_NONE;
   int64_t window_left = -1, window_right = -1;
+  float softcap = 0.0f;
   std::optional<float> scale;
   NpyArray out_array, lse_array;
 

@@ -44,9 +44,7 @@ struct Units {
   float abs_scale;
   float mask(float m) const { return raw ? m / abs_scale : m; }
   float weight(float distance) const { return std::exp(raw ? distance * abs_scale : distance); }
-  float lse(float row_max, float sum) const {
-    return (raw ? row_max * abs_scale : row_max) + std::log(sum);
-  }
+  float natural(float s) const { return raw ? s * abs_scale : s; }
 };
 
 struct Workspace {
@@ -102,6 +100,8 @@ void load_tile(const mha_kernel_problem& p, const Workspace& w, int64_t b, int64
 // Scores of one key tile for one block of rows, with every mask applied.
 void score_tile(const mha_kernel_problem& p, const Workspace& w, const Units& u, int64_t b,
                 int64_t h, int64_t i0, int64_t rows, int64_t j0, int64_t keys) {
+  const float cap = u.mask(p.softcap);
+  const float slope = -u.mask(mha_kernel::alibi_slope(p, b, h));
   for (int64_t r = 0; r < rows; ++r) {
     float* s = w.scores + r * kKeys;
     const float* q = w.q + r * p.d;
@@ -114,6 +114,11 @@ void score_tile(const mha_kernel_problem& p, const Workspace& w, const Units& u,
       const float* k = w.k_tile + jj * p.d;
       float dot = 0.0f;
       for (int64_t d = 0; d < p.d; ++d) dot += q[d] * k[d];
+      // The score variants, before the mask: softcap, then ALiBi.
+      if (p.softcap > 0.0f) dot = cap * std::tanh(dot / cap);
+      if (p.alibi_slopes != nullptr) {
+        dot += slope * static_cast<float>(mha_kernel::alibi_distance(p, i0 + r, j));
+      }
       s[jj] = dot;
     }
     if (p.mask_kind == MHA_MASK_NONE) continue;
@@ -219,19 +224,25 @@ int attend(const mha_kernel_problem* problem, const mha_work_item* item, void* s
       const bool finite = compute_block(p, *item, w, natural, h, i0, rows);
       if (!finite) compute_block(p, *item, w, raw, h, i0, rows);
       const Units& u = finite ? natural : raw;
+      const float sink = mha_kernel::sink_logit(p, h);
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t row_h = h - item->h_begin, row_i = i0 + r - item->q_begin;
         const int64_t out_at = row_h * item->out_strides[0] + row_i * item->out_strides[1];
-        const float sum = w.rows[r].sum;
-        const bool empty = sum == 0.0f;  // no key took part
-        const float inv = empty ? 0.0f : 1.0f / sum;
+        // The head's sink joins the denominator without a value row (as a
+        // logit: in raw units it could overflow).
+        mha_softmax::Row row{u.natural(w.rows[r].max), w.rows[r].sum};
+        const float acc_scale =
+            mha_softmax::fold_sink(row, sink, [](float d) { return std::exp(d); });
+        const float sum = row.sum;
+        const bool empty = sum == 0.0f || acc_scale == 0.0f;  // no key took part (or weighs)
+        const float inv = empty ? 0.0f : acc_scale / sum;
         for (int64_t d = 0; d < p.dv; ++d) {
           mha_types::store_float(item->out, item->out_dtype, out_at + d * item->out_strides[2],
                                  empty ? 0.0f : w.acc[r * p.dv + d] * inv);
         }
         if (item->lse != nullptr) {
           item->lse[row_h * item->lse_strides[0] + row_i * item->lse_strides[1]] =
-              empty ? kNegInf : u.lse(w.rows[r].max, sum);
+              sum == 0.0f ? kNegInf : row.max + std::log(sum);
         }
       }
     }

@@ -27,6 +27,7 @@
 #include "simd/masking.hpp"
 #include "simd/nonfinite.hpp"
 #include "simd/row_kernels.hpp"
+#include "simd/score_variants.hpp"
 #include "simd/softmax.hpp"
 #include "simd/tile_tools.hpp"
 
@@ -93,7 +94,7 @@ class DecodeKernel {
     for (int64_t r = 0; r < rows.count; ++r) {
       const int64_t row_h = r / nq, row_i = r % nq;
       write_item_row<Arch>(item, row_h, row_i, rows.acc + r * dvp, p.dv, rows.row_max[r],
-                           rows.row_sum[r], units);
+                           rows.row_sum[r], mha_kernel::sink_logit(p, item.h_begin + row_h), units);
     }
   }
 
@@ -184,6 +185,9 @@ class DecodeKernel {
           }
         } else {
           row_scores<Arch, MHA_DTYPE_F32>(rows.q + r * dp, dp, k_packed, dp, keys, s);
+        }
+        if (mha_kernel::has_score_variants(p)) {
+          apply_score_variants_row<Arch>(p, s, b, h, i, j0, keys, units);
         }
         if (p.mask_kind != MHA_MASK_NONE) apply_mask_row(p, b, h, i, j0, keys, s, units);
         const int64_t hidden_from = rows.last_key[r] + 1 - j0;

@@ -7,26 +7,27 @@
 #include <mha/plugin_abi.h>
 #include <xsimd/xsimd.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
 #include "common/dtype.h"
+#include "common/softmax.h"
 #include "simd/convert.hpp"
 #include "simd/tile_tools.hpp"
 
 namespace mha_simd {
 
-// out[x · out_stride] = acc[x] / sum for x < dv, rounded once to out_dtype
-// (F32, BF16, F16); *lse (when not null) = ln(denominator) from the row
-// maximum and sum in the given units.
+// out[x · out_stride] = acc[x] · acc_scale / sum for x < dv, rounded once
+// to out_dtype (F32, BF16, F16); *lse (when not null) = ln(denominator): the
+// row's maximum as a logit plus ln(sum), -inf when sum is 0.
 template <class Arch>
-inline void write_row(const float* acc, int64_t dv, float row_max, float sum,
-                      const ScoreUnits& units, void* out, int32_t out_dtype, int64_t out_stride,
-                      float* lse) {
+inline void write_row(const float* acc, int64_t dv, float natural_max, float sum, float acc_scale,
+                      void* out, int32_t out_dtype, int64_t out_stride, float* lse) {
   using B = xsimd::batch<float, Arch>;
   constexpr int W = static_cast<int>(B::size);
-  const bool empty = sum == 0.0f;
-  const float inv = empty ? 0.0f : 1.0f / sum;
+  const bool empty = sum == 0.0f || acc_scale == 0.0f;
+  const float inv = empty ? 0.0f : acc_scale / sum;
   if (out_dtype != MHA_DTYPE_F32) {
     int64_t x = 0;
     if (out_stride == 1 && !empty) {
@@ -55,16 +56,22 @@ inline void write_row(const float* acc, int64_t dv, float row_max, float sum,
     for (int64_t x = 0; x < dv; ++x) o[x * out_stride] = acc[x] * inv;
   }
   if (lse != nullptr) {
-    *lse = empty ? -std::numeric_limits<float>::infinity() : units.lse(row_max, sum);
+    *lse = sum == 0.0f ? -std::numeric_limits<float>::infinity() : natural_max + std::log(sum);
   }
 }
 
-// write_row for row (row_h, row_i) of a work item: its output and LSE slots.
+// write_row for row (row_h, row_i) of a work item -- its maximum and sum in
+// the given units -- into its output and LSE slots, with the head's
+// attention sink (a logit; -inf: none) joining the denominator.  (The sink
+// is folded in as a logit: in raw units a sink of 1e4 over a tiny |scale|
+// would overflow.)
 template <class Arch>
 inline void write_item_row(const mha_work_item& item, int64_t row_h, int64_t row_i,
-                           const float* acc, int64_t dv, float row_max, float sum,
+                           const float* acc, int64_t dv, float row_max, float sum, float sink,
                            const ScoreUnits& units) {
-  write_row<Arch>(acc, dv, row_max, sum, units,
+  mha_softmax::Row row{units.natural(row_max), sum};
+  const float acc_scale = mha_softmax::fold_sink(row, sink, [](float d) { return std::exp(d); });
+  write_row<Arch>(acc, dv, row.max, row.sum, acc_scale,
                   mha_types::element_at(item.out, item.out_dtype,
                                         row_h * item.out_strides[0] + row_i * item.out_strides[1]),
                   item.out_dtype, item.out_strides[2],

@@ -38,6 +38,7 @@
 #include "simd/microkernels.hpp"
 #include "simd/nonfinite.hpp"
 #include "simd/paths.hpp"
+#include "simd/score_variants.hpp"
 #include "simd/softmax.hpp"
 #include "simd/tile_tools.hpp"
 #include "simd/transpose.hpp"
@@ -178,10 +179,11 @@ class PrefillKernel {
       accumulate_tile<false>(p, item, t, h, q0, nq, units, /*careful=*/true);
     }
     const int64_t dvp = round_up(p.dv, W);
+    const float sink = mha_kernel::sink_logit(p, h);
     for (int64_t r = 0; r < nq; ++r) {
       const int64_t row_h = h - item.h_begin, row_i = q0 + r - item.q_begin;
       write_item_row<Arch>(item, row_h, row_i, t.acc + r * dvp, p.dv, t.row_max[r], t.row_sum[r],
-                           units);
+                           sink, units);
     }
   }
 
@@ -261,13 +263,17 @@ class PrefillKernel {
       prefetch.pace(key_tiles * blocks_per_key_tile);
     }
 
+    // A softcap or ALiBi changes every score before the softmax: such calls
+    // take the two-pass path on every tile.
+    const bool plain_scores = !mha_kernel::has_score_variants(p);
     bool lanes_have_maximum = false;
     int keys = 0;
     for (int64_t j0 = key_begin; j0 <= max_last; j0 += keys) {
       // Without a mask the first tile is short: it sets the running maximum
       // with the two-pass path, and the fused path takes over from the next
       // key on instead of from the next full tile.
-      const int span = j0 == key_begin && p.mask_kind == MHA_MASK_NONE ? kWarmUpKeys : KT;
+      const int span =
+          j0 == key_begin && p.mask_kind == MHA_MASK_NONE && plain_scores ? kWarmUpKeys : KT;
       keys = static_cast<int>(std::min<int64_t>(span, max_last + 1 - j0));
       const KeyTile<kDot> kv = key_tile<kDot>(p, t, b, kvh, item.k_begin, j0, keys);
       // Fused path: once every lane has a finite running maximum, a tile with
@@ -279,7 +285,7 @@ class PrefillKernel {
       // bf16 path's fused kernel stores bf16 probabilities: dropout, which
       // needs them in fp32, takes the two-pass path.)
       const bool within_bounds = j0 >= max_first && j0 + keys - 1 <= min_last;
-      const bool maskless = p.mask_kind == MHA_MASK_NONE && within_bounds;
+      const bool maskless = p.mask_kind == MHA_MASK_NONE && within_bounds && plain_scores;
       const bool fused = maskless && !careful && lanes_have_maximum &&
                          !(kDot && p.dropout_p > 0.0f) &&
                          compute_scores<kDot, true>(t, kv, p.d, units, nqv, keys, prefetch);
@@ -292,6 +298,9 @@ class PrefillKernel {
           if (!maskless && !Dot::pairs_finite(kv.v, (keys + 1) / 2 * dvp)) return false;
         }
         compute_scores<kDot, false>(t, kv, p.d, units, nqv, keys, prefetch);
+        if (!plain_scores) {
+          apply_score_variants_tile<Arch, QT>(p, t.scores, b, h, q0, nqv, j0, keys, units);
+        }
         if (p.mask_kind != MHA_MASK_NONE) {
           apply_mask_tile<Arch, QT>(p, t.scores, b, h, q0, nq, nqv, j0, keys, units);
         }

@@ -37,10 +37,8 @@ struct ScoreUnits {
   float mask(float m) const { return raw ? m / abs_scale : m * 1.4426950408889634f; }
   // The exponent, in base 2, of a score's distance d (<= 0) to the row maximum.
   float exponent(float d) const { return raw ? (d * abs_scale) * 1.4426950408889634f : d; }
-  // The natural log of a row's softmax denominator from its maximum and sum.
-  float lse(float row_max, float sum) const {
-    return (raw ? row_max * abs_scale : row_max * 0.6931471805599453f) + std::log(sum);
-  }
+  // A score (a row maximum) as a logit: the inverse of mask().
+  float natural(float s) const { return raw ? s * abs_scale : s * 0.6931471805599453f; }
 };
 
 inline int64_t round_up(int64_t n, int64_t multiple) {

@@ -176,6 +176,25 @@ typedef struct mha_attention_params {
    * the cost is that of the window, not of Lk. */
   int64_t window_left;
   int64_t window_right;
+
+  /* Attention sinks (gpt-oss): per-head logits, F32 [H] (strided), that join
+   * each row's softmax denominator without a value row:
+   *   out_i = sum_j e^(s_ij) v_j / (e^(sink_h) + sum_j e^(s_ij)),
+   * and the LSE includes them.  A row in which no key takes part is zeros
+   * with LSE sink_h.  -inf is no sink; NaN and +inf are refused.  NULL: none. */
+  const mha_tensor* sinks;
+
+  /* Logit softcap (Gemma 2): s <- softcap * tanh(s / softcap) on the scaled
+   * scores, before ALiBi and the mask.  0 (the default): off; otherwise it
+   * must be finite and > 0. */
+  float softcap;
+
+  /* ALiBi (BLOOM, MPT): F32 slopes [H] or [B, H] (strided); adds
+   *   -slope * |i + Lk - Lq - j|
+   * to the scaled (and softcapped) scores, FlashAttention-2's convention: the
+   * distance to the bottom-right-aligned diagonal.  Slopes must be finite.
+   * NULL: none. */
+  const mha_tensor* alibi_slopes;
 } mha_attention_params;
 
 MHA_API void mha_attention_params_init(mha_attention_params* params);

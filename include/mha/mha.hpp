@@ -300,6 +300,23 @@ class AttentionParams {
     params_.dropout_seed = seed;
     return *this;
   }
+  // Attention sinks: F32 [H], per-head logits in each row's denominator.
+  AttentionParams& sinks(const ConstTensor& t) noexcept {
+    sinks_ = *t.get();
+    params_.sinks = &sinks_;
+    return *this;
+  }
+  // Logit softcap: s <- cap · tanh(s / cap); 0 turns it off.
+  AttentionParams& softcap(float cap) noexcept {
+    params_.softcap = cap;
+    return *this;
+  }
+  // ALiBi: F32 slopes [H] or [B, H]; adds -slope · |i + Lk - Lq - j|.
+  AttentionParams& alibi_slopes(const ConstTensor& t) noexcept {
+    alibi_slopes_ = *t.get();
+    params_.alibi_slopes = &alibi_slopes_;
+    return *this;
+  }
 
   // The C struct; its tensor pointers point into this object.
   const mha_attention_params* get() const noexcept { return &params_; }
@@ -310,15 +327,21 @@ class AttentionParams {
     valid_lens_ = other.valid_lens_;
     mask_ = other.mask_;
     lse_ = other.lse_;
+    sinks_ = other.sinks_;
+    alibi_slopes_ = other.alibi_slopes_;
     params_.valid_lens = other.params_.valid_lens != nullptr ? &valid_lens_ : nullptr;
     params_.mask = other.params_.mask != nullptr ? &mask_ : nullptr;
     params_.lse = other.params_.lse != nullptr ? &lse_ : nullptr;
+    params_.sinks = other.params_.sinks != nullptr ? &sinks_ : nullptr;
+    params_.alibi_slopes = other.params_.alibi_slopes != nullptr ? &alibi_slopes_ : nullptr;
   }
 
   mha_attention_params params_{};
   mha_tensor valid_lens_{};
   mha_tensor mask_{};
   mha_tensor lse_{};
+  mha_tensor sinks_{};
+  mha_tensor alibi_slopes_{};
 };
 
 // out = softmax(Q·Kᵀ·scale + mask)·V; throws mha::Error on bad input.

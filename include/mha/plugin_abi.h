@@ -28,8 +28,10 @@ extern "C" {
  *    output's dtype in the work item.
  * 4: mha_plugin ends with path (which arithmetic a problem takes).
  * 5: mha_kernel_problem ends with lower_diag (the sliding window's left
- *    edge); causal_diag includes the window's right edge. */
-#define MHA_PLUGIN_ABI_VERSION 5
+ *    edge); causal_diag includes the window's right edge.
+ * 6: mha_kernel_problem ends with the score variants: softcap, ALiBi slopes,
+ *    sinks. */
+#define MHA_PLUGIN_ABI_VERSION 6
 #define MHA_PLUGIN_ENTRY_SYMBOL "mha_plugin_entry"
 
 /* CPU features, as the runtime detects them (OS support included). */
@@ -109,6 +111,21 @@ typedef struct mha_kernel_problem {
    * if j >= i + lower_diag (-(INT64_MAX / 4) when unbounded).  The runtime
    * starts every item at or after its first query's first key. */
   int64_t lower_diag;
+
+  /* ABI 6: the score variants, applied in this order to the scaled score s of
+   * query i and key j:
+   *   softcap:  s <- softcap · tanh(s / softcap)        (0: off)
+   *   ALiBi:    s <- s - slope(b, h) · |i + lk - lq - j| (alibi_slopes NULL: off;
+   *             the slope of (b, h) at [b · s0 + h · s1])
+   *   then the mask.  sinks (NULL: none): head h's sink logit at
+   *   [h · sinks_stride] joins each of its rows' denominators (-inf: none);
+   *   a row without keys then gets zeros and LSE = the sink.  For split-KV
+   *   partials the runtime passes sinks = NULL and adds them when it merges. */
+  float softcap;
+  const float* alibi_slopes;
+  int64_t alibi_strides[2];
+  const float* sinks;
+  int64_t sinks_stride;
 } mha_kernel_problem;
 
 /*

@@ -9,6 +9,7 @@
 #include "simd/convert.hpp"
 #include "simd/microkernels.hpp"
 #include "simd/row_kernels.hpp"
+#include "simd/score_variants.hpp"
 #include "simd/tile_tools.hpp"
 
 namespace {
@@ -69,6 +70,10 @@ void widen(int32_t dtype, const void* in, float* out) {
   });
 }
 
+void softcap(float* s, int64_t n, float cap) {
+  mha_simd::softcap_scores<Arch>(s, n, cap);
+}
+
 }  // namespace
 
 extern "C" const mha_micro::MicroKernels* MHA_MICRO_NAME() {
@@ -86,6 +91,7 @@ extern "C" const mha_micro::MicroKernels* MHA_MICRO_NAME() {
       row_pv,
       narrow,
       widen,
+      softcap,
   };
   return &kernels;
 }

@@ -29,6 +29,9 @@ struct MicroKernels {
   void (*narrow)(int32_t dtype, const float* x, uint16_t* out);
   // load_widen: `lanes` BF16 or F16 bits, or int8 values, as floats.
   void (*widen)(int32_t dtype, const void* in, float* out);
+  // softcap_scores: s <- cap · tanh(s / cap) over n floats (a multiple of
+  // `lanes`, aligned).
+  void (*softcap)(float* s, int64_t n, float cap);
 };
 
 }  // namespace mha_micro

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 #include <mha/mha.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -288,6 +290,43 @@ TEST_P(Micro, NarrowingAndWideningMatchTheScalarConversions) {
           << "lane " << l;
     }
   }
+}
+
+// softcap_scores against c · tanh(s / c) in float64: the relative error
+// score_variants.hpp states, over arguments small (where the cap barely bends the
+// logits) to saturated, for caps of 1, 50 (Gemma 2) and 1e4; ±inf -> ±c,
+// NaN stays NaN.
+TEST_P(Micro, SoftcapMatchesTanhInFloat64) {
+  const int w = k_->lanes;
+  std::vector<float> args = {0.0f,    -0.0f, 1e-30f, -1e-20f,  0.6249f,  0.625f,
+                             -0.625f, 9.0f,  20.0f,  INFINITY, -INFINITY};
+  Rng rng(5);
+  for (int i = 0; i < 20000; ++i) args.push_back(std::ldexp(rng.uniform(-1.0f, 1.0f), i % 40 - 30));
+  while (args.size() % static_cast<size_t>(w) != 0) args.push_back(0.5f);
+  double worst = 0;  // in units of 2^-24 relative
+  for (const float cap : {1.0f, 50.0f, 1e4f}) {
+    Aligned s(args.size());
+    for (size_t i = 0; i < args.size(); ++i) s[i] = args[i] * cap;
+    k_->softcap(s.get(), static_cast<int64_t>(args.size()), cap);
+    for (size_t i = 0; i < args.size(); ++i) {
+      const double x = static_cast<double>(args[i] * cap);
+      const double want = static_cast<double>(cap) * std::tanh(x / static_cast<double>(cap));
+      const double got = s[i];
+      if (std::isinf(x)) {
+        ASSERT_EQ(got, want) << "cap " << cap << " of " << x;
+        continue;
+      }
+      const double error = want == 0.0 ? std::fabs(got) : std::fabs(got - want) / std::fabs(want);
+      worst = std::max(worst, error * 16777216.0);
+      ASSERT_LE(error, 6.0 * std::ldexp(1.0, -24)) << "cap " << cap << " of " << x << ": " << got;
+    }
+  }
+  Aligned nan(static_cast<size_t>(w));
+  for (int l = 0; l < w; ++l) nan[static_cast<size_t>(l)] = NAN;
+  k_->softcap(nan.get(), w, 50.0f);
+  for (int l = 0; l < w; ++l) EXPECT_TRUE(std::isnan(nan[static_cast<size_t>(l)]));
+  RecordProperty("worst_ulps", std::to_string(worst));
+  std::printf("softcap on %s: worst relative error %.2f * 2^-24\n", k_->name, worst);
 }
 
 std::string isa_name(const ::testing::TestParamInfo<mha_micro::MicroIsa>& info) {

@@ -170,6 +170,20 @@ Files window_case() {
   return f;
 }
 
+// window_case's inputs with a sink per head (one of them -inf: no sink) and
+// ALiBi slopes per head; run with --sinks, --alibi, --softcap and --window.
+Files variants_case() {
+  Files f = window_case();
+  NpyArray sinks(NpyDtype::F32, {4}), slopes(NpyDtype::F32, {4});
+  for (int64_t h = 0; h < 4; ++h) {
+    sinks.set_from_double(h, h == 2 ? -HUGE_VAL : 0.5 * static_cast<double>(h));
+    slopes.set_from_double(h, std::exp2(-2.0 * static_cast<double>(h + 1)));
+  }
+  f["sinks"] = std::move(sinks);
+  f["alibi"] = std::move(slopes);
+  return f;
+}
+
 // Multi-query attention with an additive float mask [Lq,Lk] holding -inf,
 // per-query int32 valid lengths (a zero among them); run with --causal
 // top-left --scale 0.3.
@@ -194,8 +208,11 @@ Files additive_case() {
 }
 
 int write_case(const std::string& name, const std::string& dir) {
-  const std::map<std::string, std::function<Files()>> cases = {
-      {"d2l", d2l_case}, {"gqa", gqa_case}, {"additive", additive_case}, {"window", window_case}};
+  const std::map<std::string, std::function<Files()>> cases = {{"d2l", d2l_case},
+                                                               {"gqa", gqa_case},
+                                                               {"additive", additive_case},
+                                                               {"window", window_case},
+                                                               {"variants", variants_case}};
   const auto it = cases.find(name);
   if (it == cases.end()) {
     std::fprintf(stderr, "mha_tools_case: unknown case '%s'\n", name.c_str());
@@ -336,6 +353,9 @@ int check_case(const mha_tools::AttentionOptions& o) {
   }
   if (!o.valid_lens.empty()) vl = load_c(o.valid_lens);
   if (!o.lse.empty()) lse = load_c(o.lse);
+  std::optional<NpyArray> sinks, alibi;
+  if (!o.sinks.empty()) sinks = load_c(o.sinks);
+  if (!o.alibi.empty()) alibi = load_c(o.alibi);
   std::printf("dtypes: q %s, k and v %s\n", mha_types::dtype_name(q_dtype),
               mha_types::dtype_name(kv_dtype));
 
@@ -388,6 +408,16 @@ int check_case(const mha_tools::AttentionOptions& o) {
     params.has_scale = 1;
     params.scale = static_cast<float>(*o.scale);
   }
+  mha_tensor tsinks{}, talibi{};
+  if (sinks) {
+    tsinks = c_order_tensor(*sinks, MHA_DTYPE_F32);
+    params.sinks = &tsinks;
+  }
+  if (alibi) {
+    talibi = c_order_tensor(*alibi, MHA_DTYPE_F32);
+    params.alibi_slopes = &talibi;
+  }
+  if (o.softcap) params.softcap = static_cast<float>(*o.softcap);
   const mha_test::Reference ref = mha_test::reference_attention(tq.get(), *tk, *tv, &params);
 
   const std::vector<int64_t> out_shape = {ref.batch, ref.heads, ref.lq, ref.dv};
