@@ -234,7 +234,9 @@ int attend(const mha_kernel_problem* problem, const mha_work_item* item, void* s
         const float acc_scale =
             mha_softmax::fold_sink(row, sink, [](float d) { return std::exp(d); });
         const float sum = row.sum;
-        const bool empty = sum == 0.0f || acc_scale == 0.0f;  // no key took part (or weighs)
+        // No key took part.  (A row a sink outweighs has acc_scale 0: a NaN
+        // among its values stays NaN.)
+        const bool empty = sum == 0.0f;
         const float inv = empty ? 0.0f : acc_scale / sum;
         for (int64_t d = 0; d < p.dv; ++d) {
           mha_types::store_float(item->out, item->out_dtype, out_at + d * item->out_strides[2],

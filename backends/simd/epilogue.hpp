@@ -26,7 +26,10 @@ inline void write_row(const float* acc, int64_t dv, float natural_max, float sum
                       void* out, int32_t out_dtype, int64_t out_stride, float* lse) {
   using B = xsimd::batch<float, Arch>;
   constexpr int W = static_cast<int>(B::size);
-  const bool empty = sum == 0.0f || acc_scale == 0.0f;
+  // (A row a sink outweighs entirely has acc_scale 0: its values are
+  // multiplied by it, so that a NaN among them stays NaN, as in IEEE
+  // arithmetic and the reference.)
+  const bool empty = sum == 0.0f;
   const float inv = empty ? 0.0f : acc_scale / sum;
   if (out_dtype != MHA_DTYPE_F32) {
     int64_t x = 0;

@@ -23,7 +23,11 @@ def scaled_dot_product_attention(
         out: Optional[Array] = None, backend: Optional[str] = None,
         threads: Optional[int] = None, dropout_seed: Optional[int] = None,
         k_scale: Optional[Array] = None,
-        v_scale: Optional[Array] = None) -> Union[Array, Tuple[Array, Array]]:
+        v_scale: Optional[Array] = None,
+        window_size: Tuple[int, int] = (-1, -1),
+        sinks: Optional[Array] = None,
+        softcap: float = 0.0,
+        alibi_slopes: Optional[Array] = None) -> Union[Array, Tuple[Array, Array]]:
     """softmax(query @ key^T * scale + mask) @ value, as torch.nn.functional.scaled_dot_product_attention.
 
     Arguments as PyTorch's (same names, positions and meaning):
@@ -69,6 +73,17 @@ def scaled_dot_product_attention(
         each (a stride of 0 broadcasts): key and value of dtype int8 mean
         k_scale * key and v_scale * value (mha.quantize_kv makes such a
         cache).  Required with int8 key and value, refused otherwise.
+    window_size: (left, right), FlashAttention-2's sliding window aligned to
+        the bottom-right corner: key j takes part in query i's row iff
+        i + S - L - left <= j <= i + S - L + right; -1 leaves a side
+        unbounded.  Keys outside the window are never read.
+    sinks: float32 [Hq], per-head logits that join each row's softmax
+        denominator without a value row (gpt-oss); -inf is no sink.  The LSE
+        includes them; a row without keys is zeros with LSE = its sink.
+    softcap: scores become softcap * tanh(score / softcap) before ALiBi and
+        the mask (Gemma 2); 0 is off.
+    alibi_slopes: float32 [Hq] or [B, Hq]: adds -slope * |i + S - L - j| to
+        the scores (FlashAttention-2's convention).
 
     A row in which no key takes part is zeros (its LSE -inf), never NaN.
 
@@ -93,6 +108,10 @@ def scaled_dot_product_attention(
     dropout_seed = _dropout_seed(dropout_seed, dropout_p)
     k_scale = optional_array_argument(k_scale, "k_scale")
     v_scale = optional_array_argument(v_scale, "v_scale")
+    window_left, window_right = _window_argument(window_size)
+    sinks = optional_array_argument(sinks, "sinks")
+    softcap = real(softcap, "softcap")
+    alibi_slopes = optional_array_argument(alibi_slopes, "alibi_slopes")
     if backend is not None and type(backend) is not str:
         raise TypeError(f"backend must be a str, not {type(backend).__name__}")
     threads = None if threads is None else integer(threads, "threads", 1, 4096)
@@ -104,8 +123,20 @@ def scaled_dot_product_attention(
     lse = empty_like_framework(query, shape_of(query)[:-1], "float32") if return_lse else None
 
     _mha.attention(query, key, value, out, attn_mask, valid_lens, lse, k_scale, v_scale, scale,
-                   causal, enable_gqa, dropout_p, dropout_seed, backend, threads)
+                   causal, enable_gqa, dropout_p, dropout_seed, window_left, window_right, sinks,
+                   softcap, alibi_slopes, backend, threads)
     return (out, lse) if return_lse else out
+
+
+def _window_argument(window_size):
+    """(left, right) as two ints (the library refuses values below -1 by name)."""
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise TypeError("window_size must be a pair (left, right) of ints, -1 for an unbounded "
+                        f"side, not {window_size!r}")
+    left, right = window_size
+    limit = 2**62
+    return (integer(left, "window_size[0]", -limit, limit),
+            integer(right, "window_size[1]", -limit, limit))
 
 
 def _valid_lens_argument(valid_lens):

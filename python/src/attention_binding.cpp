@@ -25,6 +25,8 @@ constexpr RankRule kLse{1, 3, 3};        // [B, H, Lq]
 constexpr RankRule kMask{1, 4, 2};       // broadcast like NumPy against [B, H, Lq, Lk]
 constexpr RankRule kValidLens{1, 2, 1};  // [B] or [B, Lq]
 constexpr RankRule kRowScales{1, 3, 3};  // an int8 cache's [B, Hkv, Lk]
+constexpr RankRule kSinks{1, 1, 1};      // [H]
+constexpr RankRule kSlopes{1, 2, 1};     // [H] or [B, H]
 
 // PyTorch's rule: query heads may differ from key/value heads only with
 // enable_gqa (shapes as the library sees them, [B, H, L, D]).
@@ -40,8 +42,9 @@ void check_heads(const mha_tensor& q, const mha_tensor& kv, const char* name, bo
 void attention(nb::handle query, nb::handle key, nb::handle value, nb::handle out,
                nb::handle attn_mask, nb::handle valid_lens, nb::handle lse, nb::handle k_scale,
                nb::handle v_scale, std::optional<double> scale, int32_t causal, bool enable_gqa,
-               double dropout_p, uint64_t dropout_seed, std::optional<std::string> backend,
-               std::optional<int32_t> threads) {
+               double dropout_p, uint64_t dropout_seed, int64_t window_left, int64_t window_right,
+               nb::handle sinks, double softcap, nb::handle alibi_slopes,
+               std::optional<std::string> backend, std::optional<int32_t> threads) {
   const ArrayView q(query, "query", Access::read_only, kHeads);
   const ArrayView k(key, "key", Access::read_only, kHeads);
   const ArrayView v(value, "value", Access::read_only, kHeads);
@@ -57,6 +60,10 @@ void attention(nb::handle query, nb::handle key, nb::handle value, nb::handle ou
       optional_view(k_scale, "k_scale", Access::read_only, kRowScales);
   const std::optional<ArrayView> v_scales =
       optional_view(v_scale, "v_scale", Access::read_only, kRowScales);
+  const std::optional<ArrayView> sink_view =
+      optional_view(sinks, "sinks", Access::read_only, kSinks);
+  const std::optional<ArrayView> slope_view =
+      optional_view(alibi_slopes, "alibi_slopes", Access::read_only, kSlopes);
 
   mha_attention_params params;
   mha_attention_params_init(&params);
@@ -72,6 +79,11 @@ void attention(nb::handle query, nb::handle key, nb::handle value, nb::handle ou
   params.v_scale = v_scales ? &v_scales->tensor() : nullptr;
   params.dropout_p = static_cast<float>(dropout_p);
   params.dropout_seed = dropout_seed;
+  params.window_left = window_left;
+  params.window_right = window_right;
+  params.sinks = sink_view ? &sink_view->tensor() : nullptr;
+  params.softcap = static_cast<float>(softcap);
+  params.alibi_slopes = slope_view ? &slope_view->tensor() : nullptr;
 
   const CallOverrides overrides{std::move(backend), threads};
   nb::gil_scoped_release without_gil;
@@ -87,8 +99,9 @@ void register_attention(nb::module_& module) {
              nb::arg("out"), nb::arg("attn_mask").none(), nb::arg("valid_lens").none(),
              nb::arg("lse").none(), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
              nb::arg("scale").none(), nb::arg("causal"), nb::arg("enable_gqa"),
-             nb::arg("dropout_p"), nb::arg("dropout_seed"), nb::arg("backend").none(),
-             nb::arg("threads").none(),
+             nb::arg("dropout_p"), nb::arg("dropout_seed"), nb::arg("window_left"),
+             nb::arg("window_right"), nb::arg("sinks").none(), nb::arg("softcap"),
+             nb::arg("alibi_slopes").none(), nb::arg("backend").none(), nb::arg("threads").none(),
              "out = softmax(query @ key^T * scale + mask) @ value, written into `out` (and the "
              "log-sum-exp into `lse`).  Internal: use mha.scaled_dot_product_attention.");
 }

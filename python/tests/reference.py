@@ -10,8 +10,14 @@ TOP_LEFT, BOTTOM_RIGHT = "top-left", "bottom-right"
 
 
 def attention(q, k, v, *, mask=None, is_causal=False, alignment=TOP_LEFT, scale=None,
-              valid_lens=None, dropout_p=0.0, dropout_seed=0):
-    """Returns (out [B, H, L, Ev], lse [B, H, L], max |logit| over the keys that take part)."""
+              valid_lens=None, dropout_p=0.0, dropout_seed=0, window=(-1, -1), sinks=None,
+              softcap=0.0, alibi_slopes=None):
+    """Returns (out [B, H, L, Ev], lse [B, H, L], max |logit| over the keys that take part).
+
+    window (left, right): FlashAttention-2's, bottom-right aligned; sinks [H]:
+    logits in the denominator only; softcap: c * tanh(s / c) on the scaled
+    scores, then ALiBi's -slope * |i + S - L - j| (slopes [H] or [B, H]),
+    then the mask."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     B, H, L, E = q.shape
     Hkv, S = k.shape[1], k.shape[2]
@@ -21,6 +27,14 @@ def attention(q, k, v, *, mask=None, is_causal=False, alignment=TOP_LEFT, scale=
     scale = 1.0 / np.sqrt(E) if scale is None else float(np.float32(scale))
 
     logits = np.einsum("bhle,bhse->bhls", q, k) * scale
+    i = np.arange(L)[:, None]
+    j = np.arange(S)[None, :]
+    if softcap > 0.0:
+        c = float(np.float32(softcap))
+        logits = c * np.tanh(logits / c)
+    if alibi_slopes is not None:
+        slopes = np.broadcast_to(np.asarray(alibi_slopes, dtype=np.float64), (B, H))
+        logits = logits - slopes[:, :, None, None] * np.abs(i + S - L - j)[None, None]
     takes_part = np.ones((B, H, L, S), dtype=bool)
     if mask is not None:
         mask = np.broadcast_to(np.asarray(mask), (B, H, L, S))
@@ -29,8 +43,11 @@ def attention(q, k, v, *, mask=None, is_causal=False, alignment=TOP_LEFT, scale=
         else:
             logits = logits + mask.astype(np.float64)
             takes_part &= mask != -np.inf
-    i = np.arange(L)[:, None]
-    j = np.arange(S)[None, :]
+    left, right = window
+    if left >= 0:
+        takes_part &= j >= i + S - L - left
+    if right >= 0:
+        takes_part &= j <= i + S - L + right
     if is_causal:
         takes_part &= (j <= i) if alignment == TOP_LEFT else (j <= i + S - L)
     if valid_lens is not None:
@@ -39,11 +56,14 @@ def attention(q, k, v, *, mask=None, is_causal=False, alignment=TOP_LEFT, scale=
         takes_part &= j[None, None] < lens
 
     logits = np.where(takes_part, logits, -np.inf)
-    row_max = logits.max(axis=-1, keepdims=True)
-    empty = ~takes_part.any(axis=-1, keepdims=True)
+    sink = np.full((B, H, L, 1), -np.inf)
+    if sinks is not None:
+        sink[:] = np.asarray(sinks, dtype=np.float64)[None, :, None, None]
+    row_max = np.maximum(logits.max(axis=-1, keepdims=True), sink)
+    empty = ~takes_part.any(axis=-1, keepdims=True) & (sink == -np.inf)
     row_max = np.where(empty, 0.0, row_max)
     weights = np.exp(logits - row_max)  # exp(-inf) = 0 where a key does not take part
-    total = weights.sum(axis=-1, keepdims=True)
+    total = weights.sum(axis=-1, keepdims=True) + np.exp(sink - row_max)
     with np.errstate(divide="ignore", invalid="ignore"):
         lse = np.where(empty, -np.inf, np.log(total) + row_max)[..., 0]
         weights = np.where(empty, 0.0, weights / total)
