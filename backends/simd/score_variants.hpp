@@ -37,12 +37,16 @@ inline xsimd::batch<float, Arch> fast_tanh(xsimd::batch<float, Arch> x) {
   p = xsimd::fma(p, z, B(1.33314422036e-1f));
   p = xsimd::fma(p, z, B(-3.33332819422e-1f));
   const B small = xsimd::fma(p * z, a, a);
+  const B sign = xsimd::bitwise_and(x, B(-0.0f));
+  const auto is_small = a < B(0.625f);  // false for NaN
+  // A cap well above the logits (Gemma 2's 50 over logits of a few tens)
+  // leaves every argument small: the exp and the division are skipped.
+  if (xsimd::all(is_small)) return xsimd::bitwise_or(small, sign);
   // large arguments
   const B e = fast_exp2<Arch>(a * B(-2.0f * 1.4426950408889634f));
   const B large = (B(1.0f) - e) / (B(1.0f) + e);
-  const B t = xsimd::select(a < B(0.625f), small, large);
-  const B signed_t = xsimd::bitwise_or(t, xsimd::bitwise_and(x, B(-0.0f)));
-  return xsimd::select(xsimd::isnan(x), x, signed_t);
+  const B t = xsimd::select(is_small, small, large);
+  return xsimd::select(xsimd::isnan(x), x, xsimd::bitwise_or(t, sign));
 }
 
 // c · tanh(s / c) for every score of n floats (a multiple of the vector
