@@ -96,4 +96,55 @@ class CheckedCall {
   mha_tensor lse_tensor_{};
 };
 
+// Q, K and V of a case, laid out as `layout` says: Q and K uniform in
+// [-2, 2), V in [0, 1).
+struct RandomInputs {
+  Shape4 sq, sk, sv;
+  Arena q, k, v;
+  mha_tensor tq, tk, tv;
+
+  RandomInputs(Rng& rng, Layout layout, int64_t B, int64_t H, int64_t Hkv, int64_t Lq, int64_t Lk,
+               int64_t D, int64_t Dv)
+      : sq(make_shape(layout, B, H, Lq, D)),
+        sk(make_shape(layout, B, Hkv, Lk, D)),
+        sv(make_shape(layout, B, Hkv, Lk, Dv)),
+        q(sq.extent),
+        k(sk.extent),
+        v(sv.extent),
+        tq(q.view(sq)),
+        tk(k.view(sk)),
+        tv(v.view(sv)) {
+    fill_uniform(tq, rng, -2.0f, 2.0f);
+    fill_uniform(tk, rng, -2.0f, 2.0f);
+    fill_uniform(tv, rng);
+  }
+};
+
+// A caller built against an older mha passes its older struct_size: the
+// fields past it must be ignored, whatever they hold.  Runs a small call
+// (B 1, H 2, L 40, D 16) with params of `size` bytes after `set_newer` has
+// filled newer fields with garbage, and checks it against plain attention.
+template <class SetNewer>
+void expect_older_size_ignores_newer_fields(uint32_t size, SetNewer&& set_newer) {
+  const int64_t L = 40, D = 16;
+  Rng rng(3);
+  std::vector<float> q(static_cast<size_t>(2 * L * D)), k(q.size()), v(q.size()), out(q.size());
+  for (auto* x : {&q, &k, &v}) {
+    for (float& f : *x) f = rng.uniform(-1.0f, 1.0f);
+  }
+  mha_tensor tq = describe(q.data(), MHA_DTYPE_F32, {1, 2, L, D});
+  mha_tensor tk = describe(k.data(), MHA_DTYPE_F32, {1, 2, L, D});
+  mha_tensor tv = describe(v.data(), MHA_DTYPE_F32, {1, 2, L, D});
+  mha_tensor tout = describe(out.data(), MHA_DTYPE_F32, {1, 2, L, D});
+  mha_attention_params p;
+  mha_attention_params_init(&p);
+  p.struct_size = size;
+  set_newer(p);
+  ASSERT_EQ(mha_attention(&tq, &tk, &tv, &tout, &p), MHA_OK) << mha_last_error();
+  mha_attention_params plain;
+  mha_attention_params_init(&plain);
+  const Reference ref = reference_attention(tq, tk, tv, &plain);
+  EXPECT_LE(max_abs_error(tout, ref), tolerance(ref));
+}
+
 }  // namespace mha_test

@@ -47,15 +47,9 @@ struct HalfCase {
 void run_half_case(const HalfCase& c, int32_t q_dtype, int32_t kv_dtype, int32_t out_dtype) {
   SCOPED_TRACE(c.describe(q_dtype, kv_dtype, out_dtype));
   Rng rng(c.seed);
-  const Shape4 sq = make_shape(c.layout, c.B, c.H, c.Lq, c.D);
-  const Shape4 sk = make_shape(c.layout, c.B, c.Hkv, c.Lk, c.D);
-  const Shape4 sv = make_shape(c.layout, c.B, c.Hkv, c.Lk, c.Dv);
-  Arena q(sq.extent), k(sk.extent), v(sv.extent);
-  mha_tensor tq = q.view(sq), tk = k.view(sk), tv = v.view(sv);
-  fill_uniform(tq, rng, -2.0f, 2.0f);
-  fill_uniform(tk, rng, -2.0f, 2.0f);
-  fill_uniform(tv, rng);
-  TypedCopy q_typed(tq, q_dtype);
+  RandomInputs in(rng, c.layout, c.B, c.H, c.Hkv, c.Lq, c.Lk, c.D, c.Dv);
+  const mha_tensor &tk = in.tk, &tv = in.tv;
+  TypedCopy q_typed(in.tq, q_dtype);
 
   // K and V: half copies, or int8 with their row scales (mha_quantize_kv).
   std::vector<int8_t> k8, v8;
