@@ -134,7 +134,8 @@ Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mh
     causal = params->causal;
     vl = params->valid_lens;
     mask = params->mask;
-    if (has(offsetof(mha_attention_params, v_scale) + sizeof params->v_scale)) {
+    // (Pointer fields end sizeof(void*) after their offset.)
+    if (has(offsetof(mha_attention_params, v_scale) + sizeof(void*))) {
       k_scale = params->k_scale;
       v_scale = params->v_scale;
     }
@@ -142,7 +143,7 @@ Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mh
       window_left = params->window_left;
       window_right = params->window_right;
     }
-    if (has(offsetof(mha_attention_params, alibi_slopes) + sizeof params->alibi_slopes)) {
+    if (has(offsetof(mha_attention_params, alibi_slopes) + sizeof(void*))) {
       sinks = params->sinks;
       softcap = static_cast<double>(params->softcap);
       alibi = params->alibi_slopes;
