@@ -290,37 +290,47 @@ mha_status check_scales(const mha_attention_params& params, bool int8_kv, int64_
   return MHA_OK;
 }
 
-// The score variants: sinks F32 [H] (no NaN, no +inf), softcap 0 or finite
-// and > 0, ALiBi slopes F32 [H] or [B, H] (finite).
-mha_status check_variants(const mha_attention_params& params, int64_t batch, int64_t heads) {
-  if (!(params.softcap >= 0.0f && params.softcap <= FLT_MAX)) {
+}  // namespace
+
+mha_status check_window(int64_t window_left, int64_t window_right) {
+  if (window_left >= -1 && window_right >= -1) return MHA_OK;
+  const bool left = window_left < -1;
+  return fail(MHA_ERR_INVALID_VALUE,
+              "params->window_%s = %lld; it must be -1 (unbounded) or a key count >= 0",
+              left ? "left" : "right", static_cast<long long>(left ? window_left : window_right));
+}
+
+mha_status check_variants(const mha_tensor* sinks, float softcap, const mha_tensor* alibi_slopes,
+                          int64_t batch, int64_t heads, const char* prefix) {
+  if (!(softcap >= 0.0f && softcap <= FLT_MAX)) {
     return fail(MHA_ERR_INVALID_VALUE,
                 "params->softcap = %g; it must be 0 (off) or a finite value > 0",
-                static_cast<double>(params.softcap));
+                static_cast<double>(softcap));
   }
-  if (const mha_tensor* t = params.sinks; t != nullptr) {
-    if (mha_status s = check_tensor(t, "sinks", 1, 1); s != MHA_OK) return s;
-    if (mha_status s = check_f32(t, "sinks"); s != MHA_OK) return s;
+  if (const mha_tensor* t = sinks; t != nullptr) {
+    const std::string name = std::string(prefix) + "sinks";
+    if (mha_status s = check_tensor(t, name.c_str(), 1, 1); s != MHA_OK) return s;
+    if (mha_status s = check_f32(t, name.c_str()); s != MHA_OK) return s;
     if (t->shape[0] != heads) {
-      return fail(MHA_ERR_SHAPE_MISMATCH, "sinks has shape %s; it must be [H] = [%lld]",
+      return fail(MHA_ERR_SHAPE_MISMATCH, "%s has shape %s; it must be [H] = [%lld]", name.c_str(),
                   shape_text(*t).c_str(), static_cast<long long>(heads));
     }
     for (int64_t h = 0; h < heads; ++h) {
       const float x = static_cast<const float*>(t->data)[h * t->strides[0]];
       if (std::isnan(x) || x == HUGE_VALF) {
-        return fail(MHA_ERR_INVALID_VALUE,
-                    "sinks[%lld] = %g; a sink must be finite or -inf (no sink)",
-                    static_cast<long long>(h), static_cast<double>(x));
+        return fail(MHA_ERR_INVALID_VALUE, "%s[%lld] = %g; a sink must be finite or -inf (no sink)",
+                    name.c_str(), static_cast<long long>(h), static_cast<double>(x));
       }
     }
   }
-  if (const mha_tensor* t = params.alibi_slopes; t != nullptr) {
-    if (mha_status s = check_tensor(t, "alibi_slopes", 1, 2); s != MHA_OK) return s;
-    if (mha_status s = check_f32(t, "alibi_slopes"); s != MHA_OK) return s;
+  if (const mha_tensor* t = alibi_slopes; t != nullptr) {
+    const std::string name = std::string(prefix) + "alibi_slopes";
+    if (mha_status s = check_tensor(t, name.c_str(), 1, 2); s != MHA_OK) return s;
+    if (mha_status s = check_f32(t, name.c_str()); s != MHA_OK) return s;
     const bool per_batch = t->ndim == 2;
     if (t->shape[t->ndim - 1] != heads || (per_batch && t->shape[0] != batch)) {
       return fail(MHA_ERR_SHAPE_MISMATCH,
-                  "alibi_slopes has shape %s; it must be [H] = [%lld] or [B, H] = [%lld, %lld]",
+                  "%s has shape %s; it must be [H] = [%lld] or [B, H] = [%lld, %lld]", name.c_str(),
                   shape_text(*t).c_str(), static_cast<long long>(heads),
                   static_cast<long long>(batch), static_cast<long long>(heads));
     }
@@ -329,7 +339,7 @@ mha_status check_variants(const mha_attention_params& params, int64_t batch, int
         const float x = static_cast<const float*>(
             t->data)[(per_batch ? b * t->strides[0] : 0) + h * t->strides[t->ndim - 1]];
         if (!std::isfinite(x)) {
-          return fail(MHA_ERR_INVALID_VALUE, "alibi_slopes holds %g; slopes must be finite",
+          return fail(MHA_ERR_INVALID_VALUE, "%s holds %g; slopes must be finite", name.c_str(),
                       static_cast<double>(x));
         }
       }
@@ -337,6 +347,8 @@ mha_status check_variants(const mha_attention_params& params, int64_t batch, int
   }
   return MHA_OK;
 }
+
+namespace {
 
 // Every check of mha_attention's arguments (params already completed to this
 // version's struct); nothing is written.
@@ -398,13 +410,7 @@ mha_status check_attention(const mha_tensor* q, const mha_tensor* k, const mha_t
                 "params->causal = %d; it must be MHA_CAUSAL_NONE, _TOP_LEFT or _BOTTOM_RIGHT",
                 params.causal);
   }
-  if (params.window_left < -1 || params.window_right < -1) {
-    const bool left = params.window_left < -1;
-    return fail(MHA_ERR_INVALID_VALUE,
-                "params->window_%s = %lld; it must be -1 (unbounded) or a key count >= 0",
-                left ? "left" : "right",
-                static_cast<long long>(left ? params.window_left : params.window_right));
-  }
+  if (mha_status s = check_window(params.window_left, params.window_right); s != MHA_OK) return s;
   if (!(params.dropout_p >= 0.0f && params.dropout_p < 1.0f)) {
     return fail(MHA_ERR_INVALID_VALUE, "params->dropout_p = %g; it must be in [0, 1)",
                 static_cast<double>(params.dropout_p));
@@ -413,7 +419,11 @@ mha_status check_attention(const mha_tensor* q, const mha_tensor* k, const mha_t
       s != MHA_OK) {
     return s;
   }
-  if (mha_status s = check_variants(params, batch, heads); s != MHA_OK) return s;
+  if (mha_status s =
+          check_variants(params.sinks, params.softcap, params.alibi_slopes, batch, heads, "");
+      s != MHA_OK) {
+    return s;
+  }
   if (params.valid_lens != nullptr) {
     if (mha_status s = check_valid_lens(params.valid_lens, "valid_lens", batch, lq, lk);
         s != MHA_OK) {

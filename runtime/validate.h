@@ -44,6 +44,17 @@ mha_status check_f32(const mha_tensor* t, const char* name);
 // valid_lens: I32/I64, [B] or [B, Lq], every value in [0, Lk].
 mha_status check_valid_lens(const mha_tensor* vl, const char* name, int64_t batch, int64_t lq,
                             int64_t lk);
+// The attention variants' parameters, as plain values (mha_attention_params'
+// fields, or the module's).  The window: each side -1 (unbounded) or >= 0,
+// the message naming params->window_left or _right.
+mha_status check_window(int64_t window_left, int64_t window_right);
+// sinks (may be NULL) F32 [heads], each value finite or -inf; softcap 0 or
+// finite and > 0 (named params->softcap); alibi_slopes (may be NULL) F32
+// [heads] or [batch, heads], finite.  Tensor names in messages start with
+// `prefix`: "" for mha_attention's (sinks, alibi_slopes), "params->" for the
+// module's.
+mha_status check_variants(const mha_tensor* sinks, float softcap, const mha_tensor* alibi_slopes,
+                          int64_t batch, int64_t heads, const char* prefix);
 // An output must not overlap itself (two indices, one address) or any of the
 // `count` other tensors (nullptr entries are skipped).
 mha_status check_no_overlap(const mha_tensor& output, const char* output_name,
