@@ -22,29 +22,6 @@ const char* path_of(const Backend& backend, const mha_kernel_problem& p) {
   return p.q_dtype == MHA_DTYPE_F32 && p.kv_dtype == MHA_DTYPE_F32 ? "fp32" : "widened-to-fp32";
 }
 
-// The attention variants of a call, '+'-separated ("none" without any):
-// window(L;R) with -1 for an unbounded side, softcap(C), alibi (per head) or
-// alibi(per-batch), sinks.
-std::string variants_of(const KernelCall& call) {
-  const mha_kernel_problem& p = call.problem;
-  std::string list;
-  const auto add = [&list](const std::string& variant) {
-    list += (list.empty() ? "" : "+") + variant;
-  };
-  if (call.window_left >= 0 || call.window_right >= 0) {
-    add("window(" + std::to_string(call.window_left) + ";" + std::to_string(call.window_right) +
-        ")");
-  }
-  if (p.softcap > 0.0f) {
-    char text[32];
-    std::snprintf(text, sizeof text, "softcap(%g)", static_cast<double>(p.softcap));
-    add(text);
-  }
-  if (p.alibi_slopes != nullptr) add(p.alibi_strides[0] != 0 ? "alibi(per-batch)" : "alibi");
-  if (p.sinks != nullptr) add("sinks");
-  return list.empty() ? "none" : list;
-}
-
 void log_call(const Backend& backend, const KernelCall& call, const WorkPlan& plan, int32_t threads,
               double ms) {
   const mha_kernel_problem& p = call.problem;
@@ -69,6 +46,26 @@ void log_call(const Backend& backend, const KernelCall& call, const WorkPlan& pl
 }
 
 }  // namespace
+
+std::string variants_of(const KernelCall& call) {
+  const mha_kernel_problem& p = call.problem;
+  std::string list;
+  const auto add = [&list](const std::string& variant) {
+    list += (list.empty() ? "" : "+") + variant;
+  };
+  if (call.window_left >= 0 || call.window_right >= 0) {
+    add("window(" + std::to_string(call.window_left) + ";" + std::to_string(call.window_right) +
+        ")");
+  }
+  if (p.softcap > 0.0f) {
+    char text[32];
+    std::snprintf(text, sizeof text, "softcap(%g)", static_cast<double>(p.softcap));
+    add(text);
+  }
+  if (p.alibi_slopes != nullptr) add(p.alibi_strides[0] != 0 ? "alibi(per-batch)" : "alibi");
+  if (p.sinks != nullptr) add("sinks");
+  return list.empty() ? "none" : list;
+}
 
 mha_status attend(KernelCall& call) {
   const char* why = nullptr;

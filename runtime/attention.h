@@ -6,6 +6,8 @@
 
 #include <mha/mha.h>
 
+#include <string>
+
 #include "validate.h"
 
 namespace mha::rt {
@@ -14,5 +16,10 @@ namespace mha::rt {
 // (MHA_VERBOSE=2: one line per call).  Fails, writing nothing, when no
 // backend is selected or memory runs out.
 mha_status attend(KernelCall& call);
+
+// The attention variants of a call, '+'-separated, as MHA_VERBOSE=2 lists
+// them: window(L;R) with -1 for an unbounded side, softcap(C), alibi (per
+// head) or alibi(per-batch), sinks; "none" without any.
+std::string variants_of(const KernelCall& call);
 
 }  // namespace mha::rt

@@ -19,8 +19,9 @@ namespace mha::rt {
 // Add the new sizeof when a field is added, never remove an entry.
 // 0.1, 0.2 (int8 row scales), 0.3 (sliding window; then sinks, softcap, ALiBi)
 constexpr uint32_t kAttentionParamsSizes[] = {56, 72, 88, 112};
-constexpr uint32_t kModuleConfigSizes[] = {56};         // 0.1
-constexpr uint32_t kModuleForwardParamsSizes[] = {64};  // 0.1
+constexpr uint32_t kModuleConfigSizes[] = {56};  // 0.1
+// 0.1, 0.3 (window, sinks, softcap, ALiBi)
+constexpr uint32_t kModuleForwardParamsSizes[] = {64, 104};
 static_assert(kAttentionParamsSizes[std::size(kAttentionParamsSizes) - 1] ==
               sizeof(mha_attention_params));
 static_assert(kModuleConfigSizes[std::size(kModuleConfigSizes) - 1] == sizeof(mha_module_config));

@@ -149,6 +149,26 @@ ModuleReference reference_module(const ModuleWeights& w, const ModuleInputs& in)
       "feature sizes");
   require(k_in.shape[0] == batch && v_in.shape[0] == batch && v_in.shape[1] == lk, "shapes");
   require(in.dropout_p >= 0.0 && in.dropout_p < 1.0, "dropout");
+  require(in.window_left >= -1 && in.window_right >= -1, "window sides are -1 or >= 0");
+  require(in.softcap >= 0.0 && std::isfinite(in.softcap), "softcap");
+  if (const mha_tensor* t = in.sinks; t != nullptr) {
+    require(t->ndim == 1 && t->dtype == MHA_DTYPE_F32 && t->shape[0] == w.num_heads,
+            "sinks: F32 [H]");
+  }
+  if (const mha_tensor* t = in.alibi_slopes; t != nullptr) {
+    require((t->ndim == 1 || (t->ndim == 2 && t->shape[0] == q_in.shape[0])) &&
+                t->dtype == MHA_DTYPE_F32 && t->shape[t->ndim - 1] == w.num_heads,
+            "alibi_slopes: F32 [H] or [B, H]");
+  }
+  // Head h's sink (-inf: none) and ALiBi slope of batch b (0: none).
+  const auto sink_of = [&in](int64_t h) {
+    return in.sinks == nullptr ? -kInf : f32_at(*in.sinks, h * in.sinks->strides[0]);
+  };
+  const auto slope_of = [&in](int64_t b, int64_t h) {
+    const mha_tensor* t = in.alibi_slopes;
+    if (t == nullptr) return 0.0;
+    return f32_at(*t, (t->ndim == 2 ? b * t->strides[0] : 0) + h * t->strides[t->ndim - 1]);
+  };
 
   const Projected q = project(q_in, w.w_q, w.b_q, e_dim);
   const Projected k = project(k_in, w.w_k, w.b_k, e_dim);
@@ -164,6 +184,7 @@ ModuleReference reference_module(const ModuleWeights& w, const ModuleInputs& in)
   ref.weights.assign(weights_count, 0.0);
   ref.weights_bound.assign(weights_count, 0.0);
   ref.weights_before_dropout.assign(weights_count, 0.0);
+  ref.sink_share.assign(static_cast<size_t>(batch * heads * lq), 0.0);
 
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   const double keep_scale = 1.0 / (1.0 - in.dropout_p);
@@ -180,17 +201,30 @@ ModuleReference reference_module(const ModuleWeights& w, const ModuleInputs& in)
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t h = 0; h < heads; ++h) {
       for (int64_t i = 0; i < lq; ++i) {
+        // The keys of the row: the sliding window (aligned to the bottom-right
+        // corner: i + Lk - Lq - left <= j <= i + Lk - Lq + right), the causal
+        // rule, the valid length; the masks below remove more.
+        const int64_t diagonal = i + lk - lq;  // the bottom-right-aligned diagonal's key
         int64_t end = lk;
         if (in.causal == MHA_CAUSAL_TOP_LEFT) end = std::min(end, i + 1);
         if (in.causal == MHA_CAUSAL_BOTTOM_RIGHT)
-          end = std::min(end, std::max<int64_t>(0, i + lk - lq + 1));
+          end = std::min(end, std::max<int64_t>(0, diagonal + 1));
         if (in.valid_lens != nullptr) end = std::min(end, valid_length(in.valid_lens, b, i));
+        // (A side wider than Lk + Lq cuts nothing; clamped, no huge value overflows.)
+        if (in.window_right >= 0) {
+          end = std::min(end,
+                         std::max<int64_t>(0, diagonal + std::min(in.window_right, lk + lq) + 1));
+        }
+        const int64_t begin =
+            in.window_left >= 0 ? std::max<int64_t>(0, diagonal - std::min(in.window_left, lk + lq))
+                                : 0;
+        const double slope = slope_of(b, h);
         double row_max = -kInf;
         bool any = false;
         for (int64_t j = 0; j < lk; ++j) {
           used[static_cast<size_t>(j)] = 0;
           double add = 0.0;
-          if (j >= end || !pytorch_masks_allow(in, heads, b, h, i, j, &add)) continue;
+          if (j < begin || j >= end || !pytorch_masks_allow(in, heads, b, h, i, j, &add)) continue;
           double dot = 0.0, abs_dot = 0.0, prop = 0.0;
           for (int64_t c = 0; c < d; ++c) {
             const int64_t e = h * d + c;
@@ -199,25 +233,45 @@ ModuleReference reference_module(const ModuleWeights& w, const ModuleInputs& in)
             abs_dot += std::fabs(qe * ke);
             prop += q.err(b, i, e) * std::fabs(ke) + std::fabs(qe) * k.err(b, j, e);
           }
-          const double s = scale * dot + add;
+          const double x = scale * dot;
+          double err = scale * prop + scale * dot_bound(d) * abs_dot;
+          // Softcap, then ALiBi, then the masks' terms (see the header's bound).
+          double capped = x;
+          if (in.softcap > 0.0) {
+            const double t = std::tanh(x / in.softcap);
+            capped = in.softcap * t;
+            err = (1.0 - t * t) * (err + 4.0 * kU * std::fabs(x)) + 6.0 * kU * std::fabs(capped);
+          }
+          double bias = 0.0;
+          if (in.alibi_slopes != nullptr) {
+            bias = -slope * static_cast<double>(std::llabs(diagonal - j));
+            err += 4.0 * kU * (std::fabs(capped) + std::fabs(bias));
+          }
+          const double s = capped + bias + add;
           if (s == -kInf) continue;
           used[static_cast<size_t>(j)] = 1;
           any = true;
           logit[static_cast<size_t>(j)] = s;
-          logit_err[static_cast<size_t>(j)] =
-              scale * prop + scale * dot_bound(d) * abs_dot + 4.0 * kU * std::fabs(s);
+          logit_err[static_cast<size_t>(j)] = err + 4.0 * kU * std::fabs(s);
           row_max = std::max(row_max, s);
         }
         const size_t row = static_cast<size_t>(((b * heads + h) * lq + i) * lk);
         if (!any) {
           ++ref.dead_rows;
-          continue;  // weights and output 0, exactly
+          continue;  // weights and output 0, exactly (a sink or not)
         }
-        double sum = 0.0;
+        // The sink: one more term of the denominator, without a value row.
+        const double sink = sink_of(h);
+        row_max = std::max(row_max, sink);
+        double sum = sink == -kInf ? 0.0 : std::exp(sink - row_max);
         for (int64_t j = 0; j < lk; ++j) {
           if (used[static_cast<size_t>(j)])
             sum += std::exp(logit[static_cast<size_t>(j)] - row_max);
         }
+        const double p_sink = sink == -kInf ? 0.0 : std::exp(sink - row_max) / sum;
+        ref.sink_share[row / static_cast<size_t>(lk)] = p_sink;
+        const double sink_term =
+            p_sink == 0.0 ? 0.0 : 2.0 * kU * p_sink * (1.0 + std::fabs(sink - row_max));
         double mean_err = 0.0;  // Σ p_k |δs_k|
         for (int64_t j = 0; j < lk; ++j) {
           if (!used[static_cast<size_t>(j)]) continue;
@@ -232,7 +286,8 @@ ModuleReference reference_module(const ModuleWeights& w, const ModuleInputs& in)
           const double p = ref.weights_before_dropout[row + static_cast<size_t>(j)];
           p_err[static_cast<size_t>(j)] =
               p * (logit_err[static_cast<size_t>(j)] + mean_err) +
-              p * kU * (4.0 + 2.0 * std::fabs(logit[static_cast<size_t>(j)] - row_max));
+              p * kU * (4.0 + 2.0 * std::fabs(logit[static_cast<size_t>(j)] - row_max)) +
+              p * sink_term;
           const bool dropped = in.dropout_p > 0.0 &&
                                reference_dropped(in.dropout_seed, p_float, b, h, i, j, heads, lq);
           const double kappa = dropped ? 0.0 : (in.dropout_p > 0.0 ? keep_scale : 1.0);

@@ -21,11 +21,27 @@
 //     over-estimates the partial sums that errors scale with (by about
 //     sqrt(K) for random signs), so in practice it does not fail.  Biases and
 //     the final rounding add u·|result|.
-//   - a projection error δq, δk feeds the logit s = scale·q·k as
+//   - a projection error δq, δk feeds the logit x = scale·q·k as
 //     scale·Σ(δq|k| + |q|δk); rounding the logit (and adding a mask) in fp32
 //     costs 4u·|logit|, as in the attention suite's tolerance (docs/decisions.md).
+//   - the variants (mha.h's semantics: softcap, then ALiBi, then the window,
+//     causal, valid-length and mask rules; the sink in the denominator):
+//     softcap c = C·tanh(x/C) has the derivative 1 - tanh²(x/C) <= 1, which
+//     carries x's error (δx plus its rounding, 4u·|x|) without amplifying it;
+//     its own fp32 evaluation (the division, tanh, the product) adds 6u·|c|,
+//     the relative error README states for the kernels' softcap (glibc's
+//     tanhf, used by the weights path, is within 2 ulp).  ALiBi's bias
+//     b = -slope·|i + Lk - Lq - j| (the distance is exact in fp32 up to 2^24,
+//     the product is rounded once) is added before any mask: the product and
+//     the sum are covered by 4u·(|c| + |b|), the magnitudes before they
+//     cancel.  A sink is an fp32 input read exactly, without error of its
+//     own; it is one more term of the softmax denominator.  Without variants
+//     these terms are 0 and the bound is as before.
 //   - softmax: δp_j ≤ p_j·(|δs_j| + Σ_k p_k|δs_k|) + p_j·u·(4 + 2|s_j - max s|)
-//     (the exponent's argument and the normalisation, rounded);
+//     (the exponent's argument and the normalisation, rounded; max s includes
+//     the sink, and p the sink's share of the denominator), plus, with a
+//     sink, p_j·2u·p_sink·(1 + |sink - max s|) (the sink's term of the
+//     denominator, its exponent rounded);
 //   - attention output o = Σ p̃_j v_j (p̃ after dropout):
 //     Σ p̃_j δv_j + Σ κ_j δp_j |v_j| + g(Lk)·(Σ p̃_j|v_j| + |o|) + 1e-5·max(1, max|o|)
 //     (the sum over the keys, the softmax denominator's sum),
@@ -64,6 +80,13 @@ struct ModuleInputs {
   int32_t causal = MHA_CAUSAL_NONE;
   double dropout_p = 0.0;  // 0: no dropout (inference)
   uint64_t dropout_seed = 0;
+  // The attention variants (mha.h's mha_attention_params): a sliding window
+  // (-1: that side unbounded), sinks F32 [H] (-inf: none), a softcap (0:
+  // off), ALiBi slopes F32 [H] or [B, H].
+  int64_t window_left = -1, window_right = -1;
+  const mha_tensor* sinks = nullptr;
+  double softcap = 0.0;
+  const mha_tensor* alibi_slopes = nullptr;
 };
 
 struct ModuleReference {
@@ -72,6 +95,7 @@ struct ModuleReference {
   std::vector<double> weights, weights_bound;  // [B, H, Lq, Lk], after dropout
   std::vector<double> average, average_bound;  // [B, Lq, Lk], the mean over heads
   std::vector<double> weights_before_dropout;  // [B, H, Lq, Lk]
+  std::vector<double> sink_share;              // [B, H, Lq]: the sink's probability (0 without)
   int64_t dead_rows = 0;                       // (b, h, i) rows in which no key takes part
 };
 

@@ -1,7 +1,10 @@
 // The multi-head attention module (mha_module_*) against the float64
 // reference of module_reference.h, over every backend this CPU can run:
 // configurations, weight names, layouts, every mask kind, attention weights,
-// dropout; the positional encoding; bad input; the C++ wrapper.  Each call
+// dropout, the attention variants (window, sinks, softcap, ALiBi: each alone,
+// together, with every option, their edge values and refusals, and the older
+// params struct without them); the positional encoding; bad input; the C++
+// wrapper.  Each call
 // also checks that nothing outside the outputs was written and that the
 // inputs were not modified.
 #include <gtest/gtest.h>
@@ -9,11 +12,13 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <mha/mha.hpp>
 #include <sstream>
@@ -68,6 +73,15 @@ struct ModuleCase {
   uint64_t dropout_seed = 7;
   bool null_params = false;
   uint64_t seed = 1;
+  // The attention variants.
+  int64_t window_left = -1, window_right = -1;
+  float softcap = 0.0f;
+  bool sinks = false;
+  float sink_value = NAN;  // NaN: random sinks in [-2, 4); else every head's sink
+  bool alibi = false, alibi_per_batch = false;
+  float slope_value = NAN;        // NaN: ALiBi's geometric slopes 2^(-8 (h + 1) / H); else each
+  float qk_amplitude = 1.0f;      // query and key inputs in [-a, a) (separate inputs only)
+  bool params_struct_64 = false;  // struct_size 64 (0.1's), the variants' fields garbage
 
   int64_t eq() const { return Eq != 0 ? Eq : E; }
   int64_t ek() const { return Ek != 0 ? Ek : E; }
@@ -101,6 +115,18 @@ struct ModuleCase {
     if (need_weights)
       os << " need_weights" << (average ? "/average" : "") << (weights_permuted ? "/permuted" : "");
     if (training) os << " training p=" << dropout << " seed=" << dropout_seed;
+    if (window_left != -1 || window_right != -1)
+      os << " window=" << window_left << ',' << window_right;
+    if (softcap != 0.0f) os << " softcap=" << softcap;
+    if (sinks)
+      os << " sinks="
+         << (std::isnan(sink_value) ? std::string("random") : std::to_string(sink_value));
+    if (alibi) {
+      os << " alibi" << (alibi_per_batch ? "[B,H]" : "[H]")
+         << (std::isnan(slope_value) ? std::string() : "=" + std::to_string(slope_value));
+    }
+    if (qk_amplitude != 1.0f) os << " qk-amplitude=" << qk_amplitude;
+    if (params_struct_64) os << " struct_size=64";
     os << (null_params ? " params=NULL" : "") << " seed=" << seed;
     return os.str();
   }
@@ -324,8 +350,9 @@ Outcome run_case(const ModuleCase& c) {
   }
   for (const mha_tensor* t : {&q, &k, &v}) {
     float* data = static_cast<float*>(t->data);
+    const float amplitude = t == &v ? 1.0f : c.qk_amplitude;  // (value last: its own)
     for_each_offset(*t, [&](int64_t offset) {
-      data[offset] = c.ones_inputs ? 1.0f : rng.uniform(-1.0f, 1.0f);
+      data[offset] = c.ones_inputs ? 1.0f : rng.uniform(-1.0f, 1.0f) * amplitude;
     });
   }
 
@@ -395,8 +422,52 @@ Outcome run_case(const ModuleCase& c) {
     }
   }
 
+  // The variants: sinks strided (every other float, to check the stride is
+  // read), ALiBi slopes [H] or [B, H].
+  std::vector<float> sink_values(static_cast<size_t>(2 * H), -1000.0f);
+  if (c.sinks) {
+    for (int64_t h = 0; h < H; ++h) {
+      sink_values[static_cast<size_t>(2 * h)] =
+          std::isnan(c.sink_value) ? rng.uniform(-2.0f, 4.0f) : c.sink_value;
+    }
+  }
+  const mha_tensor sinks_t = describe(sink_values.data(), MHA_DTYPE_F32, {H}, {2});
+  std::vector<float> slopes(static_cast<size_t>(B * H));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      slopes[static_cast<size_t>(b * H + h)] =
+          std::isnan(c.slope_value)
+              ? std::exp2(-8.0f * static_cast<float>(h + 1) / static_cast<float>(H)) *
+                    (c.alibi_per_batch ? static_cast<float>(b + 1) : 1.0f)
+              : c.slope_value;
+    }
+  }
+  const mha_tensor slopes_t = c.alibi_per_batch ? describe(slopes.data(), MHA_DTYPE_F32, {B, H})
+                                                : describe(slopes.data(), MHA_DTYPE_F32, {H});
+
   mha_module_forward_params params;
   mha_module_forward_params_init(&params);
+  params.window_left = c.window_left;
+  params.window_right = c.window_right;
+  params.softcap = c.softcap;
+  if (c.sinks) params.sinks = &sinks_t;
+  if (c.alibi) params.alibi_slopes = &slopes_t;
+  if (c.params_struct_64) {
+    // A caller built against 0.1: its struct ends before the variants, and
+    // whatever lies there must be ignored.
+    EXPECT_FALSE(c.sinks || c.alibi || c.softcap != 0.0f || c.window_left != -1 ||
+                 c.window_right != -1)
+        << "an old caller has no variants";
+    static const float kGarbage[2] = {NAN, NAN};
+    static const mha_tensor kGarbageTensor =
+        describe(const_cast<float*>(kGarbage), MHA_DTYPE_F32, {2});
+    params.struct_size = 64;
+    params.window_left = -7;
+    params.window_right = 0;
+    params.sinks = &kGarbageTensor;
+    params.softcap = -3.0f;
+    params.alibi_slopes = &kGarbageTensor;
+  }
   if (c.lens != Lens::None) params.valid_lens = &lens_t;
   if (c.kpm != MaskKind::None) params.key_padding_mask = &kpm_t;
   if (c.am != MaskKind::None) params.attn_mask = &am_t;
@@ -418,6 +489,11 @@ Outcome run_case(const ModuleCase& c) {
   ri.causal = c.causal;
   ri.dropout_p = c.training ? static_cast<double>(c.dropout) : 0.0;
   ri.dropout_seed = c.dropout_seed;
+  ri.window_left = c.window_left;
+  ri.window_right = c.window_right;
+  ri.softcap = static_cast<double>(c.softcap);
+  ri.sinks = c.sinks ? &sinks_t : nullptr;
+  ri.alibi_slopes = c.alibi ? &slopes_t : nullptr;
   outcome.ref = reference_module(w.ref, ri);
 
   std::vector<std::vector<float>> inputs_before;
@@ -947,6 +1023,296 @@ TEST_P(Module, DropoutFusedPath) {
   }
 }
 
+// ---- the attention variants (issue 15): window, sinks, softcap, ALiBi
+
+// Each variant alone, and all of them together, as a change to a case.
+struct VariantSet {
+  const char* what;
+  void (*set)(ModuleCase& c);
+};
+const VariantSet kVariantSets[] = {
+    {"window 3,1", [](ModuleCase& c) { c.window_left = 3, c.window_right = 1; }},
+    {"window -1,0", [](ModuleCase& c) { c.window_right = 0; }},
+    {"window 2,-1", [](ModuleCase& c) { c.window_left = 2; }},
+    {"softcap 2 biting into logits of up to about 10",
+     [](ModuleCase& c) { c.softcap = 2.0f, c.qk_amplitude = 6.0f; }},
+    {"sinks", [](ModuleCase& c) { c.sinks = true; }},
+    {"ALiBi [H]", [](ModuleCase& c) { c.alibi = true; }},
+    {"ALiBi [B, H]", [](ModuleCase& c) { c.alibi = c.alibi_per_batch = true; }},
+    {"all four",
+     [](ModuleCase& c) {
+       c.window_left = 4, c.window_right = 2, c.softcap = 3.0f, c.qk_amplitude = 3.0f;
+       c.sinks = c.alibi = c.alibi_per_batch = true;
+     }},
+};
+const VariantSet& all_variants() {
+  return kVariantSets[std::size(kVariantSets) - 1];
+}
+
+TEST_P(Module, VariantsAloneAndCombined) {
+  uint64_t seed = 300;
+  for (const VariantSet& variant : kVariantSets) {
+    SCOPED_TRACE(variant.what);
+    for (int weights = 0; weights < 3; ++weights) {  // none, per head, averaged
+      ModuleCase c;
+      c.B = 2, c.Lq = 9, c.Lk = 12, c.E = 24, c.H = 3, c.seed = ++seed;
+      variant.set(c);
+      c.need_weights = weights > 0, c.average = weights == 2;
+      run_case(c);
+    }
+  }
+}
+
+TEST_P(Module, VariantsWithEveryOption) {
+  uint64_t seed = 400;
+  std::vector<ModuleCase> cases;
+  const auto add = [&cases, &seed]() -> ModuleCase& {
+    cases.emplace_back();
+    ModuleCase& c = cases.back();
+    c.B = 2, c.Lq = 7, c.Lk = 10, c.E = 16, c.H = 2, c.seed = ++seed;
+    all_variants().set(c);
+    return c;
+  };
+  // Causal, both alignments, with Lq < Lk, Lq > Lk (rows without keys) and Lq = Lk.
+  const std::pair<int64_t, int64_t> lengths[] = {{5, 12}, {12, 5}, {8, 8}};
+  for (const int32_t causal : {MHA_CAUSAL_TOP_LEFT, MHA_CAUSAL_BOTTOM_RIGHT}) {
+    for (const auto& [lq, lk] : lengths) {
+      ModuleCase& c = add();
+      c.causal = causal, c.Lq = lq, c.Lk = lk;
+    }
+  }
+  for (const Lens lens : {Lens::PerBatch, Lens::PerQuery}) {  // valid lengths, 0 among them
+    ModuleCase& c = add();
+    c.lens = lens, c.lens_dtype = lens == Lens::PerQuery ? MHA_DTYPE_I64 : MHA_DTYPE_I32;
+  }
+  for (const MaskKind kind : {MaskKind::Bool, MaskKind::F32}) {
+    ModuleCase& kpm = add();
+    kpm.kpm = kind, kpm.kpm_dead_batch = true;  // batch 0: every key ignored
+    for (const bool three_d : {false, true}) {
+      ModuleCase& am = add();
+      am.am = kind, am.am_3d = three_d;
+    }
+  }
+  {
+    ModuleCase& c = add();  // everything at once
+    c.kpm = MaskKind::F32, c.am = MaskKind::Bool, c.am_3d = true, c.lens = Lens::PerQuery;
+    c.causal = MHA_CAUSAL_BOTTOM_RIGHT;
+  }
+  {
+    ModuleCase& c = add();  // cross-attention: sizes and lengths differ, key = value
+    c.Eq = 12, c.Ek = c.Ev = 20, c.Lq = 6, c.Lk = 15, c.inputs = Inputs::SharedKeyValue;
+  }
+  {
+    ModuleCase& c = add();  // separate sizes, sequence-first, padded rows
+    c.Eq = 10, c.Ek = 14, c.Ev = 6, c.seq_first = c.out_seq_first = true, c.pad = 3;
+  }
+  {
+    ModuleCase& c = add();  // self-attention (the inputs' amplitude is then 1)
+    c.inputs = Inputs::SelfAttention, c.Lq = c.Lk = 9, c.causal = MHA_CAUSAL_TOP_LEFT;
+  }
+  {
+    ModuleCase& c = add();  // the weights path's query blocks (32 rows)
+    c.Lq = 70, c.Lk = 40, c.kpm = MaskKind::Bool;
+  }
+  for (size_t n = 0; n < cases.size(); ++n) {
+    for (int weights = 0; weights < 3; ++weights) {  // none, per head, averaged
+      ModuleCase c = cases[n];
+      c.need_weights = weights > 0, c.average = weights == 2;
+      run_case(c);
+    }
+  }
+}
+
+TEST_P(Module, VariantsWithDropout) {
+  // Training mode: the weights path drops the variants' weights by the
+  // documented hash (the reference agrees element by element); the fused path
+  // agrees with it, and neither depends on the thread count.
+  uint64_t seed = 500;
+  for (const float p : {0.2f, 0.5f}) {
+    ModuleCase c;
+    c.B = 2, c.Lq = 9, c.Lk = 17, c.E = 32, c.H = 4, c.training = true, c.dropout = p;
+    c.kpm = MaskKind::F32, c.causal = MHA_CAUSAL_TOP_LEFT, c.seed = ++seed;
+    all_variants().set(c);
+    c.need_weights = true;
+    std::vector<Outcome> weights;
+    for (const int32_t threads : {1, 2}) {
+      ASSERT_EQ(mha_set_num_threads(threads), MHA_OK);
+      weights.push_back(run_case(c));
+      ASSERT_TRUE(weights.back().ok);
+    }
+    EXPECT_TRUE(bits_equal(weights[0].out, weights[1].out)) << "same seed, 1 and 2 threads";
+    EXPECT_TRUE(bits_equal(weights[0].weights, weights[1].weights));
+    c.average = true;
+    run_case(c);
+    if (!kernel_dropout_available()) continue;
+    c.need_weights = c.average = false;
+    std::vector<Outcome> fused;
+    for (const int32_t threads : {1, 2}) {
+      ASSERT_EQ(mha_set_num_threads(threads), MHA_OK);
+      fused.push_back(run_case(c));
+      ASSERT_TRUE(fused.back().ok);
+    }
+    EXPECT_TRUE(bits_equal(fused[0].out, fused[1].out)) << "same seed, 1 and 2 threads";
+    for (size_t n = 0; n < fused[0].out.size(); ++n) {
+      ASSERT_LE(
+          std::fabs(static_cast<double>(fused[0].out[n]) - static_cast<double>(weights[0].out[n])),
+          2 * weights[0].ref.out_bound[n])
+          << "fused and weights paths differ at element " << n;
+    }
+  }
+}
+
+TEST_P(Module, VariantsFusedAndWeightsPathsAgree) {
+  ModuleCase c;
+  c.B = 2, c.Lq = 9, c.Lk = 13, c.E = 32, c.H = 4, c.kpm = MaskKind::F32, c.am = MaskKind::Bool;
+  c.lens = Lens::PerQuery, c.causal = MHA_CAUSAL_BOTTOM_RIGHT;
+  all_variants().set(c);
+  const Outcome fused = run_case(c);
+  c.need_weights = true;
+  const Outcome weights = run_case(c);
+  ASSERT_TRUE(fused.ok && weights.ok);
+  for (size_t n = 0; n < fused.out.size(); ++n) {
+    ASSERT_LE(std::fabs(static_cast<double>(fused.out[n]) - static_cast<double>(weights.out[n])),
+              2 * fused.ref.out_bound[n])
+        << "element " << n;
+  }
+}
+
+// Weights of row (b, h, i) of a per-head outcome.
+const float* weights_row_of(const Outcome& o, const ModuleCase& c, int64_t b, int64_t h,
+                            int64_t i) {
+  return o.weights.data() + ((b * c.H + h) * c.Lq + i) * c.Lk;
+}
+
+TEST_P(Module, VariantsEdgeValues) {
+  ModuleCase base;
+  base.B = 2, base.Lq = 9, base.Lk = 12, base.E = 24, base.H = 3, base.seed = 600;
+  base.need_weights = true;
+
+  {
+    SCOPED_TRACE("window 0,0: the diagonal key alone, weight 1");
+    ModuleCase c = base;
+    c.window_left = c.window_right = 0;
+    const Outcome o = run_case(c);
+    ASSERT_TRUE(o.ok);
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t h = 0; h < c.H; ++h)
+        for (int64_t i = 0; i < c.Lq; ++i) {
+          const float* row = weights_row_of(o, c, b, h, i);
+          for (int64_t j = 0; j < c.Lk; ++j)
+            ASSERT_EQ(row[j], j == i + c.Lk - c.Lq ? 1.0f : 0.0f) << b << "," << h << "," << i;
+        }
+    c.need_weights = false;
+    run_case(c);
+  }
+  // Values that change nothing: the weights path gives the same bits as
+  // without them; the fused path is checked against the reference.
+  const VariantSet no_ops[] = {
+      {"window wider than Lk", [](ModuleCase& c) { c.window_left = c.window_right = 1000; }},
+      {"window as wide as int64 allows",
+       [](ModuleCase& c) { c.window_left = c.window_right = INT64_MAX; }},
+      {"sinks -inf (no sink)", [](ModuleCase& c) { c.sinks = true, c.sink_value = -INFINITY; }},
+      {"sinks -1e4 (a share of e^-1e4: none)",
+       [](ModuleCase& c) { c.sinks = true, c.sink_value = -1e4f; }},
+      {"ALiBi slopes 0", [](ModuleCase& c) { c.alibi = true, c.slope_value = 0.0f; }},
+  };
+  const Outcome plain = run_case(base);
+  ASSERT_TRUE(plain.ok);
+  for (const VariantSet& v : no_ops) {
+    SCOPED_TRACE(v.what);
+    ModuleCase c = base;
+    v.set(c);
+    const Outcome o = run_case(c);
+    ASSERT_TRUE(o.ok);
+    EXPECT_TRUE(bits_equal(o.weights, plain.weights));
+    EXPECT_TRUE(bits_equal(o.out, plain.out));
+    c.need_weights = false;
+    run_case(c);
+  }
+  {
+    SCOPED_TRACE("sinks 1e4: the sink takes all the weight, out = out_proj.bias");
+    ModuleCase c = base;
+    c.sinks = true, c.sink_value = 1e4f;
+    for (const bool need_weights : {true, false}) {
+      c.need_weights = need_weights;
+      const Outcome o = run_case(c);
+      ASSERT_TRUE(o.ok);
+      for (float x : o.weights) ASSERT_EQ(x, 0.0f);
+      for (size_t n = 0; n < o.out.size(); ++n)
+        ASSERT_EQ(o.out[n], static_cast<float>(o.ref.out[n])) << n;  // the bias, exactly
+    }
+  }
+  {
+    SCOPED_TRACE("sinks: the weights sum to 1 minus the sink's share");
+    ModuleCase c = base;
+    c.sinks = true, c.sink_value = 1.5f;
+    const Outcome o = run_case(c);
+    ASSERT_TRUE(o.ok);
+    for (int64_t r = 0; r < c.B * c.H * c.Lq; ++r) {
+      double sum = 0;
+      for (int64_t j = 0; j < c.Lk; ++j)
+        sum += static_cast<double>(o.weights[static_cast<size_t>(r * c.Lk + j)]);
+      const double share = o.ref.sink_share[static_cast<size_t>(r)];
+      ASSERT_GT(share, 0.01) << "row " << r;
+      EXPECT_NEAR(sum, 1.0 - share, 1e-5) << "row " << r;
+    }
+  }
+  {
+    SCOPED_TRACE("rows without keys and a sink: zeros (a valid length 0, every key ignored)");
+    for (const bool kpm : {false, true}) {
+      ModuleCase c = base;
+      c.sinks = true, c.sink_value = 2.0f;
+      if (kpm) {
+        c.kpm = MaskKind::Bool, c.kpm_dead_batch = true;
+      } else {
+        c.lens = Lens::PerBatch, c.lens_values = {0, 5};
+      }
+      for (const bool need_weights : {true, false}) {
+        c.need_weights = need_weights;
+        const Outcome o = run_case(c);
+        ASSERT_TRUE(o.ok);
+        EXPECT_EQ(o.ref.dead_rows, c.H * c.Lq);
+        for (int64_t n = 0; n < c.H * c.Lq * c.Lk && need_weights; ++n)
+          ASSERT_EQ(o.weights[static_cast<size_t>(n)], 0.0f) << n;  // batch 0
+        for (int64_t n = 0; n < c.Lq * c.E; ++n)  // batch 0's output: out_proj.bias
+          ASSERT_EQ(o.out[static_cast<size_t>(n)],
+                    static_cast<float>(o.ref.out[static_cast<size_t>(n)]))
+              << n;
+      }
+    }
+  }
+  {
+    SCOPED_TRACE("softcap 20 over logits of up to about 1e4");
+    ModuleCase c = base;
+    c.softcap = 20.0f, c.qk_amplitude = 300.0f;
+    run_case(c);
+    c.need_weights = false;
+    run_case(c);
+    c.sinks = true, c.alibi = true, c.window_left = 5;
+    run_case(c);
+    c.need_weights = true, c.average = true;
+    run_case(c);
+  }
+}
+
+TEST_P(Module, OlderParamsSizeMeansNoVariants) {
+  // 0.1's struct (64 bytes): the variants' fields past its end hold garbage
+  // (a window of -7, NaN sinks and slopes, a negative softcap) and are not read.
+  uint64_t seed = 700;
+  for (int weights = 0; weights < 3; ++weights) {
+    ModuleCase c;
+    c.B = 2, c.Lq = 6, c.Lk = 9, c.E = 16, c.H = 2, c.kpm = MaskKind::Bool, c.seed = ++seed;
+    c.causal = MHA_CAUSAL_TOP_LEFT, c.params_struct_64 = true;
+    c.need_weights = weights > 0, c.average = weights == 2;
+    const Outcome old = run_case(c);
+    c.params_struct_64 = false;
+    const Outcome now = run_case(c);
+    ASSERT_TRUE(old.ok && now.ok);
+    EXPECT_TRUE(bits_equal(old.out, now.out));
+    EXPECT_TRUE(bits_equal(old.weights, now.weights));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Module, ::testing::ValuesIn(backend_names()),
                          backend_param_name);
 
@@ -1288,6 +1654,143 @@ TEST(ModuleForward, BadCallsAreRefusedAndWriteNothing) {
                          MHA_ERR_NULL_POINTER, "module is NULL"));
   EXPECT_TRUE(fails_with(mha_module_forward(f.m.m, &f.q, nullptr, &f.v, &f.out, nullptr),
                          MHA_ERR_NULL_POINTER, "key is NULL"));
+}
+
+// The variants' refusals: the status, the argument named as the core names
+// it (prefixed params->), nothing written.
+TEST(ModuleForward, VariantsRefusedByName) {
+  struct Bad {
+    const char* what;
+    std::function<void(ForwardFixture&)> edit;
+    mha_status status;
+    const char* text;
+  };
+  // An F32 descriptor over `values`, kept until the next one is made (each
+  // case's edit runs just before its call).  The fixture has H = 2, B = 2.
+  static std::vector<float> floats;
+  static mha_tensor t;
+  const auto tensor = [](std::vector<float> values, const std::vector<int64_t>& shape) {
+    floats = std::move(values);
+    t = describe(floats.data(), MHA_DTYPE_F32, shape);
+    return &t;
+  };
+  const Bad cases[] = {
+      {"window_left -2", [](ForwardFixture& f) { f.p.window_left = -2; }, MHA_ERR_INVALID_VALUE,
+       "params->window_left = -2; it must be -1 (unbounded) or a key count >= 0"},
+      {"window_right -5", [](ForwardFixture& f) { f.p.window_right = -5; }, MHA_ERR_INVALID_VALUE,
+       "params->window_right = -5"},
+      {"softcap negative", [](ForwardFixture& f) { f.p.softcap = -1.0f; }, MHA_ERR_INVALID_VALUE,
+       "params->softcap = -1; it must be 0 (off) or a finite value > 0"},
+      {"softcap NaN", [](ForwardFixture& f) { f.p.softcap = NAN; }, MHA_ERR_INVALID_VALUE,
+       "params->softcap = nan"},
+      {"softcap inf", [](ForwardFixture& f) { f.p.softcap = INFINITY; }, MHA_ERR_INVALID_VALUE,
+       "params->softcap = inf"},
+      {"softcap -inf", [](ForwardFixture& f) { f.p.softcap = -INFINITY; }, MHA_ERR_INVALID_VALUE,
+       "params->softcap = -inf"},
+      {"sinks shape",
+       [&](ForwardFixture& f) {
+         f.p.sinks = tensor({0, 0, 0}, {3});
+       },
+       MHA_ERR_SHAPE_MISMATCH, "params->sinks has shape [3]; it must be [H] = [2]"},
+      {"sinks rank",
+       [&](ForwardFixture& f) {
+         f.p.sinks = tensor({0, 0}, {1, 2});
+       },
+       MHA_ERR_INVALID_SIZE, "params->sinks must have 1 dimensions, has 2"},
+      {"sinks dtype",
+       [](ForwardFixture& f) {
+         static mha_tensor ints;
+         ints = describe(f.lens.data(), MHA_DTYPE_I32, {2});
+         f.p.sinks = &ints;
+       },
+       MHA_ERR_INVALID_DTYPE, "params->sinks has dtype i32; it must be f32"},
+      {"sinks NaN",
+       [&](ForwardFixture& f) {
+         f.p.sinks = tensor({0, NAN}, {2});
+       },
+       MHA_ERR_INVALID_VALUE, "params->sinks[1] = nan; a sink must be finite or -inf (no sink)"},
+      {"sinks +inf",
+       [&](ForwardFixture& f) {
+         f.p.sinks = tensor({INFINITY, 0}, {2});
+       },
+       MHA_ERR_INVALID_VALUE, "params->sinks[0] = inf"},
+      {"sinks NULL data",
+       [&](ForwardFixture& f) {
+         f.p.sinks = tensor({0, 0}, {2});
+         t.data = nullptr;
+       },
+       MHA_ERR_NULL_POINTER, "params->sinks->data is NULL"},
+      {"alibi_slopes shape",
+       [&](ForwardFixture& f) {
+         f.p.alibi_slopes = tensor({1, 1, 1}, {3});
+       },
+       MHA_ERR_SHAPE_MISMATCH,
+       "params->alibi_slopes has shape [3]; it must be [H] = [2] or [B, H] = [2, 2]"},
+      {"alibi_slopes batch",
+       [&](ForwardFixture& f) {
+         f.p.alibi_slopes = tensor({1, 1, 1, 1, 1, 1}, {3, 2});
+       },
+       MHA_ERR_SHAPE_MISMATCH, "params->alibi_slopes has shape [3, 2]"},
+      {"alibi_slopes rank",
+       [&](ForwardFixture& f) {
+         f.p.alibi_slopes = tensor({1, 1, 1, 1}, {1, 2, 2});
+       },
+       MHA_ERR_INVALID_SIZE, "params->alibi_slopes must have 1 to 2 dimensions, has 3"},
+      {"alibi_slopes dtype",
+       [](ForwardFixture& f) {
+         static mha_tensor ints;
+         ints = describe(f.lens.data(), MHA_DTYPE_I32, {2});
+         f.p.alibi_slopes = &ints;
+       },
+       MHA_ERR_INVALID_DTYPE, "params->alibi_slopes has dtype i32; it must be f32"},
+      {"alibi_slopes inf",
+       [&](ForwardFixture& f) {
+         f.p.alibi_slopes = tensor({1, 1, 1, INFINITY}, {2, 2});
+       },
+       MHA_ERR_INVALID_VALUE, "params->alibi_slopes holds inf; slopes must be finite"},
+      {"alibi_slopes NaN",
+       [&](ForwardFixture& f) {
+         f.p.alibi_slopes = tensor({NAN, 1}, {2});
+       },
+       MHA_ERR_INVALID_VALUE, "params->alibi_slopes holds nan"},
+      {"sinks overlap out",
+       [](ForwardFixture& f) {
+         static mha_tensor in_out;
+         in_out = describe(f.o.data() + 4, MHA_DTYPE_F32, {2});
+         f.p.sinks = &in_out;
+       },
+       MHA_ERR_OVERLAP, "out overlaps params->sinks"},
+      {"alibi_slopes overlap attn_weights",
+       [](ForwardFixture& f) {
+         static mha_tensor in_weights;
+         in_weights = describe(f.w.data() + 6, MHA_DTYPE_F32, {2, 2});
+         f.p.alibi_slopes = &in_weights;
+         f.p.attn_weights = &f.weights;
+       },
+       MHA_ERR_OVERLAP, "params->attn_weights overlaps params->alibi_slopes"},
+      {"a struct size of no version", [](ForwardFixture& f) { f.p.struct_size = 88; },
+       MHA_ERR_INVALID_PARAMS, "params->struct_size is 88"},
+  };
+  for (const Bad& b : cases) {
+    ForwardFixture f;
+    b.edit(f);
+    EXPECT_TRUE(fails_with(f.call(), b.status, b.text)) << b.what;
+    EXPECT_TRUE(f.out_untouched()) << b.what << ": a failed call wrote an output";
+  }
+  // The defaults, and every variant in range, are accepted.
+  ForwardFixture f;
+  EXPECT_EQ(f.p.window_left, -1);
+  EXPECT_EQ(f.p.window_right, -1);
+  EXPECT_EQ(f.p.sinks, nullptr);
+  EXPECT_EQ(f.p.softcap, 0.0f);
+  EXPECT_EQ(f.p.alibi_slopes, nullptr);
+  EXPECT_EQ(f.p.struct_size, sizeof(mha_module_forward_params));
+  std::vector<float> sinks = {-INFINITY, 1e4f}, slopes = {0.0f, -0.5f, 0.25f, 1e3f};
+  const mha_tensor sinks_t = describe(sinks.data(), MHA_DTYPE_F32, {2});
+  const mha_tensor slopes_t = describe(slopes.data(), MHA_DTYPE_F32, {2, 2});
+  f.p.window_left = 0, f.p.window_right = INT64_MAX, f.p.softcap = FLT_MAX;
+  f.p.sinks = &sinks_t, f.p.alibi_slopes = &slopes_t, f.p.attn_weights = &f.weights;
+  EXPECT_EQ(f.call(), MHA_OK) << mha_last_error();
 }
 
 // ------------------------------------------------------------------ C++ wrapper

@@ -298,6 +298,29 @@ typedef struct mha_module_forward_params {
   int32_t average_attn_weights;
   int32_t training; /* non-zero: dropout as configured */
   uint64_t dropout_seed;
+
+  /* --- added in 0.3: the attention variants, as in mha_attention_params
+   * (see there for their semantics), with H = config.num_heads, B = the
+   * batch, Lq and Lk the query and key lengths.  They apply on both paths,
+   * the fused one and the one that returns attn_weights; there, a row's
+   * weights sum to less than 1 by the sink's share. --- */
+
+  /* Sliding window: key j takes part in query i's row iff
+   *   i + Lk - Lq - window_left <= j <= i + Lk - Lq + window_right;
+   * -1 (the default) leaves a side unbounded.  Combines with causal,
+   * valid_lens and the masks. */
+  int64_t window_left;
+  int64_t window_right;
+  /* Attention sinks: F32 [H], per-head logits in each row's softmax
+   * denominator without a value row.  A row in which no key takes part is
+   * zeros.  -inf: no sink; NaN and +inf are refused.  NULL: none. */
+  const mha_tensor* sinks;
+  /* Logit softcap: s <- softcap * tanh(s / softcap) on the scaled scores,
+   * before ALiBi and the masks.  0 (the default): off; else finite, > 0. */
+  float softcap;
+  /* ALiBi: F32 slopes [H] or [B, H], finite; adds -slope * |i + Lk - Lq - j|
+   * to the scaled (and capped) scores.  NULL: none. */
+  const mha_tensor* alibi_slopes;
 } mha_module_forward_params;
 
 MHA_API void mha_module_forward_params_init(mha_module_forward_params* params);

@@ -11,8 +11,9 @@
 //
 // Step 2 is mha_attention (fused, nothing of size Lq x Lk), except when the
 // attention weights are wanted: then S = scale·Q·Kᵀ is computed by BLIS per
-// block of queries, masked, soft-maxed and dropped out here, written to the
-// caller, and multiplied by V.
+// block of queries, capped, biased (ALiBi), masked, soft-maxed (with the
+// sinks) and dropped out here, written to the caller, and multiplied by V.
+// Both read one description of the call (the kernels' mha_kernel_problem).
 //
 // The row order of the scratch buffers follows the caller's tensors, so that
 // every product is one sgemm with one row stride: a sequence-first input
@@ -34,8 +35,8 @@
 #include "attention.h"
 #include "blis.h"
 #include "common/dropout.h"
+#include "common/problem.h"
 #include "common/softmax.h"
-#include "common/visibility.h"
 #include "env.h"
 #include "module.h"
 #include "scratch.h"
@@ -252,64 +253,62 @@ bool build_kernel_mask(const ModuleCall& call, int64_t heads, mha_tensor* mask) 
 
 struct WeightsPath {
   const ModuleCall* call;
-  int64_t heads, d;
-  float scale;
+  // The call as the kernels see it (describe_attention over the views below):
+  // which keys a row sees, the mask in its kernel form, the variants.  Read
+  // with common/problem.h's helpers, as the scalar kernel reads it.
+  const mha_kernel_problem* problem;
   mha_tensor q, k, v, concat;  // the [B, H, L, D] views
-  const mha_tensor* mask;      // kernel form, 4-D, or nullptr
 };
 
-// Keys [0, result) of row (b, i) survive the causal rule and the valid lengths.
-int64_t key_end(const ModuleCall& c, int64_t b, int64_t i) {
-  int64_t valid_length = c.lk;
-  if (const mha_tensor* vl = c.valid_lens; vl != nullptr) {
-    valid_length =
-        mha_rules::valid_length_at(vl->data, vl->dtype == MHA_DTYPE_I64,
-                                   b * vl->strides[0] + (vl->ndim == 2 ? i * vl->strides[1] : 0));
-  }
-  return mha_rules::visible_keys(i, c.lk, mha_rules::causal_diagonal(c.causal, c.lq, c.lk),
-                                 valid_length);
-}
-
-// Turns row (b, h, i) of scale·Q·Kᵀ into attention weights, in place: masks,
-// softmax (a row in which no key takes part is all zeros), dropout.
+// Turns row (b, h, i) of scale·Q·Kᵀ into attention weights, in place, in the
+// kernels' order: softcap, ALiBi, the window, causal and valid-length limits,
+// the mask; then the softmax with the head's sink in its denominator (the
+// weights are the true probabilities: they sum to 1 minus the sink's share; a
+// row in which no key takes part is all zeros, sink or not); dropout.
 void weights_row(const WeightsPath& w, int64_t b, int64_t h, int64_t i, float* row) {
-  const ModuleCall& c = *w.call;
-  const int64_t lk = c.lk;
-  const int64_t end = key_end(c, b, i);
-  const mha_tensor* m = w.mask;
-  int64_t mask_base = 0, mask_step = 0;
-  if (m != nullptr) {
-    mask_base = (m->shape[0] == 1 ? 0 : b * m->strides[0]) +
-                (m->shape[1] == 1 ? 0 : h * m->strides[1]) +
-                (m->shape[2] == 1 ? 0 : i * m->strides[2]);
-    mask_step = m->strides[3];
-  }
+  const mha_kernel_problem& p = *w.problem;
+  const int64_t lk = p.lk;
+  const int64_t first = mha_kernel::first_visible_key(p, i);
+  const int64_t end = mha_kernel::last_visible_key(p, b, i) + 1;
+  const int64_t mask_row =
+      p.mask_kind == MHA_MASK_NONE ? 0 : mha_kernel::mask_row_offset(p, b, h, i);
+  const float cap = p.softcap;
+  const float slope = -mha_kernel::alibi_slope(p, b, h);
   for (int64_t j = 0; j < lk; ++j) {
+    if (j < first || j >= end) {
+      row[j] = -kInf;
+      continue;
+    }
     float logit = row[j];
-    if (j >= end) {
-      logit = -kInf;
-    } else if (m != nullptr) {
-      const int64_t at = mask_base + j * mask_step;
-      if (m->dtype == MHA_DTYPE_BOOL) {
-        if (static_cast<const uint8_t*>(m->data)[at] == 0) logit = -kInf;
-      } else {
-        logit += static_cast<const float*>(m->data)[at];
-      }
+    if (cap > 0.0f) logit = cap * std::tanh(logit / cap);
+    if (p.alibi_slopes != nullptr) {
+      logit += slope * static_cast<float>(mha_kernel::alibi_distance(p, i, j));
+    }
+    const int64_t at = mask_row + j * p.mask_strides[3];
+    if (p.mask_kind == MHA_MASK_BOOL) {
+      if (static_cast<const uint8_t*>(p.mask)[at] == 0) logit = -kInf;
+    } else if (p.mask_kind == MHA_MASK_ADDITIVE) {
+      logit += mha_kernel::mask_value(p, at);
     }
     row[j] = logit;
   }
-  // The whole row as one tile of the online softmax (NaN poisons the row).
+  // The sink first (a row of weight 1 at the sink's logit; nothing without
+  // one), then the whole row as one tile of the online softmax: each weight
+  // is then e^(s_j - max) over a sum that holds the sink's e^(sink - max).
+  // NaN poisons the row.
+  const auto exp = [](float d) { return std::exp(d); };
   mha_softmax::Row state;
-  if (!mha_softmax::fold_tile(row, lk, state, [](float d) { return std::exp(d); }).any) {
+  mha_softmax::fold_sink(state, mha_kernel::sink_logit(p, h), exp);
+  if (!mha_softmax::fold_tile(row, lk, state, exp).any) {
     std::fill(row, row + lk, 0.0f);  // no key takes part
     return;
   }
   const float inv = 1.0f / state.sum;
   for (int64_t j = 0; j < lk; ++j) row[j] = row[j] == -kInf ? 0.0f : row[j] * inv;
-  if (c.dropout_p > 0.0f) {
-    const uint32_t key = mha_dropout::row_key(c.dropout_seed, b, h, i, w.heads, c.lq);
-    const uint32_t below = mha_dropout::threshold(c.dropout_p);
-    const float keep_scale = 1.0f / (1.0f - c.dropout_p);
+  if (p.dropout_p > 0.0f) {
+    const uint32_t key = mha_dropout::row_key(p.dropout_seed, b, h, i, p.heads, p.lq);
+    const uint32_t below = mha_dropout::threshold(p.dropout_p);
+    const float keep_scale = 1.0f / (1.0f - p.dropout_p);
     for (int64_t j = 0; j < lk; ++j) {
       row[j] = mha_dropout::keep(key, j, below) ? row[j] * keep_scale : 0.0f;
     }
@@ -320,7 +319,8 @@ constexpr int64_t kWeightsBlock = 32;  // queries per work item of the weights p
 
 void run_weights_path(const WeightsPath& w, int32_t threads) {
   const ModuleCall& c = *w.call;
-  const int64_t lq = c.lq, lk = c.lk, heads = w.heads, d = w.d;
+  const mha_kernel_problem& p = *w.problem;
+  const int64_t lq = p.lq, lk = p.lk, heads = p.heads, d = p.d;
   const int64_t blocks = (lq + kWeightsBlock - 1) / kWeightsBlock;
   const int64_t items = c.batch * blocks;
   const int32_t team =
@@ -349,7 +349,7 @@ void run_weights_path(const WeightsPath& w, int32_t threads) {
       float* o = static_cast<float*>(w.concat.data) + b * w.concat.strides[0] +
                  h * w.concat.strides[1] + i0 * w.concat.strides[2];
       // S = scale · Q Kᵀ
-      sgemm(rows, lk, d, w.scale, q, w.q.strides[2], 1, k, 1, w.k.strides[2], 0.0f, s, lk, 1, 1);
+      sgemm(rows, lk, d, p.scale, q, w.q.strides[2], 1, k, 1, w.k.strides[2], 0.0f, s, lk, 1, 1);
       for (int64_t r = 0; r < rows; ++r) weights_row(w, b, h, i0 + r, s + r * lk);
       if (c.average_weights) {
         for (int64_t n = 0; n < rows * lk; ++n) acc[n] += s[n];
@@ -433,25 +433,30 @@ mha_status run_module_forward(const ModuleCall& call) {
   mha_tensor kernel_mask;
   const bool has_mask = build_kernel_mask(call, heads, &kernel_mask);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  // The core's attention on the module's own views, which are valid by
+  // construction: the arguments were checked once, by mha_module_forward.
+  // The weights path reads the same description of the call.
+  mha_attention_params ap;
+  mha_attention_params_init(&ap);
+  ap.has_scale = 1;
+  ap.scale = scale;
+  ap.causal = call.causal;
+  ap.valid_lens = call.valid_lens;
+  ap.mask = has_mask ? &kernel_mask : nullptr;
+  ap.dropout_p = call.dropout_p;
+  ap.dropout_seed = call.dropout_seed;
+  ap.window_left = call.window_left;
+  ap.window_right = call.window_right;
+  ap.sinks = call.sinks;
+  ap.softcap = call.softcap;
+  ap.alibi_slopes = call.alibi_slopes;
+  KernelCall kernel_call;
+  describe_attention(qv, kv, vv, cv, ap, &kernel_call);
   const auto t1 = std::chrono::steady_clock::now();
   if (call.attn_weights != nullptr) {
-    const WeightsPath path{
-        &call, heads, d, scale, qv, kv, vv, cv, has_mask ? &kernel_mask : nullptr};
+    const WeightsPath path{&call, &kernel_call.problem, qv, kv, vv, cv};
     run_weights_path(path, threads);
   } else {
-    // The core's attention on the module's own views, which are valid by
-    // construction: the arguments were checked once, by mha_module_forward.
-    mha_attention_params ap;
-    mha_attention_params_init(&ap);
-    ap.has_scale = 1;
-    ap.scale = scale;
-    ap.causal = call.causal;
-    ap.valid_lens = call.valid_lens;
-    ap.mask = has_mask ? &kernel_mask : nullptr;
-    ap.dropout_p = call.dropout_p;
-    ap.dropout_seed = call.dropout_seed;
-    KernelCall kernel_call;
-    describe_attention(qv, kv, vv, cv, ap, &kernel_call);
     if (mha_status s = attend(kernel_call); s != MHA_OK) return s;
   }
   const double attn_ms = verbose ? ms_since(t1) : 0.0;
@@ -476,16 +481,16 @@ mha_status run_module_forward(const ModuleCall& call) {
   if (verbose) {
     std::fprintf(stderr,
                  "mha_verbose,exec,module,B=%lld,Lq=%lld,Lk=%lld,E=%lld,H=%lld,Eq=%lld,Ek=%lld,"
-                 "Ev=%lld,bias=%d,packed=%s,path=%s,dropout=%g,blis=%s,threads=%d,proj_ms=%.4f,"
-                 "attention_ms=%.4f,out_proj_ms=%.4f\n",
+                 "Ev=%lld,bias=%d,packed=%s,path=%s,dropout=%g,variants=%s,blis=%s,threads=%d,"
+                 "proj_ms=%.4f,attention_ms=%.4f,out_proj_ms=%.4f\n",
                  static_cast<long long>(batch), static_cast<long long>(lq),
                  static_cast<long long>(lk), static_cast<long long>(e),
                  static_cast<long long>(heads), static_cast<long long>(m.query_dim),
                  static_cast<long long>(m.key_dim), static_cast<long long>(m.value_dim),
                  m.bias ? 1 : 0, qkv_packed ? "qkv" : (kv_packed ? "kv" : "no"),
                  call.attn_weights != nullptr ? "weights" : "fused",
-                 static_cast<double>(call.dropout_p), blis_kernel_set(), threads, proj_ms, attn_ms,
-                 ms_since(t2));
+                 static_cast<double>(call.dropout_p), variants_of(kernel_call).c_str(),
+                 blis_kernel_set(), threads, proj_ms, attn_ms, ms_since(t2));
   }
   return MHA_OK;
 }

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <iterator>
 #include <new>
 #include <string>
 
@@ -228,6 +229,14 @@ mha_status check_forward(mha_module* module, const mha_tensor* query, const mha_
                 "params->causal = %d; it must be MHA_CAUSAL_NONE, _TOP_LEFT or _BOTTOM_RIGHT",
                 params->causal);
   }
+  if (mha_status s = check_window(params->window_left, params->window_right); s != MHA_OK) {
+    return s;
+  }
+  if (mha_status s = check_variants(params->sinks, params->softcap, params->alibi_slopes, batch, h,
+                                    "params->");
+      s != MHA_OK) {
+    return s;
+  }
   if (params->valid_lens != nullptr) {
     if (mha_status s = check_valid_lens(params->valid_lens, "params->valid_lens", batch, lq, lk);
         s != MHA_OK)
@@ -281,18 +290,32 @@ mha_status check_forward(mha_module* module, const mha_tensor* query, const mha_
     }
   }
 
-  const mha_tensor* inputs[] = {
-      query, key, value, params->valid_lens, params->key_padding_mask, params->attn_mask, weights};
+  // (attn_weights last: it is checked against the others, not itself.)
+  const mha_tensor* inputs[] = {query,
+                                key,
+                                value,
+                                params->valid_lens,
+                                params->key_padding_mask,
+                                params->attn_mask,
+                                params->sinks,
+                                params->alibi_slopes,
+                                weights};
   const char* input_names[] = {"query",
                                "key",
                                "value",
                                "params->valid_lens",
                                "params->key_padding_mask",
                                "params->attn_mask",
+                               "params->sinks",
+                               "params->alibi_slopes",
                                "params->attn_weights"};
-  if (mha_status s = check_no_overlap(*out, "out", inputs, input_names, 7); s != MHA_OK) return s;
+  constexpr int kInputs = static_cast<int>(std::size(inputs));
+  if (mha_status s = check_no_overlap(*out, "out", inputs, input_names, kInputs); s != MHA_OK) {
+    return s;
+  }
   if (weights != nullptr) {
-    if (mha_status s = check_no_overlap(*weights, "params->attn_weights", inputs, input_names, 6);
+    if (mha_status s =
+            check_no_overlap(*weights, "params->attn_weights", inputs, input_names, kInputs - 1);
         s != MHA_OK) {
       return s;
     }
@@ -314,6 +337,11 @@ mha_status check_forward(mha_module* module, const mha_tensor* query, const mha_
   call->average_weights = average;
   call->dropout_p = params->training != 0 ? m.dropout : 0.0f;
   call->dropout_seed = params->dropout_seed;
+  call->window_left = params->window_left;
+  call->window_right = params->window_right;
+  call->sinks = params->sinks;
+  call->softcap = params->softcap;
+  call->alibi_slopes = params->alibi_slopes;
   return MHA_OK;
 }
 
@@ -429,6 +457,8 @@ void mha_module_forward_params_init(mha_module_forward_params* params) {
   std::memset(params, 0, sizeof *params);
   params->struct_size = sizeof *params;
   params->causal = MHA_CAUSAL_NONE;
+  params->window_left = -1;
+  params->window_right = -1;
 }
 
 mha_status mha_module_forward(mha_module* module, const mha_tensor* query, const mha_tensor* key,

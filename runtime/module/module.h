@@ -64,6 +64,12 @@ struct ModuleCall {
   bool average_weights = false;
   float dropout_p = 0.0f;  // resolved: 0 in inference mode
   uint64_t dropout_seed = 0;
+
+  // The attention variants (mha_attention_params' semantics).
+  int64_t window_left = -1, window_right = -1;  // -1: that side unbounded
+  const mha_tensor* sinks = nullptr;            // F32 [H], or nullptr
+  float softcap = 0.0f;                         // 0: off
+  const mha_tensor* alibi_slopes = nullptr;     // F32 [H] or [B, H], or nullptr
 };
 
 // Runs a validated call.  Returns mha_attention's status if that fails (the
