@@ -432,6 +432,8 @@ TEST(CppApi, ModuleForwardParamsOwnTheirDescriptors) {
   attn_mask[7] = 1;
   std::vector<float> kpm(static_cast<size_t>(B * Lk), 0.0f);  // f32, added
   kpm[3] = -0.5f;
+  const std::vector<float> sinks = {0.5f, -1.0f};                 // [H]
+  const std::vector<float> slopes = {0.25f, 0.5f, 0.125f, 1.0f};  // [B, H]
   const std::vector<int64_t> out_shape = {B, Lq, E};
   const std::vector<int64_t> weights_shape = {B, H, Lq, Lk};
   const size_t out_size = static_cast<size_t>(B * Lq * E);
@@ -447,6 +449,8 @@ TEST(CppApi, ModuleForwardParamsOwnTheirDescriptors) {
     mha_tensor c_kpm = describe(kpm.data(), MHA_DTYPE_F32, {B, Lk});
     mha_tensor c_mask = describe(attn_mask.data(), MHA_DTYPE_BOOL, {Lq, Lk});
     mha_tensor c_weights = describe(expected_weights.data(), MHA_DTYPE_F32, weights_shape);
+    mha_tensor c_sinks = describe(const_cast<float*>(sinks.data()), MHA_DTYPE_F32, {H});
+    mha_tensor c_slopes = describe(const_cast<float*>(slopes.data()), MHA_DTYPE_F32, {B, H});
     mha_module_forward_params params;
     mha_module_forward_params_init(&params);
     params.valid_lens = &c_lens;
@@ -454,6 +458,11 @@ TEST(CppApi, ModuleForwardParamsOwnTheirDescriptors) {
     params.attn_mask = &c_mask;
     params.attn_weights = &c_weights;
     params.causal = MHA_CAUSAL_TOP_LEFT;
+    params.window_left = 2;
+    params.window_right = 1;
+    params.sinks = &c_sinks;
+    params.softcap = 1.5f;
+    params.alibi_slopes = &c_slopes;
     ASSERT_EQ(mha_module_forward(module.get(), &c_query, &c_key, &c_key, &c_out, &params), MHA_OK)
         << mha_last_error();
   }
@@ -465,7 +474,11 @@ TEST(CppApi, ModuleForwardParamsOwnTheirDescriptors) {
           .key_padding_mask(mha::Tensor(kpm.data(), {B, Lk}))
           .attn_mask(mha::Tensor(attn_mask.data(), MHA_DTYPE_BOOL, {Lq, Lk}))
           .attn_weights(mha::Tensor(weights.data(), weights_shape))
-          .causal(MHA_CAUSAL_TOP_LEFT);
+          .causal(MHA_CAUSAL_TOP_LEFT)
+          .window(2, 1)
+          .sinks(mha::Tensor(sinks.data(), {H}))
+          .softcap(1.5f)
+          .alibi_slopes(mha::Tensor(slopes.data(), {B, H}));
   auto run = [&](const mha::ModuleForwardParams& params, const char* what) {
     std::vector<float> out(out_size, -1.0f);
     std::fill(weights.begin(), weights.end(), -1.0f);
@@ -479,6 +492,11 @@ TEST(CppApi, ModuleForwardParamsOwnTheirDescriptors) {
     EXPECT_TRUE(points_into(c->key_padding_mask, &params, sizeof params)) << what;
     EXPECT_TRUE(points_into(c->attn_mask, &params, sizeof params)) << what;
     EXPECT_TRUE(points_into(c->attn_weights, &params, sizeof params)) << what;
+    EXPECT_TRUE(points_into(c->sinks, &params, sizeof params)) << what;
+    EXPECT_TRUE(points_into(c->alibi_slopes, &params, sizeof params)) << what;
+    EXPECT_EQ(c->window_left, 2) << what;
+    EXPECT_EQ(c->window_right, 1) << what;
+    EXPECT_EQ(c->softcap, 1.5f) << what;
   };
   run(original, "the object built from temporaries");
   mha::ModuleForwardParams copied(original);

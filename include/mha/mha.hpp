@@ -479,6 +479,31 @@ class ModuleForwardParams {
     params_.dropout_seed = dropout_seed;
     return *this;
   }
+  // The attention variants, as AttentionParams' (H = the module's heads).
+  // Sliding window: query i sees keys i+Lk-Lq-left .. i+Lk-Lq+right; -1
+  // leaves a side unbounded (the default).
+  ModuleForwardParams& window(int64_t left, int64_t right) noexcept {
+    params_.window_left = left;
+    params_.window_right = right;
+    return *this;
+  }
+  // Attention sinks: F32 [H], per-head logits in each row's denominator.
+  ModuleForwardParams& sinks(const ConstTensor& t) noexcept {
+    sinks_ = *t.get();
+    params_.sinks = &sinks_;
+    return *this;
+  }
+  // Logit softcap: s <- cap · tanh(s / cap); 0 turns it off.
+  ModuleForwardParams& softcap(float cap) noexcept {
+    params_.softcap = cap;
+    return *this;
+  }
+  // ALiBi: F32 slopes [H] or [B, H]; adds -slope · |i + Lk - Lq - j|.
+  ModuleForwardParams& alibi_slopes(const ConstTensor& t) noexcept {
+    alibi_slopes_ = *t.get();
+    params_.alibi_slopes = &alibi_slopes_;
+    return *this;
+  }
 
   // The C struct; its tensor pointers point into this object.
   const mha_module_forward_params* get() const noexcept { return &params_; }
@@ -490,11 +515,15 @@ class ModuleForwardParams {
     key_padding_mask_ = other.key_padding_mask_;
     attn_mask_ = other.attn_mask_;
     attn_weights_ = other.attn_weights_;
+    sinks_ = other.sinks_;
+    alibi_slopes_ = other.alibi_slopes_;
     params_.valid_lens = other.params_.valid_lens != nullptr ? &valid_lens_ : nullptr;
     params_.key_padding_mask =
         other.params_.key_padding_mask != nullptr ? &key_padding_mask_ : nullptr;
     params_.attn_mask = other.params_.attn_mask != nullptr ? &attn_mask_ : nullptr;
     params_.attn_weights = other.params_.attn_weights != nullptr ? &attn_weights_ : nullptr;
+    params_.sinks = other.params_.sinks != nullptr ? &sinks_ : nullptr;
+    params_.alibi_slopes = other.params_.alibi_slopes != nullptr ? &alibi_slopes_ : nullptr;
   }
 
   mha_module_forward_params params_{};
@@ -502,6 +531,8 @@ class ModuleForwardParams {
   mha_tensor key_padding_mask_{};
   mha_tensor attn_mask_{};
   mha_tensor attn_weights_{};
+  mha_tensor sinks_{};
+  mha_tensor alibi_slopes_{};
 };
 
 // An mha_module owned by this object: destroyed with it; movable, not copyable.
