@@ -1866,14 +1866,19 @@ mha_tools::NpyArray random_npy(Rng& rng, std::vector<int64_t> shape, float ampli
 //   a: PyTorch names and biases, config.json with num_heads 4, batch-first
 //      query [2, 5, 16], key = value [2, 7, 16], valid_lens [B], averaged weights;
 //   b: q/k/v_proj_weight (Eq 12, Ek = Ev 10), no biases, --heads 2, sequence-first,
-//      a bool key_padding_mask, an f32 attn_mask [Lq, Lk], causal, per-head weights.
+//      a bool key_padding_mask, an f32 attn_mask [Lq, Lk], causal, per-head weights;
+//   c: the attention variants: --heads 4, query [2, 6, 16] (amplitude 4, so
+//      that the softcap bites), key = value [2, 9, 16], --window 3,1, causal
+//      bottom-right, --softcap 1.5, sinks [H] (one -inf), ALiBi slopes [B, H],
+//      per-head weights.
 struct ToolCase {
   const char* name;
   int64_t B, Lq, Lk, E, H, Eq, Ek, Ev;
   bool bias, seq_first;
 };
 const ToolCase kToolCases[] = {{"a", 2, 5, 7, 16, 4, 16, 16, 16, true, false},
-                               {"b", 2, 6, 8, 8, 2, 12, 10, 10, false, true}};
+                               {"b", 2, 6, 8, 8, 2, 12, 10, 10, false, true},
+                               {"c", 2, 6, 9, 16, 4, 16, 16, 16, true, false}};
 
 ModuleWeights tool_weights(const ToolCase& t, Rng& rng,
                            std::vector<std::pair<std::string, mha_tools::NpyArray>>* files) {
@@ -1919,19 +1924,31 @@ ModuleWeights tool_weights(const ToolCase& t, Rng& rng,
 
 // Everything of a case but the weights, derived from its seed.
 struct ToolInputs {
-  mha_tools::NpyArray query, key, valid_lens, kpm, attn_mask;
+  mha_tools::NpyArray query, key, valid_lens, kpm, attn_mask, sinks, alibi;
 };
 
 ToolInputs tool_inputs(const ToolCase& t, Rng& rng) {
   ToolInputs in;
-  in.query = random_npy(rng, t.seq_first ? std::vector<int64_t>{t.Lq, t.B, t.Eq}
-                                         : std::vector<int64_t>{t.B, t.Lq, t.Eq});
+  const float amplitude = t.name[0] == 'c' ? 4.0f : 1.0f;
+  in.query = random_npy(
+      rng,
+      t.seq_first ? std::vector<int64_t>{t.Lq, t.B, t.Eq} : std::vector<int64_t>{t.B, t.Lq, t.Eq},
+      amplitude);
   in.key = random_npy(rng, t.seq_first ? std::vector<int64_t>{t.Lk, t.B, t.Ek}
                                        : std::vector<int64_t>{t.B, t.Lk, t.Ek});
   if (t.name[0] == 'a') {
     in.valid_lens = mha_tools::NpyArray(mha_tools::NpyDtype::I32, {t.B});
     in.valid_lens.set_from_double(0, 4);
     in.valid_lens.set_from_double(1, 7);
+  } else if (t.name[0] == 'c') {
+    in.sinks = mha_tools::NpyArray(mha_tools::NpyDtype::F32, {t.H});
+    for (int64_t h = 0; h < t.H; ++h)
+      in.sinks.set_from_double(h, h == 1 ? -HUGE_VAL : 0.5 * static_cast<double>(h));
+    in.alibi = mha_tools::NpyArray(mha_tools::NpyDtype::F32, {t.B, t.H});
+    for (int64_t b = 0; b < t.B; ++b)  // 2^-(h + 1) · (b + 1)
+      for (int64_t h = 0; h < t.H; ++h)
+        in.alibi.set_from_double(
+            b * t.H + h, std::exp2(-static_cast<double>(h + 1)) * static_cast<double>(b + 1));
   } else {
     in.kpm = mha_tools::NpyArray(mha_tools::NpyDtype::Bool, {t.B, t.Lk});
     for (int64_t i = 0; i < in.kpm.size(); ++i) in.kpm.set_from_double(i, rng.chance(0.3) ? 1 : 0);
@@ -1967,6 +1984,10 @@ TEST(ModuleTool, Write) {
     write_file(root + "/key.npy", in.key);
     if (t.name[0] == 'a') {
       write_file(root + "/valid_lens.npy", in.valid_lens);
+    } else if (t.name[0] == 'c') {
+      write_file(root + "/sinks.npy", in.sinks);
+      write_file(root + "/alibi.npy", in.alibi);
+      write_file(root + "/sinks3.npy", random_npy(rng, {3}));  // refused: H is 4
     } else {
       write_file(root + "/kpm.npy", in.kpm);
       write_file(root + "/attn_mask.npy", in.attn_mask);
@@ -2012,10 +2033,19 @@ TEST(ModuleTool, Check) {
   ri.query = &q;
   ri.key = &k;
   ri.value = &k;
-  mha_tensor vl{}, kpm{}, am{};
+  mha_tensor vl{}, kpm{}, am{}, sinks{}, alibi{};
   if (t.name[0] == 'a') {
     vl = view(in.valid_lens, MHA_DTYPE_I32, false);
     ri.valid_lens = &vl;
+  } else if (t.name[0] == 'c') {
+    sinks = view(in.sinks, MHA_DTYPE_F32, false);
+    alibi = view(in.alibi, MHA_DTYPE_F32, false);
+    ri.sinks = &sinks;
+    ri.alibi_slopes = &alibi;
+    ri.window_left = 3;
+    ri.window_right = 1;
+    ri.softcap = 1.5;
+    ri.causal = MHA_CAUSAL_BOTTOM_RIGHT;
   } else {
     kpm = view(in.kpm, MHA_DTYPE_BOOL, false);
     am = view(in.attn_mask, MHA_DTYPE_F32, false);

@@ -2,7 +2,6 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <cfloat>
 #include <chrono>
@@ -435,33 +434,7 @@ void add_attention_options(CLI::App& app, AttentionOptions& o) {
   add_causal_option(app, o.causal,
                     "causal mask: none (the default), top-left (also --causal alone) or "
                     "bottom-right");
-  app.add_option("--window", o.window,
-                 "sliding window L,R: query i sees keys i+Lk-Lq-L .. i+Lk-Lq+R "
-                 "(FlashAttention-2's convention); -1 leaves a side unbounded, e.g. 4095,0")
-      ->check(filled)
-      ->option_text("L,R");
-  app.add_option("--sinks", o.sinks,
-                 "attention sinks .npy, float32 [H]: per-head logits that join each row's "
-                 "softmax denominator without a value row (gpt-oss); -inf: no sink")
-      ->check(filled);
-  app.add_option("--softcap", o.softcap,
-                 "logit softcap C > 0: scores become C*tanh(score/C) before ALiBi and the mask "
-                 "(Gemma 2)")
-      ->check(filled)
-      ->check(CLI::Validator(
-          [](const std::string& text) {
-            double cap = 0;
-            const bool number = CLI::detail::lexical_cast(text, cap);
-            return number && cap > 0 && static_cast<float>(cap) <= FLT_MAX
-                       ? std::string()
-                       : "the softcap must be a finite number > 0 (not " + text + ")";
-          },
-          "", "C > 0"))
-      ->option_text("C");
-  app.add_option("--alibi", o.alibi,
-                 "ALiBi slopes .npy, float32 [H] or [B,H]: adds -slope*|i+Lk-Lq-j| to the "
-                 "scores (FlashAttention-2's convention)")
-      ->check(filled);
+  add_variant_options(app, o);
   app.add_option_function<std::string>(
          "--scale",
          [&o](const std::string& s) {
@@ -502,32 +475,6 @@ void check_scale(const AttentionOptions& o) {
 }
 
 }  // namespace
-
-WindowEdges parse_window(const std::string& text) {
-  const auto bad = [&text](const std::string& why) {
-    return UsageError("--window " + text + ": " + why +
-                      " (it must be L,R: two integers >= -1, -1 for an unbounded side)");
-  };
-  const size_t comma = text.find(',');
-  if (comma == std::string::npos || text.find(',', comma + 1) != std::string::npos) {
-    throw bad("not two values separated by one comma");
-  }
-  const auto edge = [&bad](const std::string& part) {
-    size_t used = 0;
-    long long value = 0;
-    try {
-      value = std::stoll(part, &used);
-    } catch (const std::exception&) {
-      throw bad("'" + part + "' is not an integer");
-    }
-    if (used != part.size() || part.empty() || std::isspace(static_cast<unsigned char>(part[0]))) {
-      throw bad("'" + part + "' is not an integer");
-    }
-    if (value < -1) throw bad(part + " is below -1");
-    return static_cast<int64_t>(value);
-  };
-  return {edge(text.substr(0, comma)), edge(text.substr(comma + 1))};
-}
 
 void check_attention_options(const AttentionOptions& o) {
   std::string missing;

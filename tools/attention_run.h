@@ -29,13 +29,10 @@ void print_error(const std::string& message);
 // status: ToolError its own, OutputConflict 2, anything else 1.
 int run_guarded(const std::function<int()>& body);
 
-struct AttentionOptions : RunOptions {
+struct AttentionOptions : RunOptions, VariantOptions {
   std::string q, k, v, out;
   std::string mask, valid_lens, lse;  // empty: not given
   std::string causal = "none";        // none | top-left | bottom-right
-  std::string window;                 // "L,R" (-1: unbounded side); empty: none
-  std::string sinks, alibi;           // .npy files; empty: none
-  std::optional<double> softcap;
   std::optional<double> scale;
   std::string scale_text;  // --scale as typed
   // --dtype (F32, BF16 or F16) and --kv-dtype (those or I8); not given: see
@@ -135,12 +132,6 @@ struct Timing {
 };
 // `repeat` timed calls (after the caller's first, untimed one).
 Timing time_attention(AttentionCall& call, int repeat);
-
-// --window's value "L,R": two integers >= -1 (-1: that side unbounded).
-struct WindowEdges {
-  int64_t left = -1, right = -1;
-};
-WindowEdges parse_window(const std::string& text);
 
 // The number of (batch, head, query, key) tuples that take part: the pairs
 // left by the causal mode, the window, the valid lengths, a bool mask (true) and an

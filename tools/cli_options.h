@@ -1,6 +1,7 @@
 // What the command-line tools share about their command lines: exit codes,
 // the errors that carry them, and the options both mha-run modes take
-// (--backend, --threads, --repeat, --causal), registered once here.
+// (--backend, --threads, --repeat, --causal, and the attention variants'
+// --window, --sinks, --softcap, --alibi), registered once here.
 #pragma once
 
 #include <cstdint>
@@ -49,6 +50,24 @@ struct RunOptions {
 
 // Registers --backend, --threads and --repeat.
 void add_run_options(CLI::App& app, RunOptions& options);
+
+// The attention variants' flags, the same in both modes: --window L,R,
+// --sinks S.npy, --softcap C, --alibi SLOPES.npy.
+struct VariantOptions {
+  std::string window;        // "L,R" (-1: unbounded side); empty: none
+  std::string sinks, alibi;  // .npy files; empty: none
+  std::optional<double> softcap;
+};
+
+// Registers the variants' flags (the softcap checked: a finite number > 0).
+void add_variant_options(CLI::App& app, VariantOptions& options);
+
+// --window's value "L,R": two integers >= -1 (-1: that side unbounded);
+// throws UsageError.
+struct WindowEdges {
+  int64_t left = -1, right = -1;
+};
+WindowEdges parse_window(const std::string& text);
 
 // A CLI11 validator that refuses an empty value ("--threads ''").
 const CLI::Validator& non_empty();

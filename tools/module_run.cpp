@@ -146,6 +146,19 @@ NpyArray load_mask(const char* flag, const std::string& path, int min_rank, int 
   return a;
 }
 
+// Sinks or ALiBi slopes: float32 (float16 and float64 converted) of rank 1
+// to max_rank; the library checks the shape against the heads and batch.
+NpyArray load_float_vector(const char* flag, const std::string& path, int max_rank,
+                           const char* shapes) {
+  NpyArray a = read_float_input(flag, path);
+  if (a.dtype() != NpyDtype::F32 || a.rank() < 1 || a.rank() > max_rank) {
+    throw ToolError(std::string(flag) + " " + path + ": must be float32 " + shapes +
+                    " (<f4; float16 <f2 or float64 <f8, converted); the file holds " +
+                    a.describe());
+  }
+  return a;
+}
+
 // The integer, boolean or number under a key of config.json; null and a
 // missing key give nullopt, any other type is an error.
 template <typename T>
@@ -169,7 +182,8 @@ std::optional<T> config_value(const nlohmann::json& j, const char* key, const st
   return v.get<T>();
 }
 
-// Pairs (b, h, i, j) that take part, as the module masks them.
+// Pairs (b, h, i, j) that take part, as the module masks them (the window,
+// causal, valid lengths, the masks).
 double count_pairs(const mha_module_forward_params& p, int64_t batch, int64_t heads, int64_t lq,
                    int64_t lk) {
   const auto allowed = [](const mha_tensor* m, int64_t offset) {
@@ -188,8 +202,10 @@ double count_pairs(const mha_module_forward_params& p, int64_t batch, int64_t he
               b * vl->strides[0] + (vl->ndim == 2 ? i * vl->strides[1] : 0));
         }
         const int64_t end = mha_rules::visible_keys(
-            i, lk, mha_rules::causal_diagonal(p.causal, lq, lk), valid_length);
-        for (int64_t j = 0; j < end; ++j) {
+            i, lk, mha_rules::upper_diagonal(p.causal, p.window_right, lq, lk), valid_length);
+        const int64_t first = mha_rules::first_visible_key(
+            i, mha_rules::window_lower_diagonal(p.window_left, lq, lk));
+        for (int64_t j = first; j < end; ++j) {
           if (const mha_tensor* m = p.key_padding_mask;
               m != nullptr && !allowed(m, b * m->strides[0] + j * m->strides[1])) {
             continue;
@@ -255,6 +271,7 @@ void add_module_options(CLI::App& app, ModuleOptions& o) {
   add_causal_option(app, o.causal,
                     "causal mask: none (the default), top-left (query i sees keys j <= i; also "
                     "--causal alone) or bottom-right (j <= i + Lk - Lq)");
+  add_variant_options(app, o);
   app.add_option("--need-weights", o.need_weights,
                  "attention weights: float32 [B,H,Lq,Lk] .npy to write")
       ->check(filled);
@@ -295,6 +312,7 @@ void check_module_options(const ModuleOptions& o) {
     throw UsageError("module: --sequence-first and --batch-first exclude each other");
   }
   (void)causal_mode(o.causal);
+  if (!o.window.empty()) (void)parse_window(o.window);
 }
 
 ModuleConfigFile read_module_config(const std::string& dir) {
@@ -472,7 +490,9 @@ std::vector<NamedFile> module_inputs(const ModuleOptions& o) {
                                   {"--value", o.value},
                                   {"--valid-lens", o.valid_lens},
                                   {"--key-padding-mask", o.key_padding_mask},
-                                  {"--attn-mask", o.attn_mask}};
+                                  {"--attn-mask", o.attn_mask},
+                                  {"--sinks", o.sinks},
+                                  {"--alibi", o.alibi}};
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(o.weights_dir, ec)) {
     files.push_back({"--weights", entry.path().string()});
@@ -553,6 +573,24 @@ int run_module_command(const ModuleOptions& o) {
       p.attn_mask = &am_t;
     }
     p.causal = causal_mode(o.causal);
+    if (!o.window.empty()) {
+      const WindowEdges edges = parse_window(o.window);
+      p.window_left = edges.left;
+      p.window_right = edges.right;
+    }
+    if (o.softcap) p.softcap = static_cast<float>(*o.softcap);
+    std::optional<NpyArray> sinks, slopes;
+    mha_tensor sinks_t{}, slopes_t{};
+    if (!o.sinks.empty()) {
+      sinks = load_float_vector("--sinks", o.sinks, 1, "[H]");
+      sinks_t = describe(*sinks, MHA_DTYPE_F32);
+      p.sinks = &sinks_t;
+    }
+    if (!o.alibi.empty()) {
+      slopes = load_float_vector("--alibi", o.alibi, 2, "[H] or [B,H]");
+      slopes_t = describe(*slopes, MHA_DTYPE_F32);
+      p.alibi_slopes = &slopes_t;
+    }
 
     NpyArray out_array(NpyDtype::F32, seq ? std::vector<int64_t>{lq, batch, e}
                                           : std::vector<int64_t>{batch, lq, e});

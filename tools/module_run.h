@@ -7,6 +7,7 @@
 //                  --out O.npy [--heads N] [--valid-lens VL.npy]
 //                  [--key-padding-mask M.npy] [--attn-mask M.npy]
 //                  [--causal [none|top-left|bottom-right]]
+//                  [--window L,R] [--sinks S.npy] [--softcap C] [--alibi SLOPES.npy]
 //                  [--need-weights W.npy [--average-weights]]
 //                  [--sequence-first | --batch-first] [--allow-missing-weights]
 //                  [--threads N] [--backend NAME] [--repeat N]
@@ -37,7 +38,7 @@ class App;
 
 namespace mha_tools {
 
-struct ModuleOptions : RunOptions {
+struct ModuleOptions : RunOptions, VariantOptions {
   std::string weights_dir, query, key, value, out;
   std::optional<int64_t> heads;
   std::string valid_lens, key_padding_mask, attn_mask, need_weights;  // empty: not given
