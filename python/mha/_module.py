@@ -5,6 +5,7 @@ import numpy as np
 
 from . import _mha
 from ._arguments import flag, integer, real
+from ._attention import _window_argument
 from ._arrays import (Array, array_argument, empty_like_framework,
                       optional_array_argument, shape_of, torch_module)
 from ._state_dict import IncompatibleKeys, checked_weights, weight_shapes
@@ -142,7 +143,9 @@ class MultiheadAttention:
     def forward(self, query: Array, key: Array, value: Array,
                 key_padding_mask: Optional[Array] = None, need_weights: bool = True,
                 attn_mask: Optional[Array] = None, average_attn_weights: bool = True,
-                is_causal: bool = False) -> Tuple[Array, Optional[Array]]:
+                is_causal: bool = False, *, window_size: Tuple[int, int] = (-1, -1),
+                sinks: Optional[Array] = None, softcap: float = 0.0,
+                alibi_slopes: Optional[Array] = None) -> Tuple[Array, Optional[Array]]:
         """(output, attention weights or None), as nn.MultiheadAttention.forward in eval mode.
 
         query [L, B, E] (batch_first: [B, L, E]), key [S, B, kdim], value [S, B,
@@ -160,12 +163,29 @@ class MultiheadAttention:
             that attn_mask is causal, and needs one), it applies the causal mask
             itself; an attn_mask given with it applies too.
 
+        mha's attention variants, keyword-only, as scaled_dot_product_attention's
+        (H = num_heads, B = the batch, L and S the query and key lengths):
+        window_size: (left, right), FlashAttention-2's sliding window aligned
+            to the bottom-right corner: key j takes part in query i's row iff
+            i + S - L - left <= j <= i + S - L + right; -1 leaves a side
+            unbounded.
+        sinks: float32 [H], per-head logits that join each row's softmax
+            denominator without a value row (gpt-oss); -inf is no sink.  The
+            weights are then the true probabilities: a row sums to 1 minus the
+            sink's share.
+        softcap: scores become softcap * tanh(score / softcap) before ALiBi
+            and the masks (Gemma 2); 0 is off.
+        alibi_slopes: float32 [H] or [B, H]: adds -slope * |i + S - L - j| to
+            the scores (FlashAttention-2's convention).
+
         The output is float32 in query's framework (NumPy in, NumPy out; torch
         in, torch out), shaped like query with E features.  Unlike PyTorch, a
         row in which no key takes part gives zero weights (its output is
         out_proj.bias), not NaN.  Raises ValueError for arrays of the wrong rank
         or shape (PyTorch's rules), TypeError for arguments of the wrong type,
-        mha.Error when the library refuses the call (a dtype other than float32).
+        mha.Error when the library refuses the call (a dtype other than float32,
+        a window side below -1, a negative softcap, sinks or slopes of the wrong
+        shape or with NaN: the message names them as params->sinks and so on).
         """
         query = array_argument(query, "query")
         key = array_argument(key, "key")
@@ -175,6 +195,10 @@ class MultiheadAttention:
         need_weights = flag(need_weights, "need_weights")
         average_attn_weights = flag(average_attn_weights, "average_attn_weights")
         is_causal = flag(is_causal, "is_causal")
+        window_left, window_right = _window_argument(window_size)
+        sinks = optional_array_argument(sinks, "sinks")
+        softcap = real(softcap, "softcap")
+        alibi_slopes = optional_array_argument(alibi_slopes, "alibi_slopes")
         shapes = _ForwardShapes(self, query, key, value, key_padding_mask, attn_mask)
 
         out = empty_like_framework(query, shapes.out, "float32")
@@ -184,7 +208,8 @@ class MultiheadAttention:
                                            "float32")
         self._module.forward(query, key, value, out, key_padding_mask, attn_mask, weights,
                              average_attn_weights, is_causal,
-                             shapes.batched and not self.batch_first)
+                             shapes.batched and not self.batch_first, window_left, window_right,
+                             sinks, softcap, alibi_slopes)
         return out, weights
 
     __call__ = forward

@@ -34,6 +34,8 @@ constexpr RankRule kAttnMask{2, 3, 2};         // [Lq, Lk] or [B*H, Lq, Lk]
 constexpr RankRule kAveragedWeights{2, 3, 3};  // [B, Lq, Lk], unbatched [Lq, Lk]
 constexpr RankRule kHeadWeights{3, 4, 4};      // [B, H, Lq, Lk], unbatched [H, Lq, Lk]
 constexpr RankRule kWeight{1, 2, 1};           // a matrix or a bias vector
+constexpr RankRule kSinks{1, 1, 1};            // [H]
+constexpr RankRule kSlopes{1, 2, 1};           // [H] or [B, H]
 
 // A sequence-first array ([L, B, E] memory, PyTorch's batch_first=False)
 // described as the library's [B, L, E]: the first two dimensions swapped.
@@ -79,7 +81,8 @@ class Module {
 
   void forward(nb::handle query, nb::handle key, nb::handle value, nb::handle out,
                nb::handle key_padding_mask, nb::handle attn_mask, nb::handle attn_weights,
-               bool average_attn_weights, bool is_causal, bool sequence_first) {
+               bool average_attn_weights, bool is_causal, bool sequence_first, int64_t window_left,
+               int64_t window_right, nb::handle sinks, double softcap, nb::handle alibi_slopes) {
     ArrayView q(query, "query", Access::read_only, kSequence);
     ArrayView k(key, "key", Access::read_only, kSequence);
     ArrayView v(value, "value", Access::read_only, kSequence);
@@ -94,6 +97,10 @@ class Module {
     std::optional<ArrayView> weights =
         optional_view(attn_weights, "attn_weights", Access::writable,
                       average_attn_weights ? kAveragedWeights : kHeadWeights);
+    const std::optional<ArrayView> sink_view =
+        optional_view(sinks, "sinks", Access::read_only, kSinks);
+    const std::optional<ArrayView> slope_view =
+        optional_view(alibi_slopes, "alibi_slopes", Access::read_only, kSlopes);
 
     mha_module_forward_params params;
     mha_module_forward_params_init(&params);
@@ -102,6 +109,11 @@ class Module {
     params.causal = is_causal ? MHA_CAUSAL_TOP_LEFT : MHA_CAUSAL_NONE;
     params.attn_weights = weights ? &weights->tensor() : nullptr;
     params.average_attn_weights = average_attn_weights ? 1 : 0;
+    params.window_left = window_left;
+    params.window_right = window_right;
+    params.sinks = sink_view ? &sink_view->tensor() : nullptr;
+    params.softcap = static_cast<float>(softcap);
+    params.alibi_slopes = slope_view ? &slope_view->tensor() : nullptr;
 
     nb::gil_scoped_release without_gil;
     std::shared_lock<std::shared_mutex> lock(mutex_);
@@ -133,9 +145,11 @@ void register_module(nb::module_& module) {
       .def("forward", &Module::forward, nb::arg("query"), nb::arg("key"), nb::arg("value"),
            nb::arg("out"), nb::arg("key_padding_mask").none(), nb::arg("attn_mask").none(),
            nb::arg("attn_weights").none(), nb::arg("average_attn_weights"), nb::arg("is_causal"),
-           nb::arg("sequence_first"),
+           nb::arg("sequence_first"), nb::arg("window_left"), nb::arg("window_right"),
+           nb::arg("sinks").none(), nb::arg("softcap"), nb::arg("alibi_slopes").none(),
            "out = the module applied to query, key and value (and the attention weights into "
-           "attn_weights); sequence_first: the arrays are [L, B, E].");
+           "attn_weights); sequence_first: the arrays are [L, B, E]; the attention variants as "
+           "in mha_module_forward_params.");
 }
 
 }  // namespace mha_python
