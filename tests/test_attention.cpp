@@ -415,6 +415,28 @@ TEST_P(Attention, GroupedAndMultiQuery) {
   }
 }
 
+// The decode layout serves the query heads of one KV head as rows, in
+// groups of up to kDecodeRows that share each K and V load (and the rest of
+// a group): every group size and remainder, over keys long enough for the
+// decode layout (more than two prefill key tiles), with a mask, the causal
+// rule and valid lengths that end rows at different keys.
+TEST_P(Attention, DecodeRowGroupsOfEverySize) {
+  uint64_t seed = 900;
+  for (int64_t group = 1; group <= 9; ++group) {
+    for (const int64_t lq : {1, 2}) {
+      Case c;
+      c.B = 2, c.H = 2 * group, c.Hkv = 2, c.Lq = lq, c.Lk = 700, c.D = 64, c.seed = ++seed;
+      run_case(c);
+      c.causal = MHA_CAUSAL_BOTTOM_RIGHT;
+      c.lens = Lens::PerQuery;
+      c.mask = MaskKind::Bool;
+      c.mask_shape = {c.B, c.H, c.Lq, c.Lk};
+      c.mask_dead_row = false;
+      run_case(c);
+    }
+  }
+}
+
 TEST_P(Attention, Layouts) {
   uint64_t seed = 400;
   for (int combo = 0; combo < 16; ++combo) {

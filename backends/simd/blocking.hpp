@@ -28,7 +28,12 @@ struct Blocking {
   // S3 at 2 threads, A/B in one session: 1024 keys about 10 % ahead of 384;
   // 2048 no better within the noise.
   static constexpr int kDecodeKeyTile = 1024;
-  // Decode P·V: a run's and the tile's sums of 8 vectors of Dv = 16 registers.
+  // Decode: up to kDecodeRows query rows (the query heads of one KV head)
+  // share each K and V load; their accumulators (rows x keys for the scores,
+  // rows x vectors of Dv for P·V) take kDecodeAccumulators registers, P·V at
+  // most kDecodePvVectors vectors of a row at once.
+  static constexpr int kDecodeRows = 4;
+  static constexpr int kDecodeAccumulators = 16;
   static constexpr int kDecodePvVectors = 8;
 };
 
@@ -43,6 +48,8 @@ struct Blocking<xsimd::fma3<xsimd::avx2>> {
   static constexpr int kQueryTile = 64;
   static constexpr int kKeyTile = 96;
   static constexpr int kDecodeKeyTile = 1024;
+  static constexpr int kDecodeRows = 4;
+  static constexpr int kDecodeAccumulators = 8;
   static constexpr int kDecodePvVectors = 4;
 };
 

@@ -52,16 +52,30 @@ class DecodeKernel {
     uint32_t* row_key;   // [rows]: dropout hash of each row
     float* k_pack;       // [KT][Dp]
     float* v_pack;       // [KT][Dvp]
-    float* pv_total;     // [Dvp]: row_pv's tile sums of a wide row
+    float* pv_total;     // [kDecodeRows][Dvp]: rows_pv's tile sums
     uint8_t* removed;    // [KT]: keys a mask removed from the current row
+    int64_t* queued;     // [rows]: the rows whose P·V runs grouped
+    float* alpha;        // [rows]: their accumulators' rescaling
   };
+  static constexpr int kGroup = Blocking<Arch>::kDecodeRows;
+
+  // Calls f(r0, std::integral_constant<int, n>) for groups of n <= kGroup
+  // rows covering [0, count).
+  template <class F>
+  static void for_row_groups(int64_t count, F&& f) {
+    for (int64_t r0 = 0; r0 < count; r0 += kGroup) {
+      with_count<kGroup>(static_cast<int>(std::min<int64_t>(kGroup, count - r0)),
+                         [&](auto n) { f(r0, n); });
+    }
+  }
 
  public:
   static size_t scratch_bytes(const mha_kernel_problem& p, int64_t max_queries) {
     const int64_t rows = (p.heads / p.kv_heads) * max_queries;
     const int64_t dp = round_up(p.d, W), dvp = round_up(p.dv, W);
     return ScratchCarver::bytes({rows * dp, rows * dvp, rows * KTP, rows, rows, 2 * rows, 2 * rows,
-                                 rows, KT * dp, KT * dvp, dvp, KT / 4 + 1});
+                                 rows, KT * dp, KT * dvp, kGroup * dvp, KT / 4 + 1, 2 * rows,
+                                 rows});
   }
 
   static void run(const mha_kernel_problem& p, const mha_work_item& item, void* scratch) {
@@ -80,8 +94,10 @@ class DecodeKernel {
     rows.row_key = reinterpret_cast<uint32_t*>(carve.floats(rows.count));
     rows.k_pack = carve.floats(KT * dp);
     rows.v_pack = carve.floats(KT * dvp);
-    rows.pv_total = carve.floats(dvp);
+    rows.pv_total = carve.floats(kGroup * dvp);
     rows.removed = reinterpret_cast<uint8_t*>(carve.floats(KT / 4 + 1));
+    rows.queued = reinterpret_cast<int64_t*>(carve.floats(2 * rows.count));
+    rows.alpha = carve.floats(rows.count);
 
     // Scores in base-2 units; a row that came out non-finite (a -inf logit
     // from the data, a logit past FLT_MAX / log2 e, NaN or infinite values)
@@ -174,18 +190,33 @@ class DecodeKernel {
         v_rows = reinterpret_cast<const float*>(v_typed);
         v_stride = p.v_strides[2];
       }
+      // 1. Every row's scores, each K vector loaded once for a group of rows.
+      for_row_groups(rows.count, [&](int64_t r0, auto n) {
+        constexpr int N = decltype(n)::value;
+        if (k_direct) {
+          rows_scores<Arch, kKv, N>(rows.q + r0 * dp, dp, k_typed, p.k_strides[2], keys,
+                                    rows.scores + r0 * KTP, KTP);
+        } else {
+          rows_scores<Arch, MHA_DTYPE_F32, N>(rows.q + r0 * dp, dp, k_packed, dp, keys,
+                                              rows.scores + r0 * KTP, KTP);
+        }
+      });
+      if constexpr (kInt8) {
+        if (k_direct) {
+          for (int64_t r = 0; r < rows.count; ++r) {
+            float* s = rows.scores + r * KTP;
+            for (int j = 0; j < keys; ++j) s[j] *= k_scale[j * ks];
+          }
+        }
+      }
+      // 2. Row by row: the variants, masks, the softmax and dropout.  A row
+      // whose removed keys could pass on a non-finite V takes the guarded
+      // P·V at once; the others are queued for step 3.
       int v_finite = -1;  // not checked yet
+      int64_t queued = 0;
       for (int64_t r = 0; r < rows.count; ++r) {
         const int64_t h = item.h_begin + r / nq, i = item.q_begin + r % nq;
         float* s = rows.scores + r * KTP;
-        if (k_direct) {
-          row_scores<Arch, kKv>(rows.q + r * dp, dp, k_typed, p.k_strides[2], keys, s);
-          if constexpr (kInt8) {
-            for (int j = 0; j < keys; ++j) s[j] *= k_scale[j * ks];
-          }
-        } else {
-          row_scores<Arch, MHA_DTYPE_F32>(rows.q + r * dp, dp, k_packed, dp, keys, s);
-        }
         if (mha_kernel::has_score_variants(p)) {
           apply_score_variants_row<Arch>(p, s, b, h, i, j0, keys, units);
         }
@@ -227,17 +258,36 @@ class DecodeKernel {
         if (skip_removed) {  // v_rows is the packed fp32 tile here
           pv_guarded_row(s, rows.removed, 1, keys, alpha, v_rows, v_stride, dvp,
                          rows.acc + r * dvp);
-        } else if (v_rows != nullptr) {
-          row_pv<Arch, MHA_DTYPE_F32>(s, keys, alpha, v_rows, v_stride, dvp, rows.acc + r * dvp,
-                                      rows.pv_total);
         } else {
-          if constexpr (kInt8) {
-            for (int j = 0; j < keys; ++j) s[j] *= v_scale[j * vs];  // after the row's sum
-          }
-          row_pv<Arch, kKv>(s, keys, alpha, v_typed, p.v_strides[2], dvp, rows.acc + r * dvp,
-                            rows.pv_total);
+          rows.queued[queued] = r;
+          rows.alpha[queued++] = alpha;
         }
       }
+      // 3. P·V of the queued rows, each V vector loaded once for a group.
+      if constexpr (kInt8) {
+        if (v_rows == nullptr) {  // V read in place: its scales go into the weights
+          for (int64_t n = 0; n < queued; ++n) {
+            float* s = rows.scores + rows.queued[n] * KTP;
+            for (int j = 0; j < keys; ++j) s[j] *= v_scale[j * vs];  // after the row's sum
+          }
+        }
+      }
+      for_row_groups(queued, [&](int64_t g0, auto n) {
+        constexpr int N = decltype(n)::value;
+        const float* probs[N];
+        float* acc[N];
+        for (int g = 0; g < N; ++g) {
+          probs[g] = rows.scores + rows.queued[g0 + g] * KTP;
+          acc[g] = rows.acc + rows.queued[g0 + g] * dvp;
+        }
+        if (v_rows != nullptr) {
+          rows_pv<Arch, MHA_DTYPE_F32, N>(probs, rows.alpha + g0, v_rows, v_stride, keys, dvp, acc,
+                                          rows.pv_total);
+        } else {
+          rows_pv<Arch, kKv, N>(probs, rows.alpha + g0, v_typed, p.v_strides[2], keys, dvp, acc,
+                                rows.pv_total);
+        }
+      });
     }
     // A row with visible keys but no weight: a mask removed every key, or its
     // logits overflowed to -inf in base-2 units (the raw pass finds it).

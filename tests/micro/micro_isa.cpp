@@ -43,14 +43,20 @@ void pv(int nr, int nc, const float* probs, const float* alpha, const float* v_r
   });
 }
 
-void row_scores(const float* q, int64_t dp, const float* k_rows, int64_t k_stride, int keys,
-                float* s) {
-  mha_simd::row_scores<Arch>(q, dp, k_rows, k_stride, keys, s);
+void rows_scores(int rows, const float* q, int64_t dp, const float* k_rows, int64_t k_stride,
+                 int keys, float* s, int64_t s_stride) {
+  mha_simd::with_count<Blk::kDecodeRows>(rows, [&](auto n) {
+    mha_simd::rows_scores<Arch, MHA_DTYPE_F32, decltype(n)::value>(q, dp, k_rows, k_stride, keys, s,
+                                                                   s_stride);
+  });
 }
 
-void row_pv(const float* probs, int keys, float alpha, const float* v_rows, int64_t v_stride,
-            int64_t dvp, float* acc, float* total) {
-  mha_simd::row_pv<Arch>(probs, keys, alpha, v_rows, v_stride, dvp, acc, total);
+void rows_pv(int rows, const float* const* probs, const float* alpha, const float* v_rows,
+             int64_t v_stride, int keys, int64_t dvp, float* const* acc, float* total) {
+  mha_simd::with_count<Blk::kDecodeRows>(rows, [&](auto n) {
+    mha_simd::rows_pv<Arch, MHA_DTYPE_F32, decltype(n)::value>(probs, alpha, v_rows, v_stride, keys,
+                                                               dvp, acc, total);
+  });
 }
 
 void narrow(int32_t dtype, const float* x, uint16_t* out) {
@@ -87,8 +93,9 @@ extern "C" const mha_micro::MicroKernels* MHA_MICRO_NAME() {
       Blk::kPvVectors,
       score,
       pv,
-      row_scores,
-      row_pv,
+      Blk::kDecodeRows,
+      rows_scores,
+      rows_pv,
       narrow,
       widen,
       softcap,

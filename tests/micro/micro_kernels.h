@@ -19,12 +19,14 @@ struct MicroKernels {
   // pv_block with nr rows and nc vectors.
   void (*pv)(int nr, int nc, const float* probs, const float* alpha, const float* v_rows,
              int64_t v_stride, int keys, float* acc, int64_t acc_stride);
-  // row_scores and row_pv of the decode layout (total: dvp floats of
+  // rows_scores and rows_pv of the decode layout for 1 <= rows <= max_rows
+  // query rows at once (q: rows x dp floats; total: rows x dvp floats of
   // aligned scratch).
-  void (*row_scores)(const float* q, int64_t dp, const float* k_rows, int64_t k_stride, int keys,
-                     float* s);
-  void (*row_pv)(const float* probs, int keys, float alpha, const float* v_rows, int64_t v_stride,
-                 int64_t dvp, float* acc, float* total);
+  int max_rows;
+  void (*rows_scores)(int rows, const float* q, int64_t dp, const float* k_rows, int64_t k_stride,
+                      int keys, float* s, int64_t s_stride);
+  void (*rows_pv)(int rows, const float* const* probs, const float* alpha, const float* v_rows,
+                  int64_t v_stride, int keys, int64_t dvp, float* const* acc, float* total);
   // store_narrow: `lanes` floats rounded to BF16 or F16 bits.
   void (*narrow)(int32_t dtype, const float* x, uint16_t* out);
   // load_widen: `lanes` BF16 or F16 bits, or int8 values, as floats.

@@ -181,46 +181,74 @@ TEST_P(Micro, DecodeRowKernelsMatchPlainLoops) {
   const int w = k_->lanes;
   Rng rng(14);
   for (const int keys : {1, w - 1 > 0 ? w - 1 : 1, w, 3 * w + 1, 200}) {
-    // Every ISA's row_pv both ways: rows within its register budget (one
-    // pass) and wider ones (column blocks inside each run, 5 and 40 vectors).
+    // rows_pv both ways: rows within the register budget (one column block)
+    // and wider ones (column blocks inside each run, 5 and 40 vectors).
     for (const int64_t dp :
          {int64_t{w}, int64_t{4 * w}, int64_t{5 * w}, int64_t{128}, int64_t{40 * w}}) {
       if (dp % w != 0) continue;
-      SCOPED_TRACE("keys " + std::to_string(keys) + " dp " + std::to_string(dp));
-      const int64_t k_stride = dp + w;
-      Aligned q(static_cast<size_t>(dp)), s(static_cast<size_t>(keys + w)),
-          acc(static_cast<size_t>(dp)), total(static_cast<size_t>(dp));
+      const int64_t k_stride = dp + w, s_stride = (keys + w - 1) / w * w + w;  // aligned rows
+      const int max_rows = k_->max_rows;
+      Aligned q(static_cast<size_t>(max_rows * dp)), s(static_cast<size_t>(max_rows * s_stride)),
+          acc(static_cast<size_t>(max_rows * dp)), total(static_cast<size_t>(max_rows * dp));
       std::vector<float> k(static_cast<size_t>(keys * k_stride + w));
-      for (int64_t x = 0; x < dp; ++x) q[static_cast<size_t>(x)] = rng.uniform();
+      for (size_t x = 0; x < static_cast<size_t>(max_rows * dp); ++x) q[x] = rng.uniform();
       for (float& f : k) f = rng.uniform();
-      k_->row_scores(q.get(), dp, k.data(), k_stride, keys, s.get());
-      for (int j = 0; j < keys; ++j) {
-        double ref = 0, mag = 0;
-        for (int64_t x = 0; x < dp; ++x) {
-          const double t =
-              D(q[static_cast<size_t>(x)]) * D(k[static_cast<size_t>(j * k_stride + x)]);
-          ref += t;
-          mag += std::fabs(t);
+      std::vector<float> probs(static_cast<size_t>(max_rows * keys)),
+          acc0(static_cast<size_t>(max_rows * dp));
+      for (float& f : probs) f = rng.uniform(0, 1);
+      for (float& f : acc0) f = rng.uniform();
+      const float alphas[] = {0.75f, 1.0f, 0.5f, 0.0f, 0.25f, 2.0f, 0.125f, 1.5f};
+      // Row r's results from a group of one row, to compare every grouping with.
+      std::vector<float> single_scores, single_acc;
+      for (int rows = 1; rows <= max_rows; ++rows) {
+        SCOPED_TRACE("keys " + std::to_string(keys) + " dp " + std::to_string(dp) + " rows " +
+                     std::to_string(rows));
+        k_->rows_scores(rows, q.get(), dp, k.data(), k_stride, keys, s.get(), s_stride);
+        for (int r = 0; r < rows; ++r) {
+          for (int j = 0; j < keys; ++j) {
+            double ref = 0, mag = 0;
+            for (int64_t x = 0; x < dp; ++x) {
+              const double t = D(q[static_cast<size_t>(r * dp + x)]) *
+                               D(k[static_cast<size_t>(j * k_stride + x)]);
+              ref += t;
+              mag += std::fabs(t);
+            }
+            const float got = s[static_cast<size_t>(r * s_stride + j)];
+            ASSERT_NEAR(got, ref, dot_tolerance(mag, dp)) << "row " << r << " key " << j;
+            // A row's scores do not depend on the rows grouped with it.
+            if (rows == 1) single_scores.push_back(got);
+            if (r == 0) {
+              ASSERT_EQ(got, single_scores[static_cast<size_t>(j)]) << "row 0 key " << j;
+            }
+          }
         }
-        ASSERT_NEAR(s[static_cast<size_t>(j)], ref, dot_tolerance(mag, dp)) << "key " << j;
-      }
-      // row_pv over the same rows as V.
-      for (int j = 0; j < keys; ++j) s[static_cast<size_t>(j)] = rng.uniform(0, 1);
-      for (int64_t x = 0; x < dp; ++x) acc[static_cast<size_t>(x)] = rng.uniform();
-      std::vector<double> expected(static_cast<size_t>(dp));
-      const float alpha = 0.75f;
-      for (int64_t x = 0; x < dp; ++x) {
-        double sum = 0;
-        for (int j = 0; j < keys; ++j) {
-          sum += D(s[static_cast<size_t>(j)]) * D(k[static_cast<size_t>(j * k_stride + x)]);
+        // rows_pv over the same rows as V.
+        const float* p_rows[8];
+        float* acc_rows[8];
+        for (int r = 0; r < rows; ++r) {
+          p_rows[r] = probs.data() + r * keys;
+          acc_rows[r] = acc.get() + r * dp;
+          for (int64_t x = 0; x < dp; ++x) {
+            acc[static_cast<size_t>(r * dp + x)] = acc0[static_cast<size_t>(r * dp + x)];
+          }
         }
-        expected[static_cast<size_t>(x)] = D(acc[static_cast<size_t>(x)]) * D(alpha) + sum;
-      }
-      k_->row_pv(s.get(), keys, alpha, k.data(), k_stride, dp, acc.get(), total.get());
-      for (int64_t x = 0; x < dp; ++x) {
-        ASSERT_NEAR(acc[static_cast<size_t>(x)], expected[static_cast<size_t>(x)],
-                    1e-5 * (keys + 1))
-            << "column " << x;
+        k_->rows_pv(rows, p_rows, alphas, k.data(), k_stride, keys, dp, acc_rows, total.get());
+        for (int r = 0; r < rows; ++r) {
+          for (int64_t x = 0; x < dp; ++x) {
+            double sum = 0;
+            for (int j = 0; j < keys; ++j) {
+              sum += D(probs[static_cast<size_t>(int64_t{r} * keys + j)]) *
+                     D(k[static_cast<size_t>(j * k_stride + x)]);
+            }
+            const double expected = D(acc0[static_cast<size_t>(r * dp + x)]) * D(alphas[r]) + sum;
+            const float got = acc[static_cast<size_t>(r * dp + x)];
+            ASSERT_NEAR(got, expected, 1e-5 * (keys + 1)) << "row " << r << " column " << x;
+            if (rows == 1) single_acc.push_back(got);
+            if (r == 0) {
+              ASSERT_EQ(got, single_acc[static_cast<size_t>(x)]) << "row 0 column " << x;
+            }
+          }
+        }
       }
     }
   }
