@@ -16,6 +16,7 @@
 #include "scheduler.h"
 #include "threads.h"
 #include "validate.h"
+#include "varlen.h"
 
 using namespace mha::rt;
 
@@ -99,6 +100,19 @@ mha_status mha_attention(const mha_tensor* q, const mha_tensor* k, const mha_ten
     if (mha_status s = validate_attention(q, k, v, out, params, &call); s != MHA_OK) return s;
     return attend(call);
   });
+}
+
+void mha_varlen_params_init(mha_varlen_params* varlen) {
+  if (varlen == nullptr) return;
+  std::memset(varlen, 0, sizeof *varlen);
+  varlen->struct_size = sizeof *varlen;
+}
+
+mha_status mha_attention_varlen(const mha_tensor* q, const mha_tensor* k, const mha_tensor* v,
+                                mha_tensor* out, const mha_varlen_params* varlen,
+                                const mha_attention_params* params) {
+  clear_error();
+  return guarded([&] { return attention_varlen(q, k, v, out, varlen, params); });
 }
 
 int32_t mha_backend_count(void) {

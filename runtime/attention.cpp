@@ -1,5 +1,6 @@
 #include "attention.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -67,10 +68,17 @@ std::string variants_of(const KernelCall& call) {
   return list.empty() ? "none" : list;
 }
 
-mha_status attend(KernelCall& call) {
+namespace {
+
+// The selected backend, if it can compute the call; else null, with the
+// failure in *status.
+const Backend* backend_for(const KernelCall& call, mha_status* status) {
   const char* why = nullptr;
   const Backend* backend = Registry::instance().selected(&why);
-  if (backend == nullptr) return fail(MHA_ERR_BACKEND_UNAVAILABLE, "%s", why);
+  if (backend == nullptr) {
+    *status = fail(MHA_ERR_BACKEND_UNAVAILABLE, "%s", why);
+    return nullptr;
+  }
   if (const mha_plugin& plugin = *backend->plugin; plugin.supports != nullptr) {
     char reason[256] = "";
     if (plugin.supports(&call.problem, reason, sizeof reason) == 0) {
@@ -80,10 +88,61 @@ mha_status attend(KernelCall& call) {
         std::fprintf(stderr, "mha: backend %s declines a call: %s\n", backend->name.c_str(),
                      text.c_str());
       }
-      return fail(MHA_ERR_UNSUPPORTED, "backend %s cannot compute this call: %s",
-                  backend->name.c_str(), text.empty() ? "no reason given" : text.c_str());
+      *status = fail(MHA_ERR_UNSUPPORTED, "backend %s cannot compute this call: %s",
+                     backend->name.c_str(), text.empty() ? "no reason given" : text.c_str());
+      return nullptr;
     }
   }
+  return backend;
+}
+
+}  // namespace
+
+mha_status attend(KernelCall* calls, int64_t count, int64_t batch) {
+  const char* why = nullptr;
+  const Backend* backend = Registry::instance().selected(&why);
+  if (backend == nullptr) return fail(MHA_ERR_BACKEND_UNAVAILABLE, "%s", why);
+  // The sequences differ only in their lengths: each is asked (a backend may
+  // decline a shape).
+  for (int64_t c = 0; c < count; ++c) {
+    mha_status refusal = MHA_OK;
+    backend = backend_for(calls[c], &refusal);
+    if (backend == nullptr) return refusal;
+  }
+  const int32_t threads = num_threads();
+  if (verbose_level() < 2 || count == 0) return run_attention(*backend, calls, count, threads);
+
+  const auto start = std::chrono::steady_clock::now();
+  const mha_status status = run_attention(*backend, calls, count, threads);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const mha_kernel_problem& p = calls[0].problem;
+  int64_t total_q = 0, total_k = 0, max_q = 0, max_k = 0;
+  for (int64_t c = 0; c < count; ++c) {
+    total_q += calls[c].problem.lq;
+    total_k += calls[c].problem.lk;
+    max_q = std::max(max_q, calls[c].problem.lq);
+    max_k = std::max(max_k, calls[c].problem.lk);
+  }
+  std::fprintf(stderr,
+               "mha_verbose,exec,attention_varlen,backend=%s,B=%lld,sequences_run=%lld,H=%lld,"
+               "Hkv=%lld,total_q=%lld,total_k=%lld,max_q=%lld,max_k=%lld,D=%lld,Dv=%lld,q=%s,"
+               "kv=%s,out=%s,path=%s,variants=%s,lse=%s,threads=%d,ms=%.4f\n",
+               backend->name.c_str(), static_cast<long long>(batch), static_cast<long long>(count),
+               static_cast<long long>(p.heads), static_cast<long long>(p.kv_heads),
+               static_cast<long long>(total_q), static_cast<long long>(total_k),
+               static_cast<long long>(max_q), static_cast<long long>(max_k),
+               static_cast<long long>(p.d), static_cast<long long>(p.dv), dtype_name(p.q_dtype),
+               dtype_name(p.kv_dtype), dtype_name(calls[0].out_dtype),
+               printable(path_of(*backend, p), 40).c_str(), variants_of(calls[0]).c_str(),
+               calls[0].lse != nullptr ? "yes" : "no", threads, ms);
+  return status;
+}
+
+mha_status attend(KernelCall& call) {
+  mha_status refusal = MHA_OK;
+  const Backend* backend = backend_for(call, &refusal);
+  if (backend == nullptr) return refusal;
   const int32_t threads = num_threads();
   if (verbose_level() < 2) return run_attention(*backend, call, threads);
 

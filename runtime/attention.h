@@ -17,6 +17,10 @@ namespace mha::rt {
 // backend is selected or memory runs out.
 mha_status attend(KernelCall& call);
 
+// Runs `count` independent calls -- the sequences of a packed batch of B --
+// as one team (scheduler.h); MHA_VERBOSE=2: one line for all of them.
+mha_status attend(KernelCall* calls, int64_t count, int64_t batch);
+
 // The attention variants of a call, '+'-separated, as MHA_VERBOSE=2 lists
 // them: window(L;R) with -1 for an unbounded side, softcap(C), alibi (per
 // head) or alibi(per-batch), sinks; "none" without any.

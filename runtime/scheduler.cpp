@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "common/dtype.h"
 #include "common/visibility.h"
@@ -155,44 +156,192 @@ void merge_row(int64_t n, const float* const* outs, const int64_t* strides, cons
   if (lse != nullptr) *lse = max_lse + std::log(weights_sum);
 }
 
-mha_status run_attention(const Backend& backend, KernelCall& call, int32_t threads) {
-  const mha_plugin& plugin = *backend.plugin;
-  mha_kernel_problem& p = call.problem;
-  const WorkPlan plan = plan_work(p, plugin);
-  p.layout = plan.layout;
+namespace {
 
-  const int64_t n_items = plan.items();
+// One call of a batch of calls, planned: its items are [first_item,
+// first_item + plan.items()) of the batch, its split-KV partials (if any) at
+// partial_out / partial_lse.
+struct PlannedCall {
+  KernelCall* call;
+  WorkPlan plan;
+  mha_kernel_problem item_problem;  // what its items see (split-KV: no sinks)
+  int64_t first_item, first_merge;
+  float* partial_out;
+  float* partial_lse;
+  int64_t rows_per_item() const { return plan.heads_per_item * plan.q_tile; }
+};
+
+double flops_of(const mha_kernel_problem& p) {
+  return 4.0 * static_cast<double>(p.batch * p.heads * p.lq) * static_cast<double>(p.lk) *
+         static_cast<double>(p.d + p.dv) / 2.0;
+}
+
+// The planned call that holds item `index` of the batch (first_item ascending).
+const PlannedCall& call_of(const std::vector<PlannedCall>& planned, int64_t index,
+                           int64_t PlannedCall::*first) {
+  auto it =
+      std::upper_bound(planned.begin(), planned.end(), index,
+                       [first](int64_t value, const PlannedCall& c) { return value < c.*first; });
+  return *(it - 1);
+}
+
+// Runs item `local` of a planned call.
+int run_item(const mha_plugin& plugin, const PlannedCall& pc, int64_t local, void* scratch) {
+  const WorkPlan& plan = pc.plan;
+  const KernelCall& call = *pc.call;
+  const mha_kernel_problem& p = call.problem;
   const int64_t out_bytes = mha_types::float_bytes(call.out_dtype);
-  const int64_t rows_per_item = plan.heads_per_item * plan.q_tile;
-  const size_t scratch_bytes = plugin.scratch_bytes(&p, plan.q_tile);
+  // Items are ordered (batch, head group), then query tiles from the last
+  // (the costliest under a causal mask) to the first, then key chunks: a
+  // thread taking consecutive items reuses the same K and V, and the cheap
+  // items come last, which evens out the finish.
+  const int64_t chunk = local % plan.chunks;
+  const int64_t tile_rank = (local / plan.chunks) % plan.q_tiles;
+  const int64_t group_index = local / (plan.chunks * plan.q_tiles);
+  const int64_t b = group_index / plan.head_groups;
+  const int64_t group = group_index % plan.head_groups;
+  const int64_t q_tile = plan.q_tiles - 1 - tile_rank;
 
-  // Split-KV: every item writes a normalised partial and its LSE, merged below.
-  float* partial_out = nullptr;
-  float* partial_lse = nullptr;
+  mha_work_item item{};
+  item.b = b;
+  item.h_begin = group * plan.heads_per_item;
+  item.h_end = item.h_begin + plan.heads_per_item;
+  item.q_begin = q_tile * plan.q_tile;
+  item.q_end = std::min(item.q_begin + plan.q_tile, p.lq);
+  item.k_begin = std::min(p.lk, first_key_of_tile(p, item.q_begin) + chunk * plan.chunk_len);
+  item.k_end = std::min(item.k_begin + plan.chunk_len, p.lk);
   if (plan.chunks > 1) {
-    // Fewer than kTargetItems items, each a query tile of a head group: small.
-    const size_t floats =
-        static_cast<size_t>(n_items * rows_per_item) * static_cast<size_t>(p.dv + 1);
-    auto* buffer = static_cast<float*>(thread_scratch(ScratchSlot::kPartials, floats * 4));
+    const int64_t rows = pc.rows_per_item();
+    item.out = pc.partial_out + local * rows * p.dv;
+    item.out_dtype = MHA_DTYPE_F32;
+    item.out_strides[0] = plan.q_tile * p.dv;
+    item.out_strides[1] = p.dv;
+    item.out_strides[2] = 1;
+    item.lse = pc.partial_lse + local * rows;
+    item.lse_strides[0] = plan.q_tile;
+    item.lse_strides[1] = 1;
+  } else {
+    item.out = static_cast<char*>(call.out) +
+               (b * call.out_strides[0] + item.h_begin * call.out_strides[1] +
+                item.q_begin * call.out_strides[2]) *
+                   out_bytes;
+    item.out_dtype = call.out_dtype;
+    item.out_strides[0] = call.out_strides[1];
+    item.out_strides[1] = call.out_strides[2];
+    item.out_strides[2] = call.out_strides[3];
+    if (call.lse != nullptr) {
+      item.lse = call.lse + b * call.lse_strides[0] + item.h_begin * call.lse_strides[1] +
+                 item.q_begin * call.lse_strides[2];
+      item.lse_strides[0] = call.lse_strides[1];
+      item.lse_strides[1] = call.lse_strides[2];
+    }
+  }
+  return plugin.attend(&pc.item_problem, &item, scratch);
+}
+
+// Merges the split-KV partials of one (batch, head group, query tile) of a
+// planned call: its chunks are consecutive items.
+void merge_tile(const PlannedCall& pc, int64_t tile_index) {
+  const WorkPlan& plan = pc.plan;
+  const KernelCall& call = *pc.call;
+  const mha_kernel_problem& p = call.problem;
+  const int64_t out_bytes = mha_types::float_bytes(call.out_dtype);
+  const int64_t rows_per_item = pc.rows_per_item();
+  const int64_t first = tile_index * plan.chunks;
+  const int64_t tile_rank = tile_index % plan.q_tiles;
+  const int64_t group_index = tile_index / plan.q_tiles;
+  const int64_t b = group_index / plan.head_groups;
+  const int64_t h0 = (group_index % plan.head_groups) * plan.heads_per_item;
+  const int64_t q0 = (plan.q_tiles - 1 - tile_rank) * plan.q_tile;
+  const int64_t nq = std::min(plan.q_tile, p.lq - q0);
+  const float* outs[kMaxChunks];
+  float lses[kMaxChunks], weights[kMaxChunks];
+  int64_t unit_strides[kMaxChunks];
+  std::fill(unit_strides, unit_strides + plan.chunks, int64_t{1});
+  for (int64_t h = 0; h < plan.heads_per_item; ++h) {
+    const float sink = p.sinks == nullptr ? -std::numeric_limits<float>::infinity()
+                                          : p.sinks[(h0 + h) * p.sinks_stride];
+    for (int64_t i = 0; i < nq; ++i) {
+      const int64_t row = h * plan.q_tile + i;
+      for (int64_t c = 0; c < plan.chunks; ++c) {
+        outs[c] = pc.partial_out + ((first + c) * rows_per_item + row) * p.dv;
+        lses[c] = pc.partial_lse[(first + c) * rows_per_item + row];
+      }
+      void* dst =
+          static_cast<char*>(call.out) + (b * call.out_strides[0] + (h0 + h) * call.out_strides[1] +
+                                          (q0 + i) * call.out_strides[2]) *
+                                             out_bytes;
+      float* lse = call.lse == nullptr
+                       ? nullptr
+                       : call.lse + b * call.lse_strides[0] + (h0 + h) * call.lse_strides[1] +
+                             (q0 + i) * call.lse_strides[2];
+      merge_row(plan.chunks, outs, unit_strides, lses, sink, weights, p.dv, dst, call.out_dtype,
+                call.out_strides[3], lse);
+    }
+  }
+}
+
+}  // namespace
+
+mha_status run_attention(const Backend& backend, KernelCall* calls, int64_t count,
+                         int32_t threads) {
+  const mha_plugin& plugin = *backend.plugin;
+  // The costliest calls first: with items handed out one at a time, a long
+  // sequence's items start early and short ones fill in around them
+  // (longest-processing-time order).  Which thread runs an item never
+  // changes what it computes.
+  std::vector<int64_t> order(static_cast<size_t>(count));
+  for (int64_t c = 0; c < count; ++c) order[static_cast<size_t>(c)] = c;
+  std::stable_sort(order.begin(), order.end(), [calls](int64_t a, int64_t b) {
+    return flops_of(calls[a].problem) > flops_of(calls[b].problem);
+  });
+
+  std::vector<PlannedCall> planned;
+  planned.reserve(static_cast<size_t>(count));
+  int64_t n_items = 0, n_merges = 0;
+  size_t scratch_bytes = 0, partial_floats = 0;
+  double flops = 0.0;
+  for (const int64_t c : order) {
+    KernelCall& call = calls[c];
+    mha_kernel_problem& p = call.problem;
+    PlannedCall pc{};
+    pc.call = &call;
+    pc.plan = plan_work(p, plugin);
+    p.layout = pc.plan.layout;
+    pc.item_problem = p;
+    if (pc.plan.chunks > 1) pc.item_problem.sinks = nullptr;  // the merge adds each once
+    pc.first_item = n_items;
+    pc.first_merge = n_merges;
+    n_items += pc.plan.items();
+    if (pc.plan.chunks > 1) {
+      n_merges += pc.plan.items() / pc.plan.chunks;
+      partial_floats +=
+          static_cast<size_t>(pc.plan.items() * pc.rows_per_item()) * static_cast<size_t>(p.dv + 1);
+    }
+    scratch_bytes = std::max(scratch_bytes, plugin.scratch_bytes(&p, pc.plan.q_tile));
+    flops += flops_of(p);
+    planned.push_back(pc);
+  }
+  if (n_items == 0) return MHA_OK;
+
+  // Split-KV: every item of a split call writes a normalised partial and its
+  // LSE, merged below.  (Few items per split call: small.)
+  if (partial_floats > 0) {
+    auto* buffer = static_cast<float*>(thread_scratch(ScratchSlot::kPartials, partial_floats * 4));
     if (buffer == nullptr) {
       return fail(MHA_ERR_OUT_OF_MEMORY,
                   "cannot allocate %zu bytes for split-KV partials; the outputs are untouched",
-                  floats * 4);
+                  partial_floats * 4);
     }
-    partial_out = buffer;
-    partial_lse = buffer + n_items * rows_per_item * p.dv;
+    for (PlannedCall& pc : planned) {
+      if (pc.plan.chunks == 1) continue;
+      const int64_t rows = pc.plan.items() * pc.rows_per_item();
+      pc.partial_out = buffer;
+      pc.partial_lse = buffer + rows * pc.call->problem.dv;
+      buffer += rows * (pc.call->problem.dv + 1);
+    }
   }
 
-  // Split-KV partials leave the sinks out: the merge adds each once.
-  mha_kernel_problem item_problem = p;
-  if (plan.chunks > 1) item_problem.sinks = nullptr;
-  const auto sink_of = [&p](int64_t h) {
-    return p.sinks == nullptr ? -std::numeric_limits<float>::infinity()
-                              : p.sinks[h * p.sinks_stride];
-  };
-
-  const double flops = 4.0 * static_cast<double>(p.batch * p.heads * p.lq) *
-                       static_cast<double>(p.lk) * static_cast<double>(p.d + p.dv) / 2.0;
   int32_t team = static_cast<int32_t>(std::min<int64_t>(threads, n_items));
   if (flops < kSerialFlops) team = 1;
 
@@ -203,59 +352,15 @@ mha_status run_attention(const Backend& backend, KernelCall& call, int32_t threa
   auto prepare = [&](int32_t /*thread*/) {
     return thread_scratch(ScratchSlot::kKernel, scratch_bytes) != nullptr;
   };
-  auto run_item = [&](int64_t index, int32_t /*thread*/) {
-    // Items are ordered (batch, head group), then query tiles from the last
-    // (the costliest under a causal mask) to the first, then key chunks: a
-    // thread taking consecutive items reuses the same K and V, and the cheap
-    // items come last, which evens out the finish.
-    const int64_t chunk = index % plan.chunks;
-    const int64_t tile_rank = (index / plan.chunks) % plan.q_tiles;
-    const int64_t group_index = index / (plan.chunks * plan.q_tiles);
-    const int64_t b = group_index / plan.head_groups;
-    const int64_t group = group_index % plan.head_groups;
-    const int64_t q_tile = plan.q_tiles - 1 - tile_rank;
-
-    mha_work_item item{};
-    item.b = b;
-    item.h_begin = group * plan.heads_per_item;
-    item.h_end = item.h_begin + plan.heads_per_item;
-    item.q_begin = q_tile * plan.q_tile;
-    item.q_end = std::min(item.q_begin + plan.q_tile, p.lq);
-    item.k_begin = std::min(p.lk, first_key_of_tile(p, item.q_begin) + chunk * plan.chunk_len);
-    item.k_end = std::min(item.k_begin + plan.chunk_len, p.lk);
-    if (plan.chunks > 1) {
-      item.out = partial_out + index * rows_per_item * p.dv;
-      item.out_dtype = MHA_DTYPE_F32;
-      item.out_strides[0] = plan.q_tile * p.dv;
-      item.out_strides[1] = p.dv;
-      item.out_strides[2] = 1;
-      item.lse = partial_lse + index * rows_per_item;
-      item.lse_strides[0] = plan.q_tile;
-      item.lse_strides[1] = 1;
-    } else {
-      item.out = static_cast<char*>(call.out) +
-                 (b * call.out_strides[0] + item.h_begin * call.out_strides[1] +
-                  item.q_begin * call.out_strides[2]) *
-                     out_bytes;
-      item.out_dtype = call.out_dtype;
-      item.out_strides[0] = call.out_strides[1];
-      item.out_strides[1] = call.out_strides[2];
-      item.out_strides[2] = call.out_strides[3];
-      if (call.lse != nullptr) {
-        item.lse = call.lse + b * call.lse_strides[0] + item.h_begin * call.lse_strides[1] +
-                   item.q_begin * call.lse_strides[2];
-        item.lse_strides[0] = call.lse_strides[1];
-        item.lse_strides[1] = call.lse_strides[2];
-      }
-    }
+  auto run_one = [&](int64_t index, int32_t /*thread*/) {
+    const PlannedCall& pc = call_of(planned, index, &PlannedCall::first_item);
     void* scratch = thread_scratch(ScratchSlot::kKernel, scratch_bytes);
-    if (int code = plugin.attend(&item_problem, &item, scratch); code != 0) {
+    if (int code = run_item(plugin, pc, index - pc.first_item, scratch); code != 0) {
       int expected = 0;
       failed_item_code.compare_exchange_strong(expected, code);
     }
   };
-
-  if (!run_team(n_items, team, prepare, run_item)) {
+  if (!run_team(n_items, team, prepare, run_one)) {
     return fail(MHA_ERR_OUT_OF_MEMORY,
                 "cannot allocate %zu bytes of kernel scratch per thread (or start the threads); "
                 "the outputs are untouched",
@@ -267,45 +372,23 @@ mha_status run_attention(const Backend& backend, KernelCall& call, int32_t threa
                 backend.name.c_str(), code);
   }
 
-  if (plan.chunks > 1) {
-    // One merge task per (batch, head group, query tile): its chunks are
-    // consecutive items.
-    auto merge_group = [&](int64_t group_items, int32_t /*thread*/) {
-      const int64_t first = group_items * plan.chunks;
-      const int64_t tile_rank = group_items % plan.q_tiles;
-      const int64_t group_index = group_items / plan.q_tiles;
-      const int64_t b = group_index / plan.head_groups;
-      const int64_t h0 = (group_index % plan.head_groups) * plan.heads_per_item;
-      const int64_t q0 = (plan.q_tiles - 1 - tile_rank) * plan.q_tile;
-      const int64_t nq = std::min(plan.q_tile, p.lq - q0);
-      const float* outs[kMaxChunks];
-      float lses[kMaxChunks], weights[kMaxChunks];
-      int64_t unit_strides[kMaxChunks];
-      std::fill(unit_strides, unit_strides + plan.chunks, int64_t{1});
-      for (int64_t h = 0; h < plan.heads_per_item; ++h) {
-        for (int64_t i = 0; i < nq; ++i) {
-          const int64_t row = h * plan.q_tile + i;
-          for (int64_t c = 0; c < plan.chunks; ++c) {
-            outs[c] = partial_out + ((first + c) * rows_per_item + row) * p.dv;
-            lses[c] = partial_lse[(first + c) * rows_per_item + row];
-          }
-          void* dst = static_cast<char*>(call.out) +
-                      (b * call.out_strides[0] + (h0 + h) * call.out_strides[1] +
-                       (q0 + i) * call.out_strides[2]) *
-                          out_bytes;
-          float* lse = call.lse == nullptr
-                           ? nullptr
-                           : call.lse + b * call.lse_strides[0] + (h0 + h) * call.lse_strides[1] +
-                                 (q0 + i) * call.lse_strides[2];
-          merge_row(plan.chunks, outs, unit_strides, lses, sink_of(h0 + h), weights, p.dv, dst,
-                    call.out_dtype, call.out_strides[3], lse);
-        }
-      }
+  if (n_merges > 0) {
+    std::vector<PlannedCall> split;  // first_merge ascending, as planned
+    for (const PlannedCall& pc : planned) {
+      if (pc.plan.chunks > 1) split.push_back(pc);
+    }
+    auto merge_one = [&](int64_t index, int32_t /*thread*/) {
+      const PlannedCall& pc = call_of(split, index, &PlannedCall::first_merge);
+      merge_tile(pc, index - pc.first_merge);
     };
     run_team(
-        n_items / plan.chunks, team, [](int32_t) { return true; }, merge_group);
+        n_merges, team, [](int32_t) { return true; }, merge_one);
   }
   return MHA_OK;
+}
+
+mha_status run_attention(const Backend& backend, KernelCall& call, int32_t threads) {
+  return run_attention(backend, &call, 1, threads);
 }
 
 }  // namespace mha::rt

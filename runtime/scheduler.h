@@ -35,6 +35,11 @@ int64_t first_key_of_tile(const mha_kernel_problem& problem, int64_t q_begin);
 // Runs the call on the backend with up to `threads` threads.
 mha_status run_attention(const Backend& backend, KernelCall& call, int32_t threads);
 
+// Runs `count` independent calls (the sequences of a packed batch) as one
+// team: every call is planned on its own (so its items, and its results, are
+// those of the call alone), the costliest calls' items handed out first.
+mha_status run_attention(const Backend& backend, KernelCall* calls, int64_t count, int32_t threads);
+
 // Combines n partial results of one row over disjoint key ranges -- each
 // normalised over its own keys (outs[c][d * strides[c]]) with its log-sum-exp
 // lses[c] -- into the row over all of them, in the order c = 0..n-1, in fp32,

@@ -51,12 +51,16 @@ bool elements_distinct(const mha_tensor& t) {
   return true;
 }
 
+}  // namespace
+
 mha_status check_shape_equal(const char* what, const char* a, int64_t va, const char* b,
                              int64_t vb) {
   if (va == vb) return MHA_OK;
   return fail(MHA_ERR_SHAPE_MISMATCH, "%s: %s has %lld but %s has %lld", what, a,
               static_cast<long long>(va), b, static_cast<long long>(vb));
 }
+
+namespace {
 
 // The strides of a mask broadcast (NumPy's rule, aligned right) to
 // [B, H, Lq, Lk]: 0 along every axis it does not span.
@@ -230,8 +234,6 @@ mha_status check_no_overlap(const mha_tensor& output, const char* output_name,
   return MHA_OK;
 }
 
-namespace {
-
 // The dtypes mha_attention takes: q F32/BF16/F16; k and v one of those or I8
 // (an int8 cache), both the same; out F32 or q's dtype.
 mha_status check_dtypes(const mha_tensor& q, const mha_tensor& k, const mha_tensor& v,
@@ -254,6 +256,8 @@ mha_status check_dtypes(const mha_tensor& q, const mha_tensor& k, const mha_tens
   }
   return MHA_OK;
 }
+
+namespace {
 
 // The row scales of an int8 KV cache: F32 [B, Hkv, Lk], both, exactly when
 // K and V are I8.
@@ -348,6 +352,25 @@ mha_status check_variants(const mha_tensor* sinks, float softcap, const mha_tens
   return MHA_OK;
 }
 
+mha_status check_call_values(const mha_attention_params& params) {
+  if (params.has_scale && (!std::isfinite(params.scale) || params.scale == 0.0f)) {
+    return fail(MHA_ERR_INVALID_VALUE, "params->scale = %g; it must be finite and non-zero",
+                static_cast<double>(params.scale));
+  }
+  if (params.causal != MHA_CAUSAL_NONE && params.causal != MHA_CAUSAL_TOP_LEFT &&
+      params.causal != MHA_CAUSAL_BOTTOM_RIGHT) {
+    return fail(MHA_ERR_INVALID_VALUE,
+                "params->causal = %d; it must be MHA_CAUSAL_NONE, _TOP_LEFT or _BOTTOM_RIGHT",
+                params.causal);
+  }
+  if (mha_status s = check_window(params.window_left, params.window_right); s != MHA_OK) return s;
+  if (!(params.dropout_p >= 0.0f && params.dropout_p < 1.0f)) {
+    return fail(MHA_ERR_INVALID_VALUE, "params->dropout_p = %g; it must be in [0, 1)",
+                static_cast<double>(params.dropout_p));
+  }
+  return MHA_OK;
+}
+
 namespace {
 
 // Every check of mha_attention's arguments (params already completed to this
@@ -400,21 +423,7 @@ mha_status check_attention(const mha_tensor* q, const mha_tensor* k, const mha_t
                 static_cast<long long>(heads), static_cast<long long>(kv_heads));
   }
 
-  if (params.has_scale && (!std::isfinite(params.scale) || params.scale == 0.0f)) {
-    return fail(MHA_ERR_INVALID_VALUE, "params->scale = %g; it must be finite and non-zero",
-                static_cast<double>(params.scale));
-  }
-  if (params.causal != MHA_CAUSAL_NONE && params.causal != MHA_CAUSAL_TOP_LEFT &&
-      params.causal != MHA_CAUSAL_BOTTOM_RIGHT) {
-    return fail(MHA_ERR_INVALID_VALUE,
-                "params->causal = %d; it must be MHA_CAUSAL_NONE, _TOP_LEFT or _BOTTOM_RIGHT",
-                params.causal);
-  }
-  if (mha_status s = check_window(params.window_left, params.window_right); s != MHA_OK) return s;
-  if (!(params.dropout_p >= 0.0f && params.dropout_p < 1.0f)) {
-    return fail(MHA_ERR_INVALID_VALUE, "params->dropout_p = %g; it must be in [0, 1)",
-                static_cast<double>(params.dropout_p));
-  }
+  if (mha_status s = check_call_values(params); s != MHA_OK) return s;
   if (mha_status s = check_scales(params, k->dtype == MHA_DTYPE_I8, batch, kv_heads, lk);
       s != MHA_OK) {
     return s;

@@ -44,6 +44,14 @@ mha_status check_f32(const mha_tensor* t, const char* name);
 // valid_lens: I32/I64, [B] or [B, Lq], every value in [0, Lk].
 mha_status check_valid_lens(const mha_tensor* vl, const char* name, int64_t batch, int64_t lq,
                             int64_t lk);
+// "what: a has va but b has vb" unless va == vb.
+mha_status check_shape_equal(const char* what, const char* a, int64_t va, const char* b,
+                             int64_t vb);
+// The dtypes mha_attention takes for q, k, v and out.
+mha_status check_dtypes(const mha_tensor& q, const mha_tensor& k, const mha_tensor& v,
+                        const mha_tensor& out);
+// The plain values of mha_attention_params: scale, causal, window, dropout.
+mha_status check_call_values(const mha_attention_params& params);
 // The attention variants' parameters, as plain values (mha_attention_params'
 // fields, or the module's).  The window: each side -1 (unbounded) or >= 0,
 // the message naming params->window_left or _right.

@@ -245,6 +245,48 @@ MHA_API mha_status mha_quantize_kv(const mha_tensor* src, mha_tensor* dst, mha_t
 MHA_API mha_status mha_merge_partials(int32_t n, const mha_tensor* outs, const mha_tensor* lses,
                                       mha_tensor* out, mha_tensor* lse);
 
+/* ------------------------------------------------ packed variable-length batches */
+
+/*
+ * A batch of B sequences of different lengths, packed without padding
+ * (FlashAttention-2's varlen layout): sequence b's queries are rows
+ * cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 of q, out and lse, its keys rows
+ * cu_seqlens_k[b] .. cu_seqlens_k[b+1]-1 of k and v.
+ */
+typedef struct mha_varlen_params {
+  uint32_t struct_size; /* set by mha_varlen_params_init */
+  /* I32 [B + 1], B >= 1: starts at 0, non-decreasing, ends at total_q (q's
+   * first dimension).  Required. */
+  const mha_tensor* cu_seqlens_q;
+  /* I32 [B + 1]: the same for the keys, ending at total_k.  Required. */
+  const mha_tensor* cu_seqlens_k;
+} mha_varlen_params;
+
+MHA_API void mha_varlen_params_init(mha_varlen_params* varlen);
+
+/*
+ * mha_attention over each sequence of a packed batch, as if each were a call
+ * of its own with B = 1 (its own Lq and Lk: causal alignment, windows and
+ * ALiBi distances are the sequence's):
+ *   q   [total_q, H,   D]   F32, BF16 or F16
+ *   k   [total_k, Hkv, D]   as mha_attention's k (I8: params->k_scale and
+ *   v   [total_k, Hkv, Dv]  v_scale are F32 [total_k, Hkv])
+ *   out [total_q, H,   Dv]  F32 or q's dtype
+ * params (NULL: defaults) as for mha_attention, except:
+ *   lse           F32 [H, total_q];
+ *   alibi_slopes  [H], or [B, H] per sequence;
+ *   dropout       sequence b draws as a one-sequence call with the seed
+ *                 dropout_seed + b (modulo 2^64);
+ *   valid_lens and mask are refused (the lengths are the sequences').
+ * A sequence without keys gives zero rows (LSE -inf, or its sink), one
+ * without queries nothing.  Work is cut per sequence and balanced over the
+ * threads by cost; results are the same bits for any thread count.
+ */
+MHA_API mha_status mha_attention_varlen(const mha_tensor* q, const mha_tensor* k,
+                                        const mha_tensor* v, mha_tensor* out,
+                                        const mha_varlen_params* varlen,
+                                        const mha_attention_params* params);
+
 /* ------------------------------------------------ the multi-head attention module */
 
 /*
