@@ -570,6 +570,264 @@ TEST_P(Paged, BadInputIsRefusedByName) {
   }
 }
 
+// ------------------------------------------------------ mha_kv_cache_write
+
+// A cache [num_blocks, block, Hkv, D] of one dtype filled with a marker, and
+// T tokens' K and V rows (F32) to write through a slot mapping.
+struct CacheWrite {
+  int64_t T = 21, Hkv = 2, D = 24, Dv = 16, blocks = 5, block = 8;
+  int32_t dtype = MHA_DTYPE_F32;
+  std::vector<float> key, value;
+  std::vector<unsigned char> k_cache, v_cache;
+  std::vector<float> k_scales, v_scales;
+  std::vector<int64_t> slots;
+  mha_tensor tkey{}, tvalue{}, tk_cache{}, tv_cache{}, tslots{}, tk_scales{}, tv_scales{};
+  mha_tensor* k_scale_arg = nullptr;  // what write() passes: the scales with an i8 cache
+  mha_tensor* v_scale_arg = nullptr;
+
+  explicit CacheWrite(int32_t cache_dtype, uint64_t seed) : dtype(cache_dtype) {
+    Rng rng(seed);
+    key.resize(static_cast<size_t>(T * Hkv * D));
+    value.resize(static_cast<size_t>(T * Hkv * Dv));
+    for (float& x : key) x = rng.uniform(-3.0f, 3.0f);
+    for (float& x : value) x = rng.uniform(-3.0f, 3.0f);
+    // Slots: a shuffled subset of the cache's, every fourth token skipped (-1).
+    std::vector<int64_t> all(static_cast<size_t>(blocks * block));
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), std::mt19937_64(seed));
+    for (int64_t t = 0; t < T; ++t) slots.push_back(t % 4 == 3 ? -1 : all[static_cast<size_t>(t)]);
+    const int64_t es = element_bytes(dtype);
+    k_cache.assign(static_cast<size_t>(blocks * block * Hkv * D * es), 0xA5);
+    v_cache.assign(static_cast<size_t>(blocks * block * Hkv * Dv * es), 0xA5);
+    k_scales.assign(static_cast<size_t>(blocks * block * Hkv), -1.0f);
+    v_scales.assign(k_scales.size(), -1.0f);
+    tkey = describe(key.data(), MHA_DTYPE_F32, {T, Hkv, D});
+    tvalue = describe(value.data(), MHA_DTYPE_F32, {T, Hkv, Dv});
+    const auto cd = static_cast<mha_dtype>(dtype);
+    tk_cache = describe(k_cache.data(), cd, {blocks, block, Hkv, D});
+    tv_cache = describe(v_cache.data(), cd, {blocks, block, Hkv, Dv});
+    tslots = describe(slots.data(), MHA_DTYPE_I64, {T});
+    tk_scales = describe(k_scales.data(), MHA_DTYPE_F32, {blocks, block, Hkv});
+    tv_scales = describe(v_scales.data(), MHA_DTYPE_F32, {blocks, block, Hkv});
+    if (dtype == MHA_DTYPE_I8) {
+      k_scale_arg = &tk_scales;
+      v_scale_arg = &tv_scales;
+    }
+  }
+  CacheWrite(const CacheWrite&) = delete;
+  CacheWrite& operator=(const CacheWrite&) = delete;
+
+  mha_status write() {
+    return mha_kv_cache_write(&tkey, &tvalue, &tk_cache, &tv_cache, &tslots, k_scale_arg,
+                              v_scale_arg);
+  }
+  // Element e of row (slot, h) of a cache, as a double.
+  double cached(const std::vector<unsigned char>& cache, const std::vector<float>& scales,
+                int64_t d, int64_t slot, int64_t h, int64_t e) const {
+    const int64_t at = (slot * Hkv + h) * d + e;
+    switch (dtype) {
+      case MHA_DTYPE_F32: {
+        float x = 0;
+        std::memcpy(&x, &cache[static_cast<size_t>(at * 4)], 4);
+        return x;
+      }
+      case MHA_DTYPE_I8:
+        return static_cast<double>(static_cast<int8_t>(cache[static_cast<size_t>(at)])) *
+               static_cast<double>(scales[static_cast<size_t>(slot * Hkv + h)]);
+      default: {
+        uint16_t b = 0;
+        std::memcpy(&b, &cache[static_cast<size_t>(at * 2)], 2);
+        return half_bits_value(b, dtype);
+      }
+    }
+  }
+  // What the cache should hold for input x: x rounded to the cache's dtype
+  // (int8: within half a step of the row's scale, checked separately).
+  double stored(float x) const {
+    if (dtype == MHA_DTYPE_BF16) return half_bits_value(round_to_bf16_bits(x), dtype);
+    if (dtype == MHA_DTYPE_F16) return half_bits_value(round_to_f16_bits(x), dtype);
+    return x;
+  }
+};
+
+// Every written row holds its token's values in the cache's dtype (int8:
+// scale = max|row| / 127, each value within half a step); untouched slots
+// keep their bytes; then attention over the cache matches the reference on
+// the tokens themselves.
+TEST(KvCacheWrite, RowsLandInTheirSlots) {
+  for (const int32_t dtype : {MHA_DTYPE_F32, MHA_DTYPE_BF16, MHA_DTYPE_F16, MHA_DTYPE_I8}) {
+    SCOPED_TRACE(std::string("cache dtype ") + std::to_string(dtype));
+    CacheWrite w(dtype, 700 + static_cast<uint64_t>(dtype));
+    const std::vector<unsigned char> k_before = w.k_cache;
+    ASSERT_EQ(w.write(), MHA_OK) << mha_last_error();
+    std::vector<bool> written(static_cast<size_t>(w.blocks * w.block), false);
+    for (int64_t t = 0; t < w.T; ++t) {
+      const int64_t slot = w.slots[static_cast<size_t>(t)];
+      if (slot < 0) continue;
+      written[static_cast<size_t>(slot)] = true;
+      for (int64_t h = 0; h < w.Hkv; ++h) {
+        const struct {
+          const std::vector<float>& in;
+          const std::vector<unsigned char>& cache;
+          const std::vector<float>& scales;
+          int64_t d;
+        } parts[] = {{w.key, w.k_cache, w.k_scales, w.D}, {w.value, w.v_cache, w.v_scales, w.Dv}};
+        for (const auto& part : parts) {
+          float largest = 0.0f;
+          for (int64_t e = 0; e < part.d; ++e) {
+            largest = std::max(
+                largest, std::fabs(part.in[static_cast<size_t>((t * w.Hkv + h) * part.d + e)]));
+          }
+          const float scale = part.scales[static_cast<size_t>(slot * w.Hkv + h)];
+          if (dtype == MHA_DTYPE_I8) {
+            ASSERT_FLOAT_EQ(scale, largest / 127.0f);
+          }
+          for (int64_t e = 0; e < part.d; ++e) {
+            const float x = part.in[static_cast<size_t>((t * w.Hkv + h) * part.d + e)];
+            const double got = w.cached(part.cache, part.scales, part.d, slot, h, e);
+            if (dtype == MHA_DTYPE_I8) {
+              ASSERT_LE(std::fabs(got - static_cast<double>(x)),
+                        0.5 * static_cast<double>(scale) * (1 + 1e-6))
+                  << "token " << t;
+            } else {
+              ASSERT_EQ(got, w.stored(x)) << "token " << t << " head " << h << " element " << e;
+            }
+          }
+        }
+      }
+    }
+    const int64_t row = w.Hkv * w.D * element_bytes(dtype);
+    for (int64_t slot = 0; slot < w.blocks * w.block; ++slot) {
+      if (written[static_cast<size_t>(slot)]) continue;
+      ASSERT_EQ(std::memcmp(&w.k_cache[static_cast<size_t>(slot * row)],
+                            &k_before[static_cast<size_t>(slot * row)], static_cast<size_t>(row)),
+                0)
+          << "slot " << slot << " was not in the mapping but changed";
+    }
+  }
+}
+
+// A decoding step as a server runs it: each sequence's new token written
+// into its next slot, then attention over the pages, against the reference
+// on the tokens themselves (in the cache's precision).
+TEST(KvCacheWrite, ThenAttendOverThePages) {
+  const int64_t H = 4, Hkv = 2, D = 32, block = 16, blocks = 15, max_blocks = 5;
+  const std::vector<int32_t> lens = {37, 1, 80};  // tokens so far, the new one included
+  Rng rng(800);
+  std::vector<float> k_cache(static_cast<size_t>(blocks * block * Hkv * D), 0.0f);
+  std::vector<float> v_cache(k_cache.size(), 0.0f);
+  mha_tensor tk = describe(k_cache.data(), MHA_DTYPE_F32, {blocks, block, Hkv, D});
+  mha_tensor tv = describe(v_cache.data(), MHA_DTYPE_F32, {blocks, block, Hkv, D});
+  // Pages: sequence b owns blocks table[b][..] (interleaved, out of order).
+  std::vector<int32_t> table = {14, 2, 7, 0, 4, 1, 9, 3, 5, 6, 8, 10, 13, 11, 12};  // [3, 5]
+  std::vector<std::vector<float>> keys(3), values(3);
+  // Every token of every sequence goes in through mha_kv_cache_write, one
+  // call per step, as a server appends them.
+  for (int32_t step = 0; step < 80; ++step) {
+    std::vector<float> key, value;
+    std::vector<int32_t> slots;
+    for (int64_t b = 0; b < 3; ++b) {
+      if (step >= lens[static_cast<size_t>(b)]) continue;
+      for (int64_t x = 0; x < Hkv * D; ++x) {
+        key.push_back(rng.uniform());
+        value.push_back(rng.uniform());
+      }
+      keys[static_cast<size_t>(b)].insert(keys[static_cast<size_t>(b)].end(), key.end() - Hkv * D,
+                                          key.end());
+      values[static_cast<size_t>(b)].insert(values[static_cast<size_t>(b)].end(),
+                                            value.end() - Hkv * D, value.end());
+      slots.push_back(static_cast<int32_t>(
+          table[static_cast<size_t>(b * max_blocks + step / block)] * block + step % block));
+    }
+    const int64_t n = static_cast<int64_t>(slots.size());
+    mha_tensor tkey = describe(key.data(), MHA_DTYPE_F32, {n, Hkv, D});
+    mha_tensor tvalue = describe(value.data(), MHA_DTYPE_F32, {n, Hkv, D});
+    mha_tensor tslots = describe(slots.data(), MHA_DTYPE_I32, {n});
+    ASSERT_EQ(mha_kv_cache_write(&tkey, &tvalue, &tk, &tv, &tslots, nullptr, nullptr), MHA_OK)
+        << mha_last_error();
+  }
+  std::vector<float> q(static_cast<size_t>(3 * H * D)), out(q.size());
+  for (float& x : q) x = rng.uniform();
+  std::vector<int32_t> cu_q = {0, 1, 2, 3};
+  std::vector<int32_t> used = lens;
+  mha_tensor tq = describe(q.data(), MHA_DTYPE_F32, {3, H, D});
+  mha_tensor tout = describe(out.data(), MHA_DTYPE_F32, {3, H, D});
+  mha_tensor tcu = describe(cu_q.data(), MHA_DTYPE_I32, {4});
+  mha_tensor tused = describe(used.data(), MHA_DTYPE_I32, {3});
+  mha_tensor ttable = describe(table.data(), MHA_DTYPE_I32, {3, max_blocks});
+  mha_varlen_params varlen;
+  mha_varlen_params_init(&varlen);
+  varlen.cu_seqlens_q = &tcu;
+  varlen.seqused_k = &tused;
+  varlen.block_table = &ttable;
+  ASSERT_EQ(mha_attention_varlen(&tq, &tk, &tv, &tout, &varlen, nullptr), MHA_OK)
+      << mha_last_error();
+  for (int64_t b = 0; b < 3; ++b) {
+    const int64_t lk = lens[static_cast<size_t>(b)];
+    const mha_tensor qv =
+        describe(q.data() + b * H * D, MHA_DTYPE_F32, {1, H, 1, D}, {0, D, H * D, 1});
+    const mha_tensor kv = describe(keys[static_cast<size_t>(b)].data(), MHA_DTYPE_F32,
+                                   {1, Hkv, lk, D}, {0, D, Hkv * D, 1});
+    const mha_tensor vv = describe(values[static_cast<size_t>(b)].data(), MHA_DTYPE_F32,
+                                   {1, Hkv, lk, D}, {0, D, Hkv * D, 1});
+    const Reference ref = reference_attention(qv, kv, vv, nullptr);
+    const mha_tensor ov =
+        describe(out.data() + b * H * D, MHA_DTYPE_F32, {1, H, 1, D}, {0, D, H * D, 1});
+    EXPECT_LE(max_abs_error(ov, ref), tolerance(ref)) << "sequence " << b;
+  }
+}
+
+TEST(KvCacheWrite, BadInputIsRefusedByName) {
+  struct Bad {
+    const char* what;
+    const char* named;
+    int32_t dtype;
+    std::function<void(CacheWrite&)> spoil;
+  };
+  static std::vector<float> other;
+  const std::vector<Bad> bad = {
+      {"slot past the cache", "slot_mapping[2]", MHA_DTYPE_F32,
+       [](CacheWrite& w) { w.slots[2] = w.blocks * w.block; }},
+      {"slot twice", "slot_mapping[1] and slot_mapping[5]", MHA_DTYPE_F32,
+       [](CacheWrite& w) { w.slots[5] = w.slots[1]; }},
+      {"block size 4", "block_size", MHA_DTYPE_F32,
+       [](CacheWrite& w) { w.tk_cache.shape[1] = w.tv_cache.shape[1] = 4; }},
+      {"value cache of another dtype", "value_cache", MHA_DTYPE_F32,
+       [](CacheWrite& w) { w.tv_cache.dtype = MHA_DTYPE_BF16; }},
+      {"i8 key", "key", MHA_DTYPE_F32, [](CacheWrite& w) { w.tkey.dtype = MHA_DTYPE_I8; }},
+      {"slots of f32", "slot_mapping", MHA_DTYPE_F32,
+       [](CacheWrite& w) { w.tslots.dtype = MHA_DTYPE_F32; }},
+      {"one token too few slots", "slot_mapping", MHA_DTYPE_F32,
+       [](CacheWrite& w) { w.tslots.shape[0] -= 1; }},
+      {"head size disagrees", "key_cache", MHA_DTYPE_F32,
+       [](CacheWrite& w) { w.tk_cache.shape[3] -= 1; }},
+      {"scales for a f32 cache", "key_scale_cache", MHA_DTYPE_F32,
+       [](CacheWrite& w) { w.k_scale_arg = &w.tk_scales; }},
+      {"i8 cache without scales", "value_scale_cache", MHA_DTYPE_I8,
+       [](CacheWrite& w) { w.v_scale_arg = nullptr; }},
+      {"i8 cache, a NaN to write", "value[4][1][3]", MHA_DTYPE_I8,
+       [](CacheWrite& w) { w.value[(4 * 2 + 1) * 16 + 3] = std::nanf(""); }},
+      {"key cache over the key", "key_cache", MHA_DTYPE_F32,
+       [](CacheWrite& w) {
+         other.assign(static_cast<size_t>(w.blocks * w.block * w.Hkv * w.D), 0.0f);
+         w.tkey.data = other.data();
+         w.tk_cache.data = other.data();
+       }},
+  };
+  for (const Bad& c : bad) {
+    SCOPED_TRACE(c.what);
+    CacheWrite w(c.dtype, 900);
+    const std::vector<unsigned char> k_before = w.k_cache, v_before = w.v_cache;
+    const std::vector<float> ks_before = w.k_scales, vs_before = w.v_scales;
+    c.spoil(w);
+    EXPECT_NE(w.write(), MHA_OK) << "accepted";
+    EXPECT_NE(std::string(mha_last_error()).find(c.named), std::string::npos) << mha_last_error();
+    EXPECT_TRUE(w.k_cache == k_before && w.v_cache == v_before && w.k_scales == ks_before &&
+                w.v_scales == vs_before)
+        << "a refused call wrote into a cache";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Paged, ::testing::ValuesIn(backend_names()), backend_param_name);
 
 }  // namespace
