@@ -5,6 +5,7 @@
 
 #include <mha/plugin_abi.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 
@@ -39,25 +40,48 @@ template <class T = float>
 inline const T* q_row(const mha_kernel_problem& p, int64_t b, int64_t h, int64_t i) {
   return static_cast<const T*>(p.q) + b * p.q_strides[0] + h * p.q_strides[1] + i * p.q_strides[2];
 }
+// Where key j of (b, kvh) starts in a tensor with these strides (K, V, or
+// an int8 cache's scales): its batch's rows, or, in a paged cache, row
+// j % block_size of the block the table names (plugin_abi.h).
+inline int64_t kv_offset(const mha_kernel_problem& p, const int64_t* strides, int64_t b,
+                         int64_t kvh, int64_t j) {
+  if (p.block_table == nullptr) return b * strides[0] + kvh * strides[1] + j * strides[2];
+  const int64_t block = p.block_table[b * p.block_table_stride + j / p.block_size];
+  return block * strides[0] + kvh * strides[1] + (j % p.block_size) * strides[2];
+}
+
 template <class T = float>
 inline const T* k_row(const mha_kernel_problem& p, int64_t b, int64_t kvh, int64_t j) {
-  return static_cast<const T*>(p.k) + b * p.k_strides[0] + kvh * p.k_strides[1] +
-         j * p.k_strides[2];
+  return static_cast<const T*>(p.k) + kv_offset(p, p.k_strides, b, kvh, j);
 }
 template <class T = float>
 inline const T* v_row(const mha_kernel_problem& p, int64_t b, int64_t kvh, int64_t j) {
-  return static_cast<const T*>(p.v) + b * p.v_strides[0] + kvh * p.v_strides[1] +
-         j * p.v_strides[2];
+  return static_cast<const T*>(p.v) + kv_offset(p, p.v_strides, b, kvh, j);
 }
 
-// The int8 row scales of keys j0 .. of (b, kvh): scales[j · stride].
+// The int8 row scales of keys j0 .. of (b, kvh): scales[j · stride] (in a
+// paged cache only up to the end of key j0's block: see for_each_kv_run).
 inline const float* k_scales(const mha_kernel_problem& p, int64_t b, int64_t kvh, int64_t j0) {
-  return p.k_scale + b * p.k_scale_strides[0] + kvh * p.k_scale_strides[1] +
-         j0 * p.k_scale_strides[2];
+  return p.k_scale + kv_offset(p, p.k_scale_strides, b, kvh, j0);
 }
 inline const float* v_scales(const mha_kernel_problem& p, int64_t b, int64_t kvh, int64_t j0) {
-  return p.v_scale + b * p.v_scale_strides[0] + kvh * p.v_scale_strides[1] +
-         j0 * p.v_scale_strides[2];
+  return p.v_scale + kv_offset(p, p.v_scale_strides, b, kvh, j0);
+}
+
+// Calls f(t, n) for the runs of keys j0 + t .. j0 + t + n - 1 (covering
+// j0 .. j0 + keys - 1) whose rows are evenly spaced: one run, or in a paged
+// cache the pieces of the blocks.
+template <class F>
+inline void for_each_kv_run(const mha_kernel_problem& p, int64_t j0, int64_t keys, F&& f) {
+  if (p.block_table == nullptr) {
+    if (keys > 0) f(int64_t{0}, keys);
+    return;
+  }
+  for (int64_t t = 0; t < keys;) {
+    const int64_t n = std::min(keys - t, p.block_size - (j0 + t) % p.block_size);
+    f(t, n);
+    t += n;
+  }
 }
 
 // The additive mask's value at element `at`, as fp32 (F32, BF16 or F16).

@@ -7,6 +7,7 @@
 
 #include "common/dtype.h"
 #include "error.h"
+#include "quantize.h"
 #include "validate.h"
 
 using namespace mha::rt;
@@ -83,26 +84,33 @@ extern "C" mha_status mha_quantize_kv(const mha_tensor* src, mha_tensor* dst, mh
       for (int64_t h = 0; h < src->shape[1]; ++h) {
         for (int64_t l = 0; l < src->shape[2]; ++l) {
           const int64_t row = row_offset(*src, b, h, l);
-          float largest = 0.0f;
-          for (int64_t x = 0; x < d; ++x) {
-            largest = std::fmax(largest, std::fabs(mha_types::load_float(
-                                             src->data, src->dtype, row + x * src->strides[3])));
-          }
-          const float row_scale = largest / 127.0f;
-          scales[b * scale->strides[0] + h * scale->strides[1] + l * scale->strides[2]] = row_scale;
-          const int64_t dst_row = row_offset(*dst, b, h, l);
-          for (int64_t x = 0; x < d; ++x) {
-            const float value =
-                mha_types::load_float(src->data, src->dtype, row + x * src->strides[3]);
-            // Round to nearest even; |value| <= largest keeps it within +-127
-            // (the division can round 127.0 up by an ulp, never to 128).
-            const float q = row_scale == 0.0f ? 0.0f : std::nearbyint(value / row_scale);
-            out[dst_row + x * dst->strides[3]] =
-                static_cast<int8_t>(std::fmax(-127.0f, std::fmin(127.0f, q)));
-          }
+          scales[b * scale->strides[0] + h * scale->strides[1] + l * scale->strides[2]] =
+              mha::rt::quantize_row(src->data, src->dtype, row, src->strides[3], d, out,
+                                    row_offset(*dst, b, h, l), dst->strides[3]);
         }
       }
     }
     return MHA_OK;
   });
 }
+
+namespace mha::rt {
+
+float quantize_row(const void* src, int32_t dtype, int64_t at, int64_t stride, int64_t d,
+                   int8_t* dst, int64_t dst_at, int64_t dst_stride) {
+  float largest = 0.0f;
+  for (int64_t x = 0; x < d; ++x) {
+    largest = std::fmax(largest, std::fabs(mha_types::load_float(src, dtype, at + x * stride)));
+  }
+  const float row_scale = largest / 127.0f;
+  for (int64_t x = 0; x < d; ++x) {
+    const float value = mha_types::load_float(src, dtype, at + x * stride);
+    // Round to nearest even; |value| <= largest keeps it within +-127 (the
+    // division can round 127.0 up by an ulp, never to 128).
+    const float q = row_scale == 0.0f ? 0.0f : std::nearbyint(value / row_scale);
+    dst[dst_at + x * dst_stride] = static_cast<int8_t>(std::fmax(-127.0f, std::fmin(127.0f, q)));
+  }
+  return row_scale;
+}
+
+}  // namespace mha::rt

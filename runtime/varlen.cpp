@@ -68,10 +68,13 @@ mha_status check_cu_seqlens(const mha_tensor* cu, const char* name, const char* 
   return MHA_OK;
 }
 
-// An int8 cache's row scales: F32 [total_k, Hkv], both, exactly when K and V
+// An int8 cache's row scales: F32 with K's shape less the head size ([total_k,
+// Hkv], or [num_blocks, block_size, Hkv] paged), both, exactly when K and V
 // are I8.
-mha_status check_varlen_scales(const mha_attention_params& params, bool int8_kv, int64_t total_k,
-                               int64_t kv_heads) {
+mha_status check_varlen_scales(const mha_attention_params& params, const mha_tensor& k) {
+  const bool int8_kv = k.dtype == MHA_DTYPE_I8;
+  const int32_t ndim = k.ndim - 1;
+  const char* layout = ndim == 2 ? "[total_k, Hkv]" : "[num_blocks, block_size, Hkv]";
   const mha_tensor* scales[2] = {params.k_scale, params.v_scale};
   const char* names[2] = {"k_scale", "v_scale"};
   for (int i = 0; i < 2; ++i) {
@@ -87,16 +90,119 @@ mha_status check_varlen_scales(const mha_attention_params& params, bool int8_kv,
     }
     if (t == nullptr) {
       return fail(MHA_ERR_NULL_POINTER,
-                  "params->%s is NULL; k and v are i8 and need their row scales, F32 "
-                  "[total_k, Hkv]",
-                  names[i]);
+                  "params->%s is NULL; k and v are i8 and need their row scales, F32 %s", names[i],
+                  layout);
     }
-    if (mha_status s = check_tensor(t, names[i], 2, 2); s != MHA_OK) return s;
+    if (mha_status s = check_tensor(t, names[i], ndim, ndim); s != MHA_OK) return s;
     if (mha_status s = check_f32(t, names[i]); s != MHA_OK) return s;
-    if (t->shape[0] != total_k || t->shape[1] != kv_heads) {
-      return fail(MHA_ERR_SHAPE_MISMATCH,
-                  "%s has shape %s; it must be [total_k, Hkv] = [%lld, %lld]", names[i],
-                  shape_text(*t).c_str(), static_cast<ll>(total_k), static_cast<ll>(kv_heads));
+    for (int32_t d = 0; d < ndim; ++d) {
+      if (t->shape[d] != k.shape[d]) {
+        return fail(MHA_ERR_SHAPE_MISMATCH, "%s has shape %s; it must be %s, k's %s", names[i],
+                    shape_text(*t).c_str(), layout, shape_text(k).c_str());
+      }
+    }
+  }
+  return MHA_OK;
+}
+
+// An I32 vector or matrix of varlen's: shape [rows] or [rows, cols] (cols
+// unchecked).
+mha_status check_i32(const mha_tensor* t, const char* name, int32_t ndim, int64_t rows,
+                     const char* layout) {
+  const std::string full = std::string("varlen->") + name;
+  if (mha_status s = check_tensor(t, full.c_str(), ndim, ndim); s != MHA_OK) return s;
+  if (t->dtype != MHA_DTYPE_I32) {
+    return fail(MHA_ERR_INVALID_DTYPE, "%s has dtype %s; it must be i32 %s", full.c_str(),
+                dtype_name(t->dtype), layout);
+  }
+  if (t->shape[0] != rows) {
+    return fail(MHA_ERR_SHAPE_MISMATCH, "%s has shape %s; it must be %s with B = %lld",
+                full.c_str(), shape_text(*t).c_str(), layout, static_cast<ll>(rows));
+  }
+  return MHA_OK;
+}
+
+int32_t i32_at(const mha_tensor& t, int64_t row, int64_t col = 0) {
+  return static_cast<const int32_t*>(
+      t.data)[row * t.strides[0] + col * (t.ndim > 1 ? t.strides[1] : 0)];
+}
+
+// The rows of packed keys sequence b has (before seqused_k).
+int64_t keys_available(const mha_varlen_params& varlen, int64_t b) {
+  return offset_at(*varlen.cu_seqlens_k, b + 1) - offset_at(*varlen.cu_seqlens_k, b);
+}
+
+// The keys sequence b uses (paged: seqused_k, which is then required).
+int64_t keys_used(const mha_varlen_params& varlen, int64_t b) {
+  return varlen.seqused_k != nullptr ? i32_at(*varlen.seqused_k, b) : keys_available(varlen, b);
+}
+
+// Packed keys: cu_seqlens_k, and seqused_k if given, within each sequence's
+// rows.  Paged: seqused_k within each row of block_table, every block id a
+// used key addresses in [0, num_blocks), block_size a multiple of 8.
+mha_status check_keys(const mha_tensor& k, const mha_varlen_params& varlen, int64_t* batch) {
+  const bool paged = varlen.block_table != nullptr;
+  if (!paged) {
+    if (mha_status s =
+            check_cu_seqlens(varlen.cu_seqlens_k, "cu_seqlens_k", "k", k.shape[0], batch);
+        s != MHA_OK) {
+      return s;
+    }
+  } else if (varlen.cu_seqlens_k != nullptr) {
+    return fail(MHA_ERR_INVALID_VALUE,
+                "varlen->cu_seqlens_k is given with varlen->block_table; a paged cache's "
+                "lengths are varlen->seqused_k");
+  }
+  if (paged && varlen.seqused_k == nullptr) {
+    return fail(MHA_ERR_NULL_POINTER,
+                "varlen->seqused_k is NULL; with varlen->block_table it must give each "
+                "sequence's number of keys, I32 [B]");
+  }
+  if (varlen.seqused_k != nullptr) {
+    if (mha_status s = check_i32(varlen.seqused_k, "seqused_k", 1, *batch, "[B]"); s != MHA_OK) {
+      return s;
+    }
+  }
+  int64_t capacity = 0;
+  const int64_t block_size = paged ? k.shape[1] : 0, num_blocks = k.shape[0];
+  if (paged) {
+    if (mha_status s = check_i32(varlen.block_table, "block_table", 2, *batch, "[B, max_blocks]");
+        s != MHA_OK) {
+      return s;
+    }
+    if (varlen.block_table->shape[1] > 1 && varlen.block_table->strides[1] != 1) {
+      return fail(MHA_ERR_INVALID_VALUE,
+                  "varlen->block_table has stride %lld along max_blocks; its rows must be "
+                  "contiguous (stride 1)",
+                  static_cast<ll>(varlen.block_table->strides[1]));
+    }
+    if (block_size % 8 != 0) {
+      return fail(MHA_ERR_INVALID_SIZE,
+                  "k has block_size %lld (its shape[1], of [num_blocks, block_size, Hkv, D]); it "
+                  "must be a positive multiple of 8",
+                  static_cast<ll>(block_size));
+    }
+    capacity = varlen.block_table->shape[1] * block_size;
+  }
+  for (int64_t b = 0; b < *batch && varlen.seqused_k != nullptr; ++b) {
+    const int64_t used = i32_at(*varlen.seqused_k, b);
+    const int64_t limit = paged ? capacity : keys_available(varlen, b);
+    if (used < 0 || used > limit) {
+      return fail(MHA_ERR_INVALID_VALUE,
+                  "varlen->seqused_k[%lld] = %lld; it must be in [0, %lld] (%s)",
+                  static_cast<ll>(b), static_cast<ll>(used), static_cast<ll>(limit),
+                  paged ? "max_blocks · block_size" : "the sequence's rows in cu_seqlens_k");
+    }
+    if (!paged) continue;
+    for (int64_t n = 0; n * block_size < used; ++n) {
+      const int64_t block = i32_at(*varlen.block_table, b, n);
+      if (block < 0 || block >= num_blocks) {
+        return fail(MHA_ERR_INVALID_VALUE,
+                    "varlen->block_table[%lld][%lld] = %lld; sequence %lld's keys need it in [0, "
+                    "%lld) (num_blocks)",
+                    static_cast<ll>(b), static_cast<ll>(n), static_cast<ll>(block),
+                    static_cast<ll>(b), static_cast<ll>(num_blocks));
+      }
     }
   }
   return MHA_OK;
@@ -106,14 +212,18 @@ mha_status check_varlen_scales(const mha_attention_params& params, bool int8_kv,
 mha_status check_varlen(const mha_tensor* q, const mha_tensor* k, const mha_tensor* v,
                         const mha_tensor* out, const mha_varlen_params& varlen,
                         const mha_attention_params& params, int64_t* batch) {
+  const bool paged = varlen.block_table != nullptr;
+  const int32_t kv_ndim = paged ? 4 : 3;  // [num_blocks, block_size, ...] or [total_k, ...]
   const mha_tensor* tensors[4] = {q, k, v, out};
   const char* names[4] = {"q", "k", "v", "out"};
   for (int i = 0; i < 4; ++i) {
-    if (mha_status s = check_tensor(tensors[i], names[i], 3, 3); s != MHA_OK) return s;
+    const int32_t ndim = i == 1 || i == 2 ? kv_ndim : 3;
+    if (mha_status s = check_tensor(tensors[i], names[i], ndim, ndim); s != MHA_OK) return s;
   }
   if (mha_status s = check_dtypes(*q, *k, *v, *out); s != MHA_OK) return s;
+  const int32_t h_axis = kv_ndim - 2;  // k's and v's head axis
   const int64_t total_q = q->shape[0], heads = q->shape[1], d = q->shape[2];
-  const int64_t total_k = k->shape[0], kv_heads = k->shape[1], dv = v->shape[2];
+  const int64_t kv_heads = k->shape[h_axis], dv = v->shape[h_axis + 1];
   const struct {
     const char* what;
     const char* a;
@@ -122,10 +232,11 @@ mha_status check_varlen(const mha_tensor* q, const mha_tensor* k, const mha_tens
     int64_t vb;
   } agreements[] = {
       {"total_q", "q", total_q, "out", out->shape[0]},
-      {"total_k", "k", total_k, "v", v->shape[0]},
-      {"KV heads", "k", kv_heads, "v", v->shape[1]},
+      {paged ? "num_blocks" : "total_k", "k", k->shape[0], "v", v->shape[0]},
+      {"block_size", "k", k->shape[1], "v", v->shape[1]},  // (paged; else KV heads, again)
+      {"KV heads", "k", kv_heads, "v", v->shape[h_axis]},
       {"heads", "q", heads, "out", out->shape[1]},
-      {"head size", "q", d, "k", k->shape[2]},
+      {"head size", "q", d, "k", k->shape[h_axis + 1]},
       {"value head size", "v", dv, "out", out->shape[2]},
   };
   for (const auto& a : agreements) {
@@ -134,7 +245,7 @@ mha_status check_varlen(const mha_tensor* q, const mha_tensor* k, const mha_tens
   const struct {
     const char* what;
     int64_t value;
-  } head_sizes[] = {{"q->shape[2] (the head size D)", d}, {"v->shape[2] (the head size Dv)", dv}};
+  } head_sizes[] = {{"q->shape[2] (the head size D)", d}, {"the head size Dv of v", dv}};
   for (const auto& h : head_sizes) {
     if (h.value > MHA_MAX_HEAD_DIM) {
       return fail(MHA_ERR_INVALID_SIZE, "%s = %lld exceeds MHA_MAX_HEAD_DIM = %d", h.what,
@@ -151,10 +262,7 @@ mha_status check_varlen(const mha_tensor* q, const mha_tensor* k, const mha_tens
       s != MHA_OK) {
     return s;
   }
-  if (mha_status s = check_cu_seqlens(varlen.cu_seqlens_k, "cu_seqlens_k", "k", total_k, batch);
-      s != MHA_OK) {
-    return s;
-  }
+  if (mha_status s = check_keys(*k, varlen, batch); s != MHA_OK) return s;
 
   if (mha_status s = check_call_values(params); s != MHA_OK) return s;
   if (params.valid_lens != nullptr) {
@@ -167,10 +275,7 @@ mha_status check_varlen(const mha_tensor* q, const mha_tensor* k, const mha_tens
                 "params->mask is given; mha_attention_varlen takes no mask (causal, windows "
                 "and the other variants apply per sequence)");
   }
-  if (mha_status s = check_varlen_scales(params, k->dtype == MHA_DTYPE_I8, total_k, kv_heads);
-      s != MHA_OK) {
-    return s;
-  }
+  if (mha_status s = check_varlen_scales(params, *k); s != MHA_OK) return s;
   if (mha_status s =
           check_variants(params.sinks, params.softcap, params.alibi_slopes, *batch, heads, "");
       s != MHA_OK) {
@@ -192,17 +297,28 @@ mha_status check_varlen(const mha_tensor* q, const mha_tensor* k, const mha_tens
                                 v,
                                 varlen.cu_seqlens_q,
                                 varlen.cu_seqlens_k,
+                                varlen.seqused_k,
+                                varlen.block_table,
                                 params.k_scale,
                                 params.v_scale,
                                 params.sinks,
                                 params.alibi_slopes,
                                 lse};
-  const char* input_names[] = {
-      "q",       "k",       "v",     "varlen->cu_seqlens_q", "varlen->cu_seqlens_k",
-      "k_scale", "v_scale", "sinks", "alibi_slopes",         "lse"};
-  if (mha_status s = check_no_overlap(*out, "out", inputs, input_names, 10); s != MHA_OK) return s;
+  const char* input_names[] = {"q",
+                               "k",
+                               "v",
+                               "varlen->cu_seqlens_q",
+                               "varlen->cu_seqlens_k",
+                               "varlen->seqused_k",
+                               "varlen->block_table",
+                               "k_scale",
+                               "v_scale",
+                               "sinks",
+                               "alibi_slopes",
+                               "lse"};
+  if (mha_status s = check_no_overlap(*out, "out", inputs, input_names, 12); s != MHA_OK) return s;
   if (lse != nullptr) {
-    if (mha_status s = check_no_overlap(*lse, "lse", inputs, input_names, 9); s != MHA_OK) {
+    if (mha_status s = check_no_overlap(*lse, "lse", inputs, input_names, 11); s != MHA_OK) {
       return s;
     }
   }
@@ -220,6 +336,42 @@ mha_tensor sequence_view(const mha_tensor& t, int64_t first, int64_t rows) {
   const int64_t strides[4] = {0, t.strides[1], t.strides[0], t.strides[2]};
   std::memcpy(view.shape, shape, sizeof shape);
   std::memcpy(view.strides, strides, sizeof strides);
+  return view;
+}
+
+// A paged cache [num_blocks, block_size, heads, D] as the [1, heads, rows, D]
+// tensor of a one-sequence call whose stride [0] steps from block to block
+// and [2] from row to row within a block: the kernel problem's paged
+// addressing (plugin_abi.h), once block_table is set.
+mha_tensor paged_view(const mha_tensor& t, int64_t rows) {
+  mha_tensor view{};
+  view.data = t.data;
+  view.dtype = t.dtype;
+  view.ndim = 4;
+  const int64_t shape[4] = {1, t.shape[2], rows, t.shape[3]};
+  const int64_t strides[4] = {t.strides[0], t.strides[2], t.strides[1], t.strides[3]};
+  std::memcpy(view.shape, shape, sizeof shape);
+  std::memcpy(view.strides, strides, sizeof strides);
+  return view;
+}
+
+// An int8 cache's scales, [total_k, Hkv] (rows from `first`) or paged
+// [num_blocks, block_size, Hkv], as the [1, Hkv, rows] scales of a
+// one-sequence call (paged: stride [0] from block to block).
+mha_tensor scales_view(const mha_tensor& s, bool paged, int64_t first, int64_t rows) {
+  mha_tensor view = s;
+  view.ndim = 3;
+  if (paged) {
+    const int64_t shape[3] = {1, s.shape[2], rows};
+    const int64_t strides[3] = {s.strides[0], s.strides[2], s.strides[1]};
+    std::memcpy(view.shape, shape, sizeof shape);
+    std::memcpy(view.strides, strides, sizeof strides);
+  } else {
+    view.data = static_cast<float*>(s.data) + first * s.strides[0];
+    const int64_t shape[3] = {1, s.shape[1], rows}, strides[3] = {0, s.strides[1], s.strides[0]};
+    std::memcpy(view.shape, shape, sizeof shape);
+    std::memcpy(view.strides, strides, sizeof strides);
+  }
   return view;
 }
 
@@ -284,15 +436,17 @@ mha_status attention_varlen(const mha_tensor* q, const mha_tensor* k, const mha_
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t q0 = offset_at(*varlen.cu_seqlens_q, b);
     const int64_t lq = offset_at(*varlen.cu_seqlens_q, b + 1) - q0;
-    const int64_t k0 = offset_at(*varlen.cu_seqlens_k, b);
-    const int64_t lk = offset_at(*varlen.cu_seqlens_k, b + 1) - k0;
+    const bool paged = varlen.block_table != nullptr;
+    const int64_t k0 = paged ? 0 : offset_at(*varlen.cu_seqlens_k, b);
+    const int64_t lk = keys_used(varlen, b);
     if (lq == 0) continue;
     if (lk == 0) {
       keyless.push_back(b);
       continue;
     }
-    const mha_tensor qv = sequence_view(*q, q0, lq), kv = sequence_view(*k, k0, lk);
-    const mha_tensor vv = sequence_view(*v, k0, lk), ov = sequence_view(*out, q0, lq);
+    const mha_tensor qv = sequence_view(*q, q0, lq), ov = sequence_view(*out, q0, lq);
+    const mha_tensor kv = paged ? paged_view(*k, lk) : sequence_view(*k, k0, lk);
+    const mha_tensor vv = paged ? paged_view(*v, lk) : sequence_view(*v, k0, lk);
     mha_attention_params sp = params;
     sp.dropout_seed = params.dropout_seed + static_cast<uint64_t>(b);
     mha_tensor lse_view{}, alibi_view{}, k_scale_view{}, v_scale_view{};
@@ -315,23 +469,20 @@ mha_status attention_varlen(const mha_tensor* q, const mha_tensor* k, const mha_
       alibi_view.strides[0] = a.strides[1];
       sp.alibi_slopes = &alibi_view;
     }
-    const mha_tensor* scales[2] = {params.k_scale, params.v_scale};
-    mha_tensor* scale_views[2] = {&k_scale_view, &v_scale_view};
-    for (int i = 0; i < 2; ++i) {
-      if (scales[i] == nullptr) continue;  // [total_k, Hkv] -> [1, Hkv, lk]
-      const mha_tensor& s = *scales[i];
-      mha_tensor& view = *scale_views[i];
-      view = s;
-      view.data = static_cast<float*>(s.data) + k0 * s.strides[0];
-      view.ndim = 3;
-      const int64_t shape[3] = {1, s.shape[1], lk}, strides[3] = {0, s.strides[1], s.strides[0]};
-      std::memcpy(view.shape, shape, sizeof shape);
-      std::memcpy(view.strides, strides, sizeof strides);
+    if (params.k_scale != nullptr) {
+      k_scale_view = scales_view(*params.k_scale, paged, k0, lk);
+      v_scale_view = scales_view(*params.v_scale, paged, k0, lk);
+      sp.k_scale = &k_scale_view;
+      sp.v_scale = &v_scale_view;
     }
-    sp.k_scale = params.k_scale != nullptr ? &k_scale_view : nullptr;
-    sp.v_scale = params.v_scale != nullptr ? &v_scale_view : nullptr;
     KernelCall call;
     describe_attention(qv, kv, vv, ov, sp, &call);
+    if (paged) {  // row b of the table
+      const mha_tensor& table = *varlen.block_table;
+      call.problem.block_table = static_cast<const int32_t*>(table.data) + b * table.strides[0];
+      call.problem.block_table_stride = 0;  // (batch 0 only)
+      call.problem.block_size = k->shape[1];
+    }
     calls.push_back(call);
   }
   if (mha_status s = attend(calls.data(), static_cast<int64_t>(calls.size()), batch); s != MHA_OK) {

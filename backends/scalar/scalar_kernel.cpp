@@ -88,8 +88,8 @@ void load_tile(const mha_kernel_problem& p, const Workspace& w, int64_t b, int64
   const bool int8 = p.kv_dtype == MHA_DTYPE_I8;
   for (int64_t jj = 0; jj < keys; ++jj) {
     const int64_t j = j0 + jj;
-    const int64_t k_at = b * p.k_strides[0] + kvh * p.k_strides[1] + j * p.k_strides[2];
-    const int64_t v_at = b * p.v_strides[0] + kvh * p.v_strides[1] + j * p.v_strides[2];
+    const int64_t k_at = mha_kernel::kv_offset(p, p.k_strides, b, kvh, j);
+    const int64_t v_at = mha_kernel::kv_offset(p, p.v_strides, b, kvh, j);
     mha_kernel::widen_row(p.k, p.kv_dtype, k_at, p.k_strides[3], p.d,
                           int8 ? *mha_kernel::k_scales(p, b, kvh, j) : 1.0f, w.k_tile + jj * p.d);
     mha_kernel::widen_row(p.v, p.kv_dtype, v_at, p.v_strides[3], p.dv,

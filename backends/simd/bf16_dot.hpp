@@ -153,13 +153,13 @@ struct Bf16Dot {
   }
 
   // V rows as pairs of keys: dst[j2 · dvp + c] = pair(V[2·j2][c], V[2·j2 + 1][c])
-  // for c < dv, j2 < ceil(keys / 2) (rows rs, elements cs apart); 0 from dv
-  // to dvp and for the missing partner of an odd last key.
-  static void pack_key_pairs(const uint16_t* v, int64_t rs, int64_t cs, int keys, int64_t dv,
-                             int64_t dvp, uint32_t* dst) {
+  // for c < dv, j2 < ceil(keys / 2) (row j at v(j), elements cs apart); 0
+  // from dv to dvp and for the missing partner of an odd last key.
+  template <class Rows>
+  static void pack_key_pairs(Rows v, int64_t cs, int keys, int64_t dv, int64_t dvp, uint32_t* dst) {
     for (int j = 0; j < keys; j += 2) {
-      const uint16_t* a = v + j * rs;
-      const uint16_t* b = j + 1 < keys ? a + rs : nullptr;
+      const uint16_t* a = v(j);
+      const uint16_t* b = j + 1 < keys ? v(j + 1) : nullptr;
       uint32_t* out = dst + (j / 2) * dvp;
       int64_t c = 0;
       if (cs == 1) {

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "common/dropout.h"
 #include "common/problem.h"
@@ -56,7 +57,14 @@ class DecodeKernel {
     uint8_t* removed;    // [KT]: keys a mask removed from the current row
     int64_t* queued;     // [rows]: the rows whose P·V runs grouped
     float* alpha;        // [rows]: their accumulators' rescaling
+    // A paged cache: the tile's K and V row addresses (with kRowsAhead more
+    // for the prefetches) and its int8 row scales, gathered.
+    const void** k_table;  // [KT + kRowsAhead]
+    const void** v_table;  // [KT + kRowsAhead]
+    float* k_scale;        // [KT]
+    float* v_scale;        // [KT]
   };
+  static constexpr int kTable = KT + kRowsAhead;
   static constexpr int kGroup = Blocking<Arch>::kDecodeRows;
 
   // Calls f(r0, std::integral_constant<int, n>) for groups of n <= kGroup
@@ -73,9 +81,11 @@ class DecodeKernel {
   static size_t scratch_bytes(const mha_kernel_problem& p, int64_t max_queries) {
     const int64_t rows = (p.heads / p.kv_heads) * max_queries;
     const int64_t dp = round_up(p.d, W), dvp = round_up(p.dv, W);
+    const int64_t table = p.block_table != nullptr ? 2 * kTable : 0;  // pointers as floats
+    const int64_t scales = p.block_table != nullptr ? KT : 0;
     return ScratchCarver::bytes({rows * dp, rows * dvp, rows * KTP, rows, rows, 2 * rows, 2 * rows,
-                                 rows, KT * dp, KT * dvp, kGroup * dvp, KT / 4 + 1, 2 * rows,
-                                 rows});
+                                 rows, KT * dp, KT * dvp, kGroup * dvp, KT / 4 + 1, 2 * rows, rows,
+                                 table, table, scales, scales});
   }
 
   static void run(const mha_kernel_problem& p, const mha_work_item& item, void* scratch) {
@@ -98,6 +108,12 @@ class DecodeKernel {
     rows.removed = reinterpret_cast<uint8_t*>(carve.floats(KT / 4 + 1));
     rows.queued = reinterpret_cast<int64_t*>(carve.floats(2 * rows.count));
     rows.alpha = carve.floats(rows.count);
+    if (p.block_table != nullptr) {
+      rows.k_table = reinterpret_cast<const void**>(carve.floats(2 * kTable));
+      rows.v_table = reinterpret_cast<const void**>(carve.floats(2 * kTable));
+      rows.k_scale = carve.floats(KT);
+      rows.v_scale = carve.floats(KT);
+    }
 
     // Scores in base-2 units; a row that came out non-finite (a -inf logit
     // from the data, a logit past FLT_MAX / log2 e, NaN or infinite values)
@@ -122,18 +138,64 @@ class DecodeKernel {
     bool ok = false;
     with_dtype(p.kv_dtype, [&](auto kv) {
       constexpr int32_t kKv = decltype(kv)::value;
-      ok = units.raw ? compute_in<true, kKv>(p, item, rows, nq, units)
-                     : compute_in<false, kKv>(p, item, rows, nq, units);
+      if (p.block_table != nullptr) {
+        ok = units.raw ? compute_in<true, kKv, true>(p, item, rows, nq, units)
+                       : compute_in<false, kKv, true>(p, item, rows, nq, units);
+      } else {
+        ok = units.raw ? compute_in<true, kKv, false>(p, item, rows, nq, units)
+                       : compute_in<false, kKv, false>(p, item, rows, nq, units);
+      }
     });
     return ok;
+  }
+
+  // The rows of keys j0 .. of (b, kvh) in `data` (K or V, with its strides):
+  // evenly spaced, or through the table of a paged cache's rows, filled up to
+  // kRowsAhead past the tile (the last key the item reads, `last`, repeated
+  // past it: entries of the block table beyond it must not be read).
+  template <class Rows, class T>
+  static Rows tile_rows(const mha_kernel_problem& p, const void* data, const int64_t* strides,
+                        int64_t b, int64_t kvh, int64_t j0, int64_t last, const void** table) {
+    const T* base = static_cast<const T*>(data);
+    if constexpr (std::is_same_v<Rows, StridedRows<T>>) {
+      return {base + mha_kernel::kv_offset(p, strides, b, kvh, j0), strides[2]};
+    } else {
+      const T** row = reinterpret_cast<const T**>(table);
+      const int32_t* blocks = p.block_table + b * p.block_table_stride;
+      int64_t n = j0 / p.block_size, r = j0 % p.block_size;
+      const T* block = base + blocks[n] * strides[0] + kvh * strides[1];
+      const int64_t end = std::min<int64_t>(j0 + kTable, last + 1);
+      for (int64_t j = j0; j < end; ++j) {
+        row[j - j0] = block + r * strides[2];
+        if (++r == p.block_size && j + 1 < end) {
+          r = 0;
+          block = base + blocks[++n] * strides[0] + kvh * strides[1];
+        }
+      }
+      for (int64_t j = end; j < j0 + kTable; ++j) row[j - j0] = row[end - 1 - j0];
+      return {row};
+    }
+  }
+
+  // The int8 scales of keys j0 .. j0 + keys of (b, kvh) in a paged cache,
+  // into dst[0, keys).
+  static void gather_scales(const mha_kernel_problem& p, const float* scales,
+                            const int64_t* strides, int64_t b, int64_t kvh, int64_t j0, int keys,
+                            float* dst) {
+    mha_kernel::for_each_kv_run(p, j0, keys, [&](int64_t t, int64_t n) {
+      const float* src = scales + mha_kernel::kv_offset(p, strides, b, kvh, j0 + t);
+      for (int64_t x = 0; x < n; ++x) dst[t + x] = src[x * strides[2]];
+    });
   }
 
   // One pass over the item's keys; returns false when a row needs the raw
   // pass: its accumulator is not finite, or it has visible keys but no weight.
   // K and V of dtype kKv are read in place and widened in registers (int8:
   // the key's scale folded into its score, the value's into its weight), or
-  // widened into packed fp32 tiles when their rows are strided.
-  template <bool kRaw, int32_t kKv>
+  // widened into packed fp32 tiles when their rows are strided.  In a paged
+  // cache (kPaged) the tile's rows are found through a table of their
+  // addresses, its int8 scales gathered.
+  template <bool kRaw, int32_t kKv, bool kPaged>
   static bool compute_in(const mha_kernel_problem& p, const mha_work_item& item, const Rows& rows,
                          int64_t nq, const ScoreUnits& units) {
     using T = element_t<kKv>;
@@ -167,37 +229,58 @@ class DecodeKernel {
 
     const bool k_direct = p.k_strides[3] == 1 && p.d % W == 0;
     const bool v_direct = p.v_strides[3] == 1 && p.dv % W == 0;
+    using Rows = std::conditional_t<kPaged, TableRows<T>, StridedRows<T>>;
     for (int64_t j0 = min_first; j0 <= max_last; j0 += KT) {
       const int keys = static_cast<int>(std::min<int64_t>(KT, max_last + 1 - j0));
-      const float* k_scale = kInt8 ? mha_kernel::k_scales(p, b, kvh, j0) : nullptr;
-      const float* v_scale = kInt8 ? mha_kernel::v_scales(p, b, kvh, j0) : nullptr;
-      const int64_t ks = p.k_scale_strides[2], vs = p.v_scale_strides[2];
-      const T* k_typed = mha_kernel::k_row<T>(p, b, kvh, j0);
-      const float* k_packed = nullptr;
-      if (!k_direct) {
-        widen_rows<Arch, kKv>(k_typed, p.k_strides[2], p.k_strides[3], keys, p.d, k_scale, ks,
-                              rows.k_pack, dp);
-        k_packed = rows.k_pack;
+      const Rows k_typed =
+          tile_rows<Rows, T>(p, p.k, p.k_strides, b, kvh, j0, max_last, rows.k_table);
+      const Rows v_typed =
+          tile_rows<Rows, T>(p, p.v, p.v_strides, b, kvh, j0, max_last, rows.v_table);
+      const float* k_scale = nullptr;
+      const float* v_scale = nullptr;
+      int64_t ks = p.k_scale_strides[2], vs = p.v_scale_strides[2];
+      if constexpr (kInt8 && kPaged) {
+        gather_scales(p, p.k_scale, p.k_scale_strides, b, kvh, j0, keys, rows.k_scale);
+        gather_scales(p, p.v_scale, p.v_scale_strides, b, kvh, j0, keys, rows.v_scale);
+        k_scale = rows.k_scale;
+        v_scale = rows.v_scale;
+        ks = vs = 1;
+      } else if constexpr (kInt8) {
+        k_scale = mha_kernel::k_scales(p, b, kvh, j0);
+        v_scale = mha_kernel::v_scales(p, b, kvh, j0);
       }
-      const T* v_typed = mha_kernel::v_row<T>(p, b, kvh, j0);
+      // Rows of K or V widened into a packed fp32 tile (run by run in a
+      // paged cache; a run's rows are evenly spaced).
+      const auto widen = [&](const void* data, const int64_t* strides, int64_t cols,
+                             const float* scales, int64_t scale_stride, float* dst,
+                             int64_t padded) {
+        mha_kernel::for_each_kv_run(p, j0, keys, [&](int64_t t, int64_t n) {
+          widen_rows<Arch, kKv>(
+              static_cast<const T*>(data) + mha_kernel::kv_offset(p, strides, b, kvh, j0 + t),
+              strides[2], strides[3], n, cols,
+              scales != nullptr ? scales + t * scale_stride : nullptr, scale_stride,
+              dst + t * padded, padded);
+        });
+      };
+      if (!k_direct) widen(p.k, p.k_strides, p.d, k_scale, ks, rows.k_pack, dp);
       const float* v_rows = nullptr;  // fp32 rows, once V is packed
       int64_t v_stride = dvp;
       if (!v_direct) {
-        widen_rows<Arch, kKv>(v_typed, p.v_strides[2], p.v_strides[3], keys, p.dv, v_scale, vs,
-                              rows.v_pack, dvp);
+        widen(p.v, p.v_strides, p.dv, v_scale, vs, rows.v_pack, dvp);
         v_rows = rows.v_pack;
-      } else if constexpr (kKv == MHA_DTYPE_F32) {
-        v_rows = reinterpret_cast<const float*>(v_typed);
+      } else if constexpr (kKv == MHA_DTYPE_F32 && !kPaged) {
+        v_rows = v_typed.first;
         v_stride = p.v_strides[2];
       }
       // 1. Every row's scores, each K vector loaded once for a group of rows.
       for_row_groups(rows.count, [&](int64_t r0, auto n) {
         constexpr int N = decltype(n)::value;
         if (k_direct) {
-          rows_scores<Arch, kKv, N>(rows.q + r0 * dp, dp, k_typed, p.k_strides[2], keys,
-                                    rows.scores + r0 * KTP, KTP);
+          rows_scores<Arch, kKv, N>(rows.q + r0 * dp, dp, k_typed, keys, rows.scores + r0 * KTP,
+                                    KTP);
         } else {
-          rows_scores<Arch, MHA_DTYPE_F32, N>(rows.q + r0 * dp, dp, k_packed, dp, keys,
+          rows_scores<Arch, MHA_DTYPE_F32, N>(rows.q + r0 * dp, dp,
+                                              StridedRows<float>{rows.k_pack, dp}, keys,
                                               rows.scores + r0 * KTP, KTP);
         }
       });
@@ -235,12 +318,15 @@ class DecodeKernel {
           if (v_rows != nullptr) {
             v_finite = rows_finite<Arch>(v_rows, v_stride, keys, dvp) ? 1 : 0;
           } else {
-            v_finite = typed_rows_finite<Arch, kKv>(v_typed, p.v_strides[2], keys, dvp, v_scale, vs)
-                           ? 1
-                           : 0;
+            v_finite = 1;
+            mha_kernel::for_each_kv_run(p, j0, keys, [&](int64_t t, int64_t n) {
+              const bool finite =
+                  typed_rows_finite<Arch, kKv>(v_typed(t), p.v_strides[2], static_cast<int>(n), dvp,
+                                               v_scale != nullptr ? v_scale + t * vs : nullptr, vs);
+              if (!finite) v_finite = 0;
+            });
             if (v_finite == 0) {
-              widen_rows<Arch, kKv>(v_typed, p.v_strides[2], 1, keys, p.dv, v_scale, vs,
-                                    rows.v_pack, dvp);
+              widen(p.v, p.v_strides, p.dv, v_scale, vs, rows.v_pack, dvp);
               v_rows = rows.v_pack;
               v_stride = dvp;
             }
@@ -281,11 +367,11 @@ class DecodeKernel {
           acc[g] = rows.acc + rows.queued[g0 + g] * dvp;
         }
         if (v_rows != nullptr) {
-          rows_pv<Arch, MHA_DTYPE_F32, N>(probs, rows.alpha + g0, v_rows, v_stride, keys, dvp, acc,
+          rows_pv<Arch, MHA_DTYPE_F32, N>(probs, rows.alpha + g0,
+                                          StridedRows<float>{v_rows, v_stride}, keys, dvp, acc,
                                           rows.pv_total);
         } else {
-          rows_pv<Arch, kKv, N>(probs, rows.alpha + g0, v_typed, p.v_strides[2], keys, dvp, acc,
-                                rows.pv_total);
+          rows_pv<Arch, kKv, N>(probs, rows.alpha + g0, v_typed, keys, dvp, acc, rows.pv_total);
         }
       });
     }

@@ -34,6 +34,7 @@
 #include "simd/blocking.hpp"
 #include "simd/convert.hpp"
 #include "simd/epilogue.hpp"
+#include "simd/kv_rows.hpp"
 #include "simd/masking.hpp"
 #include "simd/microkernels.hpp"
 #include "simd/nonfinite.hpp"
@@ -350,18 +351,23 @@ class PrefillKernel {
                                 int64_t k_begin, int64_t j0, int keys) {
     const int64_t dvp = round_up(p.dv, W);
     if constexpr (kDot) {
-      const bool k_direct = p.k_strides[3] == 1 && p.d % 2 == 0;
+      const bool k_direct = p.k_strides[3] == 1 && p.d % 2 == 0 && !paged(p);
       const uint16_t* k_first = mha_kernel::k_row<uint16_t>(p, b, kvh, j0);
       auto* k_pairs = reinterpret_cast<uint32_t*>(t.k_pack);
-      if (!k_direct) Dot::pack_rows(k_first, p.k_strides[2], p.k_strides[3], keys, p.d, k_pairs);
+      if (!k_direct) {
+        mha_kernel::for_each_kv_run(p, j0, keys, [&](int64_t r, int64_t n) {
+          Dot::pack_rows(mha_kernel::k_row<uint16_t>(p, b, kvh, j0 + r), p.k_strides[2],
+                         p.k_strides[3], static_cast<int>(n), p.d, k_pairs + r * ((p.d + 1) / 2));
+        });
+      }
       uint32_t* v_pairs = nullptr;
       if (pairs_cache(p)) {  // key tiles start at even offsets from k_begin
         pair_into_cache(p, t, b, kvh, k_begin, j0 + keys);
         v_pairs = reinterpret_cast<uint32_t*>(t.v_cache) + (j0 - k_begin) / 2 * dvp;
       } else {
         v_pairs = reinterpret_cast<uint32_t*>(t.v_pack);
-        Dot::pack_key_pairs(mha_kernel::v_row<uint16_t>(p, b, kvh, j0), p.v_strides[2],
-                            p.v_strides[3], keys, p.dv, dvp, v_pairs);
+        Dot::pack_key_pairs(value_rows<uint16_t>(p, b, kvh, j0), p.v_strides[3], keys, p.dv, dvp,
+                            v_pairs);
       }
       return {k_direct ? k_first : reinterpret_cast<const uint16_t*>(k_pairs),
               k_direct ? p.k_strides[2] : 2 * ((p.d + 1) / 2), v_pairs, dvp};
@@ -370,7 +376,7 @@ class PrefillKernel {
         widen_into_cache(p, t, b, kvh, k_begin, j0 + keys);
         return {t.k_cache + (j0 - k_begin) * p.d, p.d, t.v_cache + (j0 - k_begin) * dvp, dvp};
       }
-      const bool fp32_kv = p.kv_dtype == MHA_DTYPE_F32;
+      const bool fp32_kv = p.kv_dtype == MHA_DTYPE_F32 && !paged(p);
       const bool k_direct = p.k_strides[3] == 1 && fp32_kv;
       const bool v_direct = p.v_strides[3] == 1 && p.dv % W == 0 && fp32_kv;
       if (!k_direct) pack_tile(p, p.k, p.k_strides, b, kvh, j0, keys, p.d, t.k_pack, p.d, true);
@@ -379,6 +385,17 @@ class PrefillKernel {
           k_direct ? mha_kernel::k_row(p, b, kvh, j0) : t.k_pack, k_direct ? p.k_strides[2] : p.d,
           v_direct ? mha_kernel::v_row(p, b, kvh, j0) : t.v_pack, v_direct ? p.v_strides[2] : dvp};
     }
+  }
+
+  // A paged cache's rows are packed (a tile's rows are not evenly spaced).
+  static bool paged(const mha_kernel_problem& p) { return p.block_table != nullptr; }
+
+  // V's rows from key j0 of (b, kvh): evenly spaced, or looked up in a paged
+  // cache.
+  template <class T>
+  static ProblemRows<T> value_rows(const mha_kernel_problem& p, int64_t b, int64_t kvh,
+                                   int64_t j0) {
+    return {&p, static_cast<const T*>(p.v), p.v_strides, b, kvh, j0};
   }
 
   // Extends the item's widened K and V of KV head kvh (whose first key is
@@ -414,8 +431,8 @@ class PrefillKernel {
       if (want <= t.widened[0]) return;
       const int64_t have = t.widened[0] / 2 * 2;
       const int64_t dvp = round_up(p.dv, W);
-      Dot::pack_key_pairs(mha_kernel::v_row<uint16_t>(p, b, kvh, k_begin + have), p.v_strides[2],
-                          p.v_strides[3], static_cast<int>(want - have), p.dv, dvp,
+      Dot::pack_key_pairs(value_rows<uint16_t>(p, b, kvh, k_begin + have), p.v_strides[3],
+                          static_cast<int>(want - have), p.dv, dvp,
                           reinterpret_cast<uint32_t*>(t.v_cache) + have / 2 * dvp);
       t.widened[0] = want;
     }
@@ -427,22 +444,27 @@ class PrefillKernel {
   static void pack_tile(const mha_kernel_problem& p, const void* data, const int64_t* strides,
                         int64_t b, int64_t kvh, int64_t j0, int keys, int64_t cols, float* dst,
                         int64_t padded, bool is_k) {
-    const int64_t first = b * strides[0] + kvh * strides[1] + j0 * strides[2];
-    if (p.kv_dtype == MHA_DTYPE_F32) {
-      pack_rows(static_cast<const float*>(data) + first, strides[2], strides[3], keys, cols, dst,
-                padded);
-      return;
-    }
-    const float* scales = nullptr;
-    int64_t scale_stride = 0;
-    if (p.kv_dtype == MHA_DTYPE_I8) {
-      scales = is_k ? mha_kernel::k_scales(p, b, kvh, j0) : mha_kernel::v_scales(p, b, kvh, j0);
-      scale_stride = is_k ? p.k_scale_strides[2] : p.v_scale_strides[2];
-    }
-    with_dtype(p.kv_dtype, [&](auto kv) {
-      constexpr int32_t kKv = decltype(kv)::value;
-      widen_rows<Arch, kKv>(static_cast<const element_t<kKv>*>(data) + first, strides[2],
-                            strides[3], keys, cols, scales, scale_stride, dst, padded);
+    // Run by run: a paged cache's rows are evenly spaced within a block.
+    mha_kernel::for_each_kv_run(p, j0, keys, [&](int64_t t, int64_t n) {
+      const int64_t first = mha_kernel::kv_offset(p, strides, b, kvh, j0 + t);
+      float* out = dst + t * padded;
+      if (p.kv_dtype == MHA_DTYPE_F32) {
+        pack_rows(static_cast<const float*>(data) + first, strides[2], strides[3], n, cols, out,
+                  padded);
+        return;
+      }
+      const float* scales = nullptr;
+      int64_t scale_stride = 0;
+      if (p.kv_dtype == MHA_DTYPE_I8) {
+        scales = is_k ? mha_kernel::k_scales(p, b, kvh, j0 + t)
+                      : mha_kernel::v_scales(p, b, kvh, j0 + t);
+        scale_stride = is_k ? p.k_scale_strides[2] : p.v_scale_strides[2];
+      }
+      with_dtype(p.kv_dtype, [&](auto kv) {
+        constexpr int32_t kKv = decltype(kv)::value;
+        widen_rows<Arch, kKv>(static_cast<const element_t<kKv>*>(data) + first, strides[2],
+                              strides[3], n, cols, scales, scale_stride, out, padded);
+      });
     });
   }
 
@@ -476,11 +498,11 @@ class PrefillKernel {
       const int64_t kvh = mha_kernel::kv_head_of(p, h + 1);
       if (kvh != mha_kernel::kv_head_of(p, h)) {
         const int64_t keys = std::min<int64_t>(KT, item.k_end - item.k_begin);
-        if (p.k_strides[3] == 1) {
+        if (p.k_strides[3] == 1 && !paged(p)) {
           prefetch.add(row_address(p.k, p.k_strides, kv_bytes, kvh, item.k_begin), p.k_strides[2],
                        keys, p.d, kv_bytes, false);
         }
-        if (p.v_strides[3] == 1) {
+        if (p.v_strides[3] == 1 && !paged(p)) {
           prefetch.add(row_address(p.v, p.v_strides, kv_bytes, kvh, item.k_begin), p.v_strides[2],
                        keys, p.dv, kv_bytes, false);
         }

@@ -14,6 +14,7 @@
 
 #include "simd/blocking.hpp"
 #include "simd/convert.hpp"
+#include "simd/kv_rows.hpp"
 #include "simd/row_sums.hpp"
 
 namespace mha_simd {
@@ -40,8 +41,8 @@ constexpr int pow2_floor(int n) {
   return p;
 }
 
-// s_r[j] = q_r · K[j] for R query rows at once and `keys` keys: q_r = q +
-// r·dp (dp floats, a multiple of W, zero-padded), s_r = s + r·s_stride (room
+// s_r[j] = q_r · K[j] for R query rows at once and `keys` keys (K[j] at
+// k_rows(j)): q_r = q + r·dp (dp floats, a multiple of W, zero-padded), s_r = s + r·s_stride (room
 // for whole vectors).  Grouped-query attention's rows share their K rows, so
 // every K vector is loaded once for all R rows.  Keys are read one whole row
 // after the other, in address order, the next rows prefetched: reading
@@ -53,17 +54,18 @@ constexpr int pow2_floor(int n) {
 // missing ones, so every group runs the same register-resident code; s beyond
 // `keys` is left unspecified.  A score's chain of operations does not depend
 // on R, so a row's scores do not depend on the rows grouped with it.
-template <class Arch, int32_t kKv, int R>
-[[gnu::noinline]] void rows_scores(const float* q, int64_t dp, const element_t<kKv>* k_rows,
-                                   int64_t k_stride, int keys, float* s, int64_t s_stride) {
+template <class Arch, int32_t kKv, int R, class Rows>
+[[gnu::noinline]] void rows_scores(const float* q, int64_t dp, Rows k_rows, int keys, float* s,
+                                   int64_t s_stride) {
   using B = xsimd::batch<float, Arch>;
   constexpr int W = static_cast<int>(B::size);
   B part[R][W];  // the sums of W keys, for one reduction per row
   for (int j0 = 0; j0 < keys; j0 += W) {
     const int last = std::min(W, keys - j0) - 1;
     for (int t = 0; t < W; ++t) {
-      const element_t<kKv>* k = k_rows + (j0 + std::min(t, last)) * k_stride;
-      prefetch_row(k + kRowsAhead * k_stride, dp);
+      const int row = j0 + std::min(t, last);
+      const element_t<kKv>* k = k_rows(row);
+      prefetch_row(k_rows(row + kRowsAhead), dp);
       B a0[R], a1[R];
       for (int r = 0; r < R; ++r) a0[r] = a1[r] = B(0.0f);
       int64_t x = 0;
@@ -96,7 +98,7 @@ inline int with_block_of(int count, F&& f) {
   return N;
 }
 
-// acc_r = acc_r·alpha_r + Σ_j p_rj·V_j for R rows at once: row r's
+// acc_r = acc_r·alpha_r + Σ_j p_rj·V_j (V_j at v_rows(j)) for R rows at once: row r's
 // probabilities at probs[r] (`keys` of them), its dvp floats at acc[r].
 // Every V vector is loaded once for all R rows; R rows x NB vectors of Dv
 // accumulate in registers (NB within kDecodePvVectors and the budget).
@@ -109,9 +111,8 @@ inline int with_block_of(int count, F&& f) {
 // each run, not across the whole tile: the run's V rows stay in L1 while
 // its blocks are summed, so memory sees one stream of rows in address order.
 // Each element is the same chain of operations whatever R and NB are.
-template <class Arch, int32_t kKv, int R>
-[[gnu::noinline]] void rows_pv(const float* const* probs, const float* alpha,
-                               const element_t<kKv>* v_rows, int64_t v_stride, int keys,
+template <class Arch, int32_t kKv, int R, class Rows>
+[[gnu::noinline]] void rows_pv(const float* const* probs, const float* alpha, Rows v_rows, int keys,
                                int64_t dvp, float* const* acc, float* total) {
   using B = xsimd::batch<float, Arch>;
   constexpr int W = static_cast<int>(B::size);
@@ -130,8 +131,8 @@ template <class Arch, int32_t kKv, int R>
           for (int c = 0; c < NB; ++c) o[r][c] = B(0.0f);
         }
         for (int j = j0; j < j1; ++j) {
-          const element_t<kKv>* v = v_rows + j * v_stride;
-          if (c0 == 0) prefetch_row(v + kRowsAhead * v_stride, dvp);
+          const element_t<kKv>* v = v_rows(j);
+          if (c0 == 0) prefetch_row(v_rows(j + kRowsAhead), dvp);
           B vx[NB];
           for (int c = 0; c < NB; ++c) vx[c] = load_widen<Arch, kKv>(v + (c0 + c) * W);
           for (int r = 0; r < R; ++r) {

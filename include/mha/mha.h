@@ -250,16 +250,32 @@ MHA_API mha_status mha_merge_partials(int32_t n, const mha_tensor* outs, const m
 /*
  * A batch of B sequences of different lengths, packed without padding
  * (FlashAttention-2's varlen layout): sequence b's queries are rows
- * cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 of q, out and lse, its keys rows
- * cu_seqlens_k[b] .. cu_seqlens_k[b+1]-1 of k and v.
+ * cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 of q, out and lse.  Its keys are
+ * either rows cu_seqlens_k[b] .. cu_seqlens_k[b+1]-1 of k and v (packed), or
+ * rows of the blocks of a paged KV cache that block_table names (vLLM's and
+ * FlashAttention-2's paged layout).
  */
 typedef struct mha_varlen_params {
   uint32_t struct_size; /* set by mha_varlen_params_init */
   /* I32 [B + 1], B >= 1: starts at 0, non-decreasing, ends at total_q (q's
    * first dimension).  Required. */
   const mha_tensor* cu_seqlens_q;
-  /* I32 [B + 1]: the same for the keys, ending at total_k.  Required. */
+  /* I32 [B + 1]: the same for the keys, ending at total_k.  Required with
+   * packed keys, refused with a paged cache. */
   const mha_tensor* cu_seqlens_k;
+  /* I32 [B]: the number of keys sequence b uses.  With packed keys it is
+   * optional (NULL: all of them) and at most cu_seqlens_k[b+1] -
+   * cu_seqlens_k[b] (the first seqused_k[b] of its rows take part); with a
+   * paged cache it is required and at most max_blocks · block_size. */
+  const mha_tensor* seqused_k;
+  /* I32 [B, max_blocks]: a paged KV cache (NULL: packed keys).  k and v are
+   * then [num_blocks, block_size, Hkv, D] and [num_blocks, block_size, Hkv,
+   * Dv], block_size a multiple of 8 (16 as vLLM, 32, 256, ...); key j of
+   * sequence b is row j % block_size of block block_table[b][j / block_size].
+   * The entries a sequence's keys address (the first ceil(seqused_k[b] /
+   * block_size) of its row) must be in [0, num_blocks); the others are not
+   * read.  Blocks may be shared between sequences (a common prefix). */
+  const mha_tensor* block_table;
 } mha_varlen_params;
 
 MHA_API void mha_varlen_params_init(mha_varlen_params* varlen);
@@ -271,6 +287,8 @@ MHA_API void mha_varlen_params_init(mha_varlen_params* varlen);
  *   q   [total_q, H,   D]   F32, BF16 or F16
  *   k   [total_k, Hkv, D]   as mha_attention's k (I8: params->k_scale and
  *   v   [total_k, Hkv, Dv]  v_scale are F32 [total_k, Hkv])
+ *       or, paged, [num_blocks, block_size, Hkv, D / Dv] (I8: the scales are
+ *       F32 [num_blocks, block_size, Hkv])
  *   out [total_q, H,   Dv]  F32 or q's dtype
  * params (NULL: defaults) as for mha_attention, except:
  *   lse           F32 [H, total_q];
@@ -278,14 +296,39 @@ MHA_API void mha_varlen_params_init(mha_varlen_params* varlen);
  *   dropout       sequence b draws as a one-sequence call with the seed
  *                 dropout_seed + b (modulo 2^64);
  *   valid_lens and mask are refused (the lengths are the sequences').
- * A sequence without keys gives zero rows (LSE -inf, or its sink), one
- * without queries nothing.  Work is cut per sequence and balanced over the
- * threads by cost; results are the same bits for any thread count.
+ * Decoding over a paged cache is Lq = 1 per sequence; chunked prefill (Lq > 1
+ * new queries at the end of the cache) wants causal with
+ * MHA_CAUSAL_BOTTOM_RIGHT.  A sequence without keys gives zero rows (LSE
+ * -inf, or its sink), one without queries nothing.  Work is cut per sequence
+ * and balanced over the threads by cost; results are the same bits for any
+ * thread count.
  */
 MHA_API mha_status mha_attention_varlen(const mha_tensor* q, const mha_tensor* k,
                                         const mha_tensor* v, mha_tensor* out,
                                         const mha_varlen_params* varlen,
                                         const mha_attention_params* params);
+
+/*
+ * Writes a step's new K and V rows into their slots of a paged cache
+ * (vLLM's reshape_and_cache):
+ *   key          [T, Hkv, D]   F32, BF16 or F16
+ *   value        [T, Hkv, Dv]  the same dtype
+ *   key_cache    [num_blocks, block_size, Hkv, D]   F32, BF16, F16 or I8
+ *   value_cache  [num_blocks, block_size, Hkv, Dv]  key_cache's dtype
+ *   slot_mapping I32 or I64 [T]: token t goes to row slot % block_size of
+ *                block slot / block_size; a negative slot skips the token
+ *                (padding).  Slots must be below num_blocks · block_size and
+ *                not repeat.
+ *   key_scale_cache, value_scale_cache  F32 [num_blocks, block_size, Hkv]:
+ *                with an I8 cache, each row's scale (rows quantised as
+ *                mha_quantize_kv does); NULL otherwise.
+ * Every check (finite values for an I8 cache included) runs before anything
+ * is written.  The caches must not overlap the inputs or each other.
+ */
+MHA_API mha_status mha_kv_cache_write(const mha_tensor* key, const mha_tensor* value,
+                                      mha_tensor* key_cache, mha_tensor* value_cache,
+                                      const mha_tensor* slot_mapping, mha_tensor* key_scale_cache,
+                                      mha_tensor* value_scale_cache);
 
 /* ------------------------------------------------ the multi-head attention module */
 

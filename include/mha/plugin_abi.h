@@ -30,8 +30,10 @@ extern "C" {
  * 5: mha_kernel_problem ends with lower_diag (the sliding window's left
  *    edge); causal_diag includes the window's right edge.
  * 6: mha_kernel_problem ends with the score variants: softcap, ALiBi slopes,
- *    sinks. */
-#define MHA_PLUGIN_ABI_VERSION 6
+ *    sinks.
+ * 7: mha_kernel_problem ends with the paged KV cache: block_table,
+ *    block_table_stride, block_size. */
+#define MHA_PLUGIN_ABI_VERSION 7
 #define MHA_PLUGIN_ENTRY_SYMBOL "mha_plugin_entry"
 
 /* CPU features, as the runtime detects them (OS support included). */
@@ -126,6 +128,19 @@ typedef struct mha_kernel_problem {
   int64_t alibi_strides[2];
   const float* sinks;
   int64_t sinks_stride;
+
+  /* ABI 7: a paged K/V cache (NULL: K and V are addressed by their strides
+   * alone).  Key j of batch b is then row j % block_size of block
+   * block_table[b · block_table_stride + j / block_size]: its first element
+   * is at block · k_strides[0] + kvh · k_strides[1] + (j % block_size) ·
+   * k_strides[2] (likewise V, and the int8 scales with their strides [0] and
+   * [2]).  block_size is a multiple of 8, so keys in a run of 8 from a
+   * multiple of 8 share a block.  The runtime has checked every block id a
+   * key before lk addresses; entries past them may hold anything and must not
+   * be read. */
+  const int32_t* block_table;
+  int64_t block_table_stride;
+  int64_t block_size;
 } mha_kernel_problem;
 
 /*

@@ -46,16 +46,16 @@ void pv(int nr, int nc, const float* probs, const float* alpha, const float* v_r
 void rows_scores(int rows, const float* q, int64_t dp, const float* k_rows, int64_t k_stride,
                  int keys, float* s, int64_t s_stride) {
   mha_simd::with_count<Blk::kDecodeRows>(rows, [&](auto n) {
-    mha_simd::rows_scores<Arch, MHA_DTYPE_F32, decltype(n)::value>(q, dp, k_rows, k_stride, keys, s,
-                                                                   s_stride);
+    mha_simd::rows_scores<Arch, MHA_DTYPE_F32, decltype(n)::value>(
+        q, dp, mha_simd::StridedRows<float>{k_rows, k_stride}, keys, s, s_stride);
   });
 }
 
 void rows_pv(int rows, const float* const* probs, const float* alpha, const float* v_rows,
              int64_t v_stride, int keys, int64_t dvp, float* const* acc, float* total) {
   mha_simd::with_count<Blk::kDecodeRows>(rows, [&](auto n) {
-    mha_simd::rows_pv<Arch, MHA_DTYPE_F32, decltype(n)::value>(probs, alpha, v_rows, v_stride, keys,
-                                                               dvp, acc, total);
+    mha_simd::rows_pv<Arch, MHA_DTYPE_F32, decltype(n)::value>(
+        probs, alpha, mha_simd::StridedRows<float>{v_rows, v_stride}, keys, dvp, acc, total);
   });
 }
 
