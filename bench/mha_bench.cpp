@@ -54,6 +54,9 @@
 
 // bench/module_bench.cpp
 void register_module_benchmarks(double (*fma_peak)(const std::string& isa, int threads));
+// bench/paged_bench.cpp
+void register_paged_benchmarks(const std::vector<std::string>& backends,
+                               const std::vector<int>& threads, double (*read_bw)(int threads));
 
 namespace {
 
@@ -710,6 +713,7 @@ int main(int argc, char** argv) {
   register_attention_benchmarks(backends, threads);
   register_dtype_benchmarks(backends, threads);
   register_variant_benchmarks(backends, threads);
+  register_paged_benchmarks(backends, threads, read_bw);
   register_blis_benchmarks(threads);
   // The whole module (projections + attention), module/<backend>/<shape>/threads:<n>.
   register_module_benchmarks(fma_peak);

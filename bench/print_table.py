@@ -25,7 +25,7 @@ import sys
 GB_SUFFIX = re.compile(
     r"^(real_time|manual_time|process_time|iterations:\d+|repeats:\d+|"
     r"min_time:[\d.]+s?|min_warmup_time:[\d.]+s?)$")
-DECODE_SHAPES = {"S3", "S3b4", "S3b16", "S7d"}  # reported in GB/s against the read bandwidth
+DECODE_SHAPES = {"S3", "S3b4", "S3b16", "S7d", "S8", "S8dense"}  # reported in GB/s against the read bandwidth
 FIXED_COST_SHAPES = {"S5"}   # reported in microseconds per call
 
 
