@@ -34,6 +34,21 @@ inline int64_t kv_head_of(const mha_kernel_problem& p, int64_t h) {
   return h / (p.heads / p.kv_heads);
 }
 
+// The decode layout's query heads per work item (the runtime plans by it,
+// the kernels size their scratch by it): those of one KV head -- or of every
+// KV head when K and V are token-major (a token's KV heads closer together
+// than its neighbours: [.., L, Hkv, D], a paged cache), so that an item
+// reads each token's row whole instead of one KV head's slice of it, which
+// memory serves at about half the speed (docs/kernel-design.md).  At most
+// kMaxDecodeRows rows (heads x queries).
+constexpr int64_t kMaxDecodeRows = 1024;
+inline int64_t decode_heads_per_item(const mha_kernel_problem& p) {
+  const bool token_major =
+      p.kv_heads > 1 && p.k_strides[1] < p.k_strides[2] && p.v_strides[1] < p.v_strides[2];
+  if (token_major && p.heads * p.lq <= kMaxDecodeRows) return p.heads;
+  return p.heads / p.kv_heads;
+}
+
 // The first element of a row of Q, K or V, as the element type T of its dtype
 // (float for F32, uint16_t for BF16 and F16, int8_t for I8).
 template <class T = float>

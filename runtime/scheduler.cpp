@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "common/problem.h"
 #include "common/visibility.h"
 #include "error.h"
 #include "scratch.h"
@@ -25,8 +26,9 @@ constexpr int64_t kMinChunk = 512;
 constexpr int64_t kMaxHeadsPerItem = 8;
 constexpr int64_t kWidenedQueryTiles = 4;
 // The decode layout keeps every query head of a KV-head group as a row of one
-// item; beyond this many rows (absurd groups) the query-lane layout serves.
-constexpr int64_t kMaxDecodeRows = 1024;
+// item; beyond mha_kernel::kMaxDecodeRows rows (absurd groups) the query-lane
+// layout serves.
+using mha_kernel::kMaxDecodeRows;
 static_assert(kTargetItems <= kMaxChunks, "a row never has more chunks than kTargetItems");
 
 // Every size here is at most MHA_MAX_EXTENT (2^40, checked by validation),
@@ -81,7 +83,8 @@ WorkPlan plan_work(const mha_kernel_problem& p, const mha_plugin& plugin) {
                       (p.heads / p.kv_heads) * p.lq <= kMaxDecodeRows;
   plan.layout = decode ? MHA_LAYOUT_DECODE : MHA_LAYOUT_QUERY_LANES;
   plan.batch = p.batch;
-  plan.heads_per_item = decode ? p.heads / p.kv_heads : heads_per_short_item(p, plugin);
+  plan.heads_per_item =
+      decode ? mha_kernel::decode_heads_per_item(p) : heads_per_short_item(p, plugin);
   plan.head_groups = p.heads / plan.heads_per_item;
   plan.q_tile = decode ? p.lq : std::min<int64_t>(p.lq, plugin.query_tile);
   // K and V that a prefill kernel must widen (half precision, int8) are

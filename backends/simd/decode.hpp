@@ -20,6 +20,9 @@
 #include <limits>
 #include <type_traits>
 
+#include <unistd.h>
+#include <cstdlib>
+
 #include "common/dropout.h"
 #include "common/problem.h"
 #include "simd/blocking.hpp"
@@ -68,18 +71,35 @@ class DecodeKernel {
   static constexpr int kGroup = Blocking<Arch>::kDecodeRows;
 
   // Calls f(r0, std::integral_constant<int, n>) for groups of n <= kGroup
-  // rows covering [0, count).
+  // rows covering [begin, end).
   template <class F>
-  static void for_row_groups(int64_t count, F&& f) {
-    for (int64_t r0 = 0; r0 < count; r0 += kGroup) {
-      with_count<kGroup>(static_cast<int>(std::min<int64_t>(kGroup, count - r0)),
+  static void for_row_groups(int64_t begin, int64_t end, F&& f) {
+    for (int64_t r0 = begin; r0 < end; r0 += kGroup) {
+      with_count<kGroup>(static_cast<int>(std::min<int64_t>(kGroup, end - r0)),
                          [&](auto n) { f(r0, n); });
     }
   }
 
+  // Keys per tile for an item over `kv_heads` KV heads of token-major K and V:
+  // the tile's whole token rows (every KV head's K and V, and int8 scales)
+  // within half the L2 cache, so that the heads after the first find the
+  // lines its pass brought in; at least 64 keys, at most KT.
+  static int token_tile(const mha_kernel_problem& p, int64_t kv_heads) {
+    static const int64_t l2 = [] {
+      const long bytes = sysconf(_SC_LEVEL2_CACHE_SIZE);
+      return bytes > 0 ? static_cast<int64_t>(bytes) : int64_t{512} << 10;
+    }();
+    const int64_t element = p.kv_dtype == MHA_DTYPE_I8 ? 1 : mha_types::float_bytes(p.kv_dtype);
+    const int64_t scales = p.kv_dtype == MHA_DTYPE_I8 ? 8 : 0;
+    const int64_t token = kv_heads * ((p.d + p.dv) * element + scales);
+    int64_t keys = l2 / 2 / token / W * W;
+    if (const char* e = getenv("MHA_TT")) keys = atoi(e);
+    return static_cast<int>(std::clamp<int64_t>(keys, 64, KT));
+  }
+
  public:
   static size_t scratch_bytes(const mha_kernel_problem& p, int64_t max_queries) {
-    const int64_t rows = (p.heads / p.kv_heads) * max_queries;
+    const int64_t rows = mha_kernel::decode_heads_per_item(p) * max_queries;
     const int64_t dp = round_up(p.d, W), dvp = round_up(p.dv, W);
     const int64_t table = p.block_table != nullptr ? 2 * kTable : 0;  // pointers as floats
     const int64_t scales = p.block_table != nullptr ? KT : 0;
@@ -149,31 +169,39 @@ class DecodeKernel {
     return ok;
   }
 
-  // The rows of keys j0 .. of (b, kvh) in `data` (K or V, with its strides):
-  // evenly spaced, or through the table of a paged cache's rows, filled up to
-  // kRowsAhead past the tile (the last key the item reads, `last`, repeated
-  // past it: entries of the block table beyond it must not be read).
-  template <class Rows, class T>
-  static Rows tile_rows(const mha_kernel_problem& p, const void* data, const int64_t* strides,
-                        int64_t b, int64_t kvh, int64_t j0, int64_t last, const void** table) {
+  // The addresses of the token rows (KV head 0) of keys j0 .. in a paged
+  // cache (K or V: data with its strides), up to kRowsAhead past the tile
+  // (the last key the item reads, `last`, repeated past it: entries of the
+  // block table beyond it must not be read).  No division per row.
+  template <class T>
+  static void fill_table(const mha_kernel_problem& p, const void* data, const int64_t* strides,
+                         int64_t b, int64_t j0, int64_t last, const void** table) {
     const T* base = static_cast<const T*>(data);
-    if constexpr (std::is_same_v<Rows, StridedRows<T>>) {
-      return {base + mha_kernel::kv_offset(p, strides, b, kvh, j0), strides[2]};
-    } else {
-      const T** row = reinterpret_cast<const T**>(table);
-      const int32_t* blocks = p.block_table + b * p.block_table_stride;
-      int64_t n = j0 / p.block_size, r = j0 % p.block_size;
-      const T* block = base + blocks[n] * strides[0] + kvh * strides[1];
-      const int64_t end = std::min<int64_t>(j0 + kTable, last + 1);
-      for (int64_t j = j0; j < end; ++j) {
-        row[j - j0] = block + r * strides[2];
-        if (++r == p.block_size && j + 1 < end) {
-          r = 0;
-          block = base + blocks[++n] * strides[0] + kvh * strides[1];
-        }
+    const T** row = reinterpret_cast<const T**>(table);
+    const int32_t* blocks = p.block_table + b * p.block_table_stride;
+    int64_t n = j0 / p.block_size, r = j0 % p.block_size;
+    const T* block = base + blocks[n] * strides[0];
+    const int64_t end = std::min<int64_t>(j0 + kTable, last + 1);
+    for (int64_t j = j0; j < end; ++j) {
+      row[j - j0] = block + r * strides[2];
+      if (++r == p.block_size && j + 1 < end) {
+        r = 0;
+        block = base + blocks[++n] * strides[0];
       }
-      for (int64_t j = end; j < j0 + kTable; ++j) row[j - j0] = row[end - 1 - j0];
-      return {row};
+    }
+    for (int64_t j = end; j < j0 + kTable; ++j) row[j - j0] = row[end - 1 - j0];
+  }
+
+  // The rows of keys j0 .. of (b, kvh) in `data` (K or V, with its strides):
+  // evenly spaced, or in a paged cache through the tile's table (fill_table).
+  template <class Rows, class T>
+  static Rows kv_rows(const mha_kernel_problem& p, const void* data, const int64_t* strides,
+                      int64_t b, int64_t kvh, int64_t j0, const void** table) {
+    if constexpr (std::is_same_v<Rows, StridedRows<T>>) {
+      return {static_cast<const T*>(data) + mha_kernel::kv_offset(p, strides, b, kvh, j0),
+              strides[2]};
+    } else {
+      return {reinterpret_cast<const T* const*>(table), kvh * strides[1]};
     }
   }
 
@@ -202,7 +230,6 @@ class DecodeKernel {
     constexpr bool kInt8 = kKv == MHA_DTYPE_I8;
     const int64_t dp = round_up(p.d, W), dvp = round_up(p.dv, W);
     const int64_t b = item.b;
-    const int64_t kvh = mha_kernel::kv_head_of(p, item.h_begin);
     const float c = units.q_factor;
     int64_t max_last = item.k_begin - 1, min_first = item.k_end;
     for (int64_t r = 0; r < rows.count; ++r) {
@@ -230,150 +257,162 @@ class DecodeKernel {
     const bool k_direct = p.k_strides[3] == 1 && p.d % W == 0;
     const bool v_direct = p.v_strides[3] == 1 && p.dv % W == 0;
     using Rows = std::conditional_t<kPaged, TableRows<T>, StridedRows<T>>;
-    for (int64_t j0 = min_first; j0 <= max_last; j0 += KT) {
-      const int keys = static_cast<int>(std::min<int64_t>(KT, max_last + 1 - j0));
-      const Rows k_typed =
-          tile_rows<Rows, T>(p, p.k, p.k_strides, b, kvh, j0, max_last, rows.k_table);
-      const Rows v_typed =
-          tile_rows<Rows, T>(p, p.v, p.v_strides, b, kvh, j0, max_last, rows.v_table);
-      const float* k_scale = nullptr;
-      const float* v_scale = nullptr;
-      int64_t ks = p.k_scale_strides[2], vs = p.v_scale_strides[2];
-      if constexpr (kInt8 && kPaged) {
-        gather_scales(p, p.k_scale, p.k_scale_strides, b, kvh, j0, keys, rows.k_scale);
-        gather_scales(p, p.v_scale, p.v_scale_strides, b, kvh, j0, keys, rows.v_scale);
-        k_scale = rows.k_scale;
-        v_scale = rows.v_scale;
-        ks = vs = 1;
-      } else if constexpr (kInt8) {
-        k_scale = mha_kernel::k_scales(p, b, kvh, j0);
-        v_scale = mha_kernel::v_scales(p, b, kvh, j0);
+    // The item's rows come in segments, one per KV head (usually one); with
+    // several, each key tile is read KV head after KV head (token_tile).
+    const int64_t segment_rows = (p.heads / p.kv_heads) * nq;
+    const int64_t segments = rows.count / segment_rows;
+    const int64_t kvh0 = mha_kernel::kv_head_of(p, item.h_begin);
+    const int kt = segments > 1 ? token_tile(p, segments) : KT;
+    for (int64_t j0 = min_first; j0 <= max_last; j0 += kt) {
+      const int keys = static_cast<int>(std::min<int64_t>(kt, max_last + 1 - j0));
+      if constexpr (kPaged) {
+        fill_table<T>(p, p.k, p.k_strides, b, j0, max_last, rows.k_table);
+        fill_table<T>(p, p.v, p.v_strides, b, j0, max_last, rows.v_table);
       }
-      // Rows of K or V widened into a packed fp32 tile (run by run in a
-      // paged cache; a run's rows are evenly spaced).
-      const auto widen = [&](const void* data, const int64_t* strides, int64_t cols,
-                             const float* scales, int64_t scale_stride, float* dst,
-                             int64_t padded) {
-        mha_kernel::for_each_kv_run(p, j0, keys, [&](int64_t t, int64_t n) {
-          widen_rows<Arch, kKv>(
-              static_cast<const T*>(data) + mha_kernel::kv_offset(p, strides, b, kvh, j0 + t),
-              strides[2], strides[3], n, cols,
-              scales != nullptr ? scales + t * scale_stride : nullptr, scale_stride,
-              dst + t * padded, padded);
-        });
-      };
-      if (!k_direct) widen(p.k, p.k_strides, p.d, k_scale, ks, rows.k_pack, dp);
-      const float* v_rows = nullptr;  // fp32 rows, once V is packed
-      int64_t v_stride = dvp;
-      if (!v_direct) {
-        widen(p.v, p.v_strides, p.dv, v_scale, vs, rows.v_pack, dvp);
-        v_rows = rows.v_pack;
-      } else if constexpr (kKv == MHA_DTYPE_F32 && !kPaged) {
-        v_rows = v_typed.first;
-        v_stride = p.v_strides[2];
-      }
-      // 1. Every row's scores, each K vector loaded once for a group of rows.
-      for_row_groups(rows.count, [&](int64_t r0, auto n) {
-        constexpr int N = decltype(n)::value;
-        if (k_direct) {
-          rows_scores<Arch, kKv, N>(rows.q + r0 * dp, dp, k_typed, keys, rows.scores + r0 * KTP,
-                                    KTP);
-        } else {
-          rows_scores<Arch, MHA_DTYPE_F32, N>(rows.q + r0 * dp, dp,
-                                              StridedRows<float>{rows.k_pack, dp}, keys,
-                                              rows.scores + r0 * KTP, KTP);
+      for (int64_t segment = 0; segment < segments; ++segment) {
+        const int64_t kvh = kvh0 + segment;
+        const int64_t r_begin = segment * segment_rows, r_end = r_begin + segment_rows;
+        const Rows k_typed = kv_rows<Rows, T>(p, p.k, p.k_strides, b, kvh, j0, rows.k_table);
+        const Rows v_typed = kv_rows<Rows, T>(p, p.v, p.v_strides, b, kvh, j0, rows.v_table);
+        const float* k_scale = nullptr;
+        const float* v_scale = nullptr;
+        int64_t ks = p.k_scale_strides[2], vs = p.v_scale_strides[2];
+        if constexpr (kInt8 && kPaged) {
+          gather_scales(p, p.k_scale, p.k_scale_strides, b, kvh, j0, keys, rows.k_scale);
+          gather_scales(p, p.v_scale, p.v_scale_strides, b, kvh, j0, keys, rows.v_scale);
+          k_scale = rows.k_scale;
+          v_scale = rows.v_scale;
+          ks = vs = 1;
+        } else if constexpr (kInt8) {
+          k_scale = mha_kernel::k_scales(p, b, kvh, j0);
+          v_scale = mha_kernel::v_scales(p, b, kvh, j0);
         }
-      });
-      if constexpr (kInt8) {
-        if (k_direct) {
-          for (int64_t r = 0; r < rows.count; ++r) {
-            float* s = rows.scores + r * KTP;
-            for (int j = 0; j < keys; ++j) s[j] *= k_scale[j * ks];
-          }
+        // Rows of K or V widened into a packed fp32 tile (run by run in a
+        // paged cache; a run's rows are evenly spaced).
+        const auto widen = [&](const void* data, const int64_t* strides, int64_t cols,
+                               const float* scales, int64_t scale_stride, float* dst,
+                               int64_t padded) {
+          mha_kernel::for_each_kv_run(p, j0, keys, [&](int64_t t, int64_t n) {
+            widen_rows<Arch, kKv>(
+                static_cast<const T*>(data) + mha_kernel::kv_offset(p, strides, b, kvh, j0 + t),
+                strides[2], strides[3], n, cols,
+                scales != nullptr ? scales + t * scale_stride : nullptr, scale_stride,
+                dst + t * padded, padded);
+          });
+        };
+        if (!k_direct) widen(p.k, p.k_strides, p.d, k_scale, ks, rows.k_pack, dp);
+        const float* v_rows = nullptr;  // fp32 rows, once V is packed
+        int64_t v_stride = dvp;
+        if (!v_direct) {
+          widen(p.v, p.v_strides, p.dv, v_scale, vs, rows.v_pack, dvp);
+          v_rows = rows.v_pack;
+        } else if constexpr (kKv == MHA_DTYPE_F32 && !kPaged) {
+          v_rows = v_typed.first;
+          v_stride = p.v_strides[2];
         }
-      }
-      // 2. Row by row: the variants, masks, the softmax and dropout.  A row
-      // whose removed keys could pass on a non-finite V takes the guarded
-      // P·V at once; the others are queued for step 3.
-      int v_finite = -1;  // not checked yet
-      int64_t queued = 0;
-      for (int64_t r = 0; r < rows.count; ++r) {
-        const int64_t h = item.h_begin + r / nq, i = item.q_begin + r % nq;
-        float* s = rows.scores + r * KTP;
-        if (mha_kernel::has_score_variants(p)) {
-          apply_score_variants_row<Arch>(p, s, b, h, i, j0, keys, units);
-        }
-        if (p.mask_kind != MHA_MASK_NONE) apply_mask_row(p, b, h, i, j0, keys, s, units);
-        const int64_t hidden_from = rows.last_key[r] + 1 - j0;
-        const int64_t hidden_below = rows.first_key[r] - j0;  // the window's start
-        for (int64_t j = std::max<int64_t>(hidden_from, 0); j < keys; ++j) s[j] = kNegInf;
-        for (int64_t j = 0; j < std::min<int64_t>(hidden_below, keys); ++j) s[j] = kNegInf;
-        // A key a mask or a -inf logit removed must not pass on a NaN or
-        // infinity of its V row through 0 · V: rows with removed keys check
-        // the tile once (the guarded P·V then reads fp32 rows: V in place is
-        // widened into the packed tile first).
-        const bool masked = p.mask_kind != MHA_MASK_NONE || hidden_from < keys ||
-                            hidden_below > 0 || has_minus_inf<Arch>(s, keys);
-        if (masked && v_finite < 0) {
-          if (v_rows != nullptr) {
-            v_finite = rows_finite<Arch>(v_rows, v_stride, keys, dvp) ? 1 : 0;
+        // 1. Every row's scores, each K vector loaded once for a group of rows.
+        for_row_groups(r_begin, r_end, [&](int64_t r0, auto n) {
+          constexpr int N = decltype(n)::value;
+          if (k_direct) {
+            rows_scores<Arch, kKv, N>(rows.q + r0 * dp, dp, k_typed, keys, rows.scores + r0 * KTP,
+                                      KTP);
           } else {
-            v_finite = 1;
-            mha_kernel::for_each_kv_run(p, j0, keys, [&](int64_t t, int64_t n) {
-              const bool finite =
-                  typed_rows_finite<Arch, kKv>(v_typed(t), p.v_strides[2], static_cast<int>(n), dvp,
-                                               v_scale != nullptr ? v_scale + t * vs : nullptr, vs);
-              if (!finite) v_finite = 0;
-            });
-            if (v_finite == 0) {
-              widen(p.v, p.v_strides, p.dv, v_scale, vs, rows.v_pack, dvp);
-              v_rows = rows.v_pack;
-              v_stride = dvp;
+            rows_scores<Arch, MHA_DTYPE_F32, N>(rows.q + r0 * dp, dp,
+                                                StridedRows<float>{rows.k_pack, dp}, keys,
+                                                rows.scores + r0 * KTP, KTP);
+          }
+        });
+        if constexpr (kInt8) {
+          if (k_direct) {
+            for (int64_t r = r_begin; r < r_end; ++r) {
+              float* s = rows.scores + r * KTP;
+              for (int j = 0; j < keys; ++j) s[j] *= k_scale[j * ks];
             }
           }
         }
-        const bool skip_removed = masked && v_finite == 0;
-        if (skip_removed) {
-          for (int j = 0; j < keys; ++j) rows.removed[j] = s[j] == kNegInf;
-        }
-        const float alpha =
-            update_softmax_row<Arch, KTP, kRaw>(s, keys, rows.row_max[r], rows.row_sum[r], units);
-        if (p.dropout_p > 0.0f) {
-          apply_dropout_row<Arch>(p.dropout_p, rows.row_key[r], j0, keys, s);
-        }
-        if (skip_removed) {  // v_rows is the packed fp32 tile here
-          pv_guarded_row(s, rows.removed, 1, keys, alpha, v_rows, v_stride, dvp,
-                         rows.acc + r * dvp);
-        } else {
-          rows.queued[queued] = r;
-          rows.alpha[queued++] = alpha;
-        }
-      }
-      // 3. P·V of the queued rows, each V vector loaded once for a group.
-      if constexpr (kInt8) {
-        if (v_rows == nullptr) {  // V read in place: its scales go into the weights
-          for (int64_t n = 0; n < queued; ++n) {
-            float* s = rows.scores + rows.queued[n] * KTP;
-            for (int j = 0; j < keys; ++j) s[j] *= v_scale[j * vs];  // after the row's sum
+        // 2. Row by row: the variants, masks, the softmax and dropout.  A row
+        // whose removed keys could pass on a non-finite V takes the guarded
+        // P·V at once; the others are queued for step 3.
+        int v_finite = -1;  // not checked yet
+        int64_t queued = 0;
+        for (int64_t r = r_begin; r < r_end; ++r) {
+          const int64_t h = item.h_begin + r / nq, i = item.q_begin + r % nq;
+          float* s = rows.scores + r * KTP;
+          if (mha_kernel::has_score_variants(p)) {
+            apply_score_variants_row<Arch>(p, s, b, h, i, j0, keys, units);
+          }
+          if (p.mask_kind != MHA_MASK_NONE) apply_mask_row(p, b, h, i, j0, keys, s, units);
+          const int64_t hidden_from = rows.last_key[r] + 1 - j0;
+          const int64_t hidden_below = rows.first_key[r] - j0;  // the window's start
+          for (int64_t j = std::max<int64_t>(hidden_from, 0); j < keys; ++j) s[j] = kNegInf;
+          for (int64_t j = 0; j < std::min<int64_t>(hidden_below, keys); ++j) s[j] = kNegInf;
+          // A key a mask or a -inf logit removed must not pass on a NaN or
+          // infinity of its V row through 0 · V: rows with removed keys check
+          // the tile once (the guarded P·V then reads fp32 rows: V in place is
+          // widened into the packed tile first).
+          const bool masked = p.mask_kind != MHA_MASK_NONE || hidden_from < keys ||
+                              hidden_below > 0 || has_minus_inf<Arch>(s, keys);
+          if (masked && v_finite < 0) {
+            if (v_rows != nullptr) {
+              v_finite = rows_finite<Arch>(v_rows, v_stride, keys, dvp) ? 1 : 0;
+            } else {
+              v_finite = 1;
+              mha_kernel::for_each_kv_run(p, j0, keys, [&](int64_t t, int64_t n) {
+                const bool finite = typed_rows_finite<Arch, kKv>(
+                    v_typed(t), p.v_strides[2], static_cast<int>(n), dvp,
+                    v_scale != nullptr ? v_scale + t * vs : nullptr, vs);
+                if (!finite) v_finite = 0;
+              });
+              if (v_finite == 0) {
+                widen(p.v, p.v_strides, p.dv, v_scale, vs, rows.v_pack, dvp);
+                v_rows = rows.v_pack;
+                v_stride = dvp;
+              }
+            }
+          }
+          const bool skip_removed = masked && v_finite == 0;
+          if (skip_removed) {
+            for (int j = 0; j < keys; ++j) rows.removed[j] = s[j] == kNegInf;
+          }
+          const float alpha =
+              update_softmax_row<Arch, KTP, kRaw>(s, keys, rows.row_max[r], rows.row_sum[r], units);
+          if (p.dropout_p > 0.0f) {
+            apply_dropout_row<Arch>(p.dropout_p, rows.row_key[r], j0, keys, s);
+          }
+          if (skip_removed) {  // v_rows is the packed fp32 tile here
+            pv_guarded_row(s, rows.removed, 1, keys, alpha, v_rows, v_stride, dvp,
+                           rows.acc + r * dvp);
+          } else {
+            rows.queued[queued] = r;
+            rows.alpha[queued++] = alpha;
           }
         }
+        // 3. P·V of the queued rows, each V vector loaded once for a group.
+        if constexpr (kInt8) {
+          if (v_rows == nullptr) {  // V read in place: its scales go into the weights
+            for (int64_t n = 0; n < queued; ++n) {
+              float* s = rows.scores + rows.queued[n] * KTP;
+              for (int j = 0; j < keys; ++j) s[j] *= v_scale[j * vs];  // after the row's sum
+            }
+          }
+        }
+        for_row_groups(0, queued, [&](int64_t g0, auto n) {
+          constexpr int N = decltype(n)::value;
+          const float* probs[N];
+          float* acc[N];
+          for (int g = 0; g < N; ++g) {
+            probs[g] = rows.scores + rows.queued[g0 + g] * KTP;
+            acc[g] = rows.acc + rows.queued[g0 + g] * dvp;
+          }
+          if (v_rows != nullptr) {
+            rows_pv<Arch, MHA_DTYPE_F32, N>(probs, rows.alpha + g0,
+                                            StridedRows<float>{v_rows, v_stride}, keys, dvp, acc,
+                                            rows.pv_total);
+          } else {
+            rows_pv<Arch, kKv, N>(probs, rows.alpha + g0, v_typed, keys, dvp, acc, rows.pv_total);
+          }
+        });
       }
-      for_row_groups(queued, [&](int64_t g0, auto n) {
-        constexpr int N = decltype(n)::value;
-        const float* probs[N];
-        float* acc[N];
-        for (int g = 0; g < N; ++g) {
-          probs[g] = rows.scores + rows.queued[g0 + g] * KTP;
-          acc[g] = rows.acc + rows.queued[g0 + g] * dvp;
-        }
-        if (v_rows != nullptr) {
-          rows_pv<Arch, MHA_DTYPE_F32, N>(probs, rows.alpha + g0,
-                                          StridedRows<float>{v_rows, v_stride}, keys, dvp, acc,
-                                          rows.pv_total);
-        } else {
-          rows_pv<Arch, kKv, N>(probs, rows.alpha + g0, v_typed, keys, dvp, acc, rows.pv_total);
-        }
-      });
     }
     // A row with visible keys but no weight: a mask removed every key, or its
     // logits overflowed to -inf in base-2 units (the raw pass finds it).

@@ -21,11 +21,13 @@ struct StridedRows {
 };
 
 // The table holds kRowsAhead (row_kernels.hpp) entries past the tile's last
-// row, for the prefetches.
+// row, for the prefetches; `offset` selects a KV head within each row's token
+// (the table holds the addresses of KV head 0).
 template <class T>
 struct TableRows {
   const T* const* row;
-  const T* operator()(int64_t t) const { return row[t]; }
+  int64_t offset;
+  const T* operator()(int64_t t) const { return row[t] + offset; }
 };
 
 // Keys j0 + t of KV head kvh of batch b in `data` (K or V, with its strides),

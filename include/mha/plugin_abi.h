@@ -32,7 +32,8 @@ extern "C" {
  * 6: mha_kernel_problem ends with the score variants: softcap, ALiBi slopes,
  *    sinks.
  * 7: mha_kernel_problem ends with the paged KV cache: block_table,
- *    block_table_stride, block_size. */
+ *    block_table_stride, block_size; a decode-layout item may span several
+ *    KV heads. */
 #define MHA_PLUGIN_ABI_VERSION 7
 #define MHA_PLUGIN_ENTRY_SYMBOL "mha_plugin_entry"
 
@@ -144,8 +145,11 @@ typedef struct mha_kernel_problem {
 } mha_kernel_problem;
 
 /*
- * One unit of work: batch b, query heads [h_begin, h_end) that all share one
- * KV head, queries [q_begin, q_end), keys [k_begin, k_end).
+ * One unit of work: batch b, query heads [h_begin, h_end), queries [q_begin,
+ * q_end), keys [k_begin, k_end).  In the query-lane layout one head or a
+ * few (short sequences); in the decode layout the heads that share one KV
+ * head, or every head when K and V are token-major (common/problem.h's
+ * decode_heads_per_item, which also sizes the decode kernel's scratch).
  *
  * The order of items.  The runtime numbers a call's items by (batch, head
  * group), then query tiles from the last to the first (the costliest first
