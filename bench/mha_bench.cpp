@@ -86,6 +86,10 @@ struct Shape {
   int64_t window_left = -1;
   float softcap = 0.0f;
   bool alibi = false, sinks = false;
+  // S9: B sequences of their own lengths (seq_lengths()), packed without
+  // padding through mha_attention_varlen; S9pad: the same batch padded to
+  // Lq = Lk (the longest) with valid lengths [B] through mha_attention.
+  enum class Packing { kNone, kVarlen, kPadded } packing = Packing::kNone;
 };
 
 const Shape kShapes[] = {
@@ -187,6 +191,47 @@ const Shape kVariantShapes[] = {
     }(),
 };
 
+// S9's lengths, 64 · (1 + (5i mod 16)) for sequence i = 0..15: every multiple
+// of 64 from 64 to 1024 once, in a shuffled order.
+std::vector<int64_t> seq_lengths(const Shape& s) {
+  std::vector<int64_t> lengths;
+  for (int64_t i = 0; i < s.b; ++i) lengths.push_back(64 * (1 + (5 * i) % 16));
+  return lengths;
+}
+
+int64_t total_tokens(const Shape& s) {
+  int64_t total = 0;
+  for (const int64_t l : seq_lengths(s)) total += l;
+  return total;
+}
+
+// S9 (packed) and S9pad (padded): prefill of 16 sequences, H 12, D 64, causal.
+const Shape kVarlenShapes[] = {
+    [] {
+      Shape s{
+          "S9", 16, 12, 12, 1024, 1024, 64, 64, MHA_CAUSAL_TOP_LEFT, false, benchmark::kMillisecond,
+          true};
+      s.packing = Shape::Packing::kVarlen;
+      return s;
+    }(),
+    [] {
+      Shape s{"S9pad",
+              16,
+              12,
+              12,
+              1024,
+              1024,
+              64,
+              64,
+              MHA_CAUSAL_TOP_LEFT,
+              false,
+              benchmark::kMillisecond,
+              true};
+      s.packing = Shape::Packing::kPadded;
+      return s;
+    }(),
+};
+
 bool is_decode(const Shape& s) {
   return s.lq == 1;
 }  // S3: reported in GB/s
@@ -209,6 +254,12 @@ int64_t visible_pairs(const Shape& s, int64_t b, int64_t i) {
 
 double useful_flops(const Shape& s) {
   double pairs = 0.0;
+  if (s.packing != Shape::Packing::kNone) {
+    // Causal self-attention of each sequence: L (L + 1) / 2 pairs, packed or
+    // padded alike (padding earns nothing).
+    for (const int64_t l : seq_lengths(s)) pairs += 0.5 * static_cast<double>(l * (l + 1));
+    return 2.0 * static_cast<double>(s.d + s.dv) * static_cast<double>(s.h) * pairs;
+  }
   for (int64_t b = 0; b < s.b; ++b) {
     for (int64_t i = 0; i < s.lq; ++i) pairs += static_cast<double>(visible_pairs(s, b, i));
   }
@@ -266,9 +317,12 @@ const Inputs& inputs(const Shape& s) {
   auto& slot = cache[s.name];
   if (!slot) {
     slot = std::make_unique<Inputs>();
-    slot->q.resize(static_cast<size_t>(s.b * s.h * s.lq * s.d));
-    slot->k.resize(static_cast<size_t>(s.b * s.hkv * s.lk * s.d));
-    slot->v.resize(static_cast<size_t>(s.b * s.hkv * s.lk * s.dv));
+    // A packed batch holds its tokens only; every other shape B · L rows.
+    const int64_t q_rows = s.packing == Shape::Packing::kVarlen ? total_tokens(s) : s.b * s.lq;
+    const int64_t k_rows = s.packing == Shape::Packing::kVarlen ? total_tokens(s) : s.b * s.lk;
+    slot->q.resize(static_cast<size_t>(q_rows * s.h * s.d));
+    slot->k.resize(static_cast<size_t>(k_rows * s.hkv * s.d));
+    slot->v.resize(static_cast<size_t>(k_rows * s.hkv * s.dv));
     mha_bench::fill_uniform(slot->q, 1);
     mha_bench::fill_uniform(slot->k, 2);
     mha_bench::fill_uniform(slot->v, 3);
@@ -440,13 +494,22 @@ void report(benchmark::State& st, const Shape& s, double sec_per_call, const std
 }
 
 // One mha_attention call of a shape on the shared inputs (in the shape's
-// dtypes), into its own output (F32, or Q's dtype for the half variants).
+// dtypes), into its own output (F32, or Q's dtype for the half variants); an
+// mha_attention_varlen call for S9.
 struct ShapeCall {
   std::vector<float> out, slopes, sink_logits;
+  std::vector<int32_t> offsets, seq_lens;  // S9's cu_seqlens, S9pad's valid lengths
   mha_tensor q{}, k{}, v{}, o{}, lens{}, k_scale{}, v_scale{}, slope_tensor{}, sink_tensor{};
+  mha_tensor cu{};
   mha_attention_params params{};
+  mha_varlen_params varlen{};
+  bool packed = false;
 
   explicit ShapeCall(const Shape& s) : out(static_cast<size_t>(s.b * s.h * s.lq * s.dv)) {
+    if (s.packing == Shape::Packing::kVarlen) {
+      init_packed(s);
+      return;
+    }
     const Inputs& in = inputs(s);
     const int64_t qs[4] = {s.b, s.h, s.lq, s.d}, ks[4] = {s.b, s.hkv, s.lk, s.d},
                   vs[4] = {s.b, s.hkv, s.lk, s.dv}, os[4] = {s.b, s.h, s.lq, s.dv}, ls[1] = {s.b},
@@ -494,11 +557,43 @@ struct ShapeCall {
       mha_tensor_init(&sink_tensor, sink_logits.data(), MHA_DTYPE_F32, 1, hs, nullptr);
       params.sinks = &sink_tensor;
     }
+    if (s.packing == Shape::Packing::kPadded) {  // S9pad: valid lengths [B]
+      for (const int64_t l : seq_lengths(s)) seq_lens.push_back(static_cast<int32_t>(l));
+      mha_tensor_init(&lens, seq_lens.data(), MHA_DTYPE_I32, 1, ls, nullptr);
+      params.valid_lens = &lens;
+    }
   }
   ShapeCall(const ShapeCall&) = delete;
   ShapeCall& operator=(const ShapeCall&) = delete;
 
-  mha_status run() { return mha_attention(&q, &k, &v, &o, &params); }
+  // S9: Q, K, V [total, H, D] and the offsets of its sequences, used for
+  // both queries and keys (self-attention).
+  void init_packed(const Shape& s) {
+    const Inputs& in = inputs(s);
+    const int64_t total = total_tokens(s);
+    out.assign(static_cast<size_t>(total * s.h * s.dv), 0.0f);
+    offsets.push_back(0);
+    for (const int64_t l : seq_lengths(s))
+      offsets.push_back(offsets.back() + static_cast<int32_t>(l));
+    const int64_t qs[3] = {total, s.h, s.d}, ks[3] = {total, s.hkv, s.d},
+                  vs[3] = {total, s.hkv, s.dv}, os[3] = {total, s.h, s.dv}, cs[1] = {s.b + 1};
+    mha_tensor_init(&q, const_cast<float*>(in.q.data()), MHA_DTYPE_F32, 3, qs, nullptr);
+    mha_tensor_init(&k, const_cast<float*>(in.k.data()), MHA_DTYPE_F32, 3, ks, nullptr);
+    mha_tensor_init(&v, const_cast<float*>(in.v.data()), MHA_DTYPE_F32, 3, vs, nullptr);
+    mha_tensor_init(&o, out.data(), MHA_DTYPE_F32, 3, os, nullptr);
+    mha_tensor_init(&cu, offsets.data(), MHA_DTYPE_I32, 1, cs, nullptr);
+    mha_varlen_params_init(&varlen);
+    varlen.cu_seqlens_q = &cu;
+    varlen.cu_seqlens_k = &cu;
+    mha_attention_params_init(&params);
+    params.causal = s.causal;
+    packed = true;
+  }
+
+  mha_status run() {
+    if (packed) return mha_attention_varlen(&q, &k, &v, &o, &varlen, &params);
+    return mha_attention(&q, &k, &v, &o, &params);
+  }
 };
 
 // The BLIS baseline's description of a shape, writing into `out`.
@@ -668,6 +763,25 @@ void register_variant_benchmarks(const std::vector<std::string>& backends,
   }
 }
 
+// attention/<backend>/S9/threads:<n> (packed, mha_attention_varlen) and
+// attention/<backend>/S9pad/threads:<n> (the same batch padded, with valid
+// lengths), on the SIMD backends: the same useful FLOPs, so that the two
+// figures compare.
+void register_varlen_benchmarks(const std::vector<std::string>& backends,
+                                const std::vector<int>& threads) {
+  for (const std::string& b : backends) {
+    if (b == "scalar") continue;
+    for (const Shape& s : kVarlenShapes) {
+      for (int n : threads) {
+        benchmark::RegisterBenchmark(name_of("attention/" + b + "/" + s.name, n).c_str(),
+                                     bm_attention, b, s, n)
+            ->UseRealTime()
+            ->Unit(s.unit);
+      }
+    }
+  }
+}
+
 // blis_unfused/<shape>/threads:<n>: the textbook method on the same inputs.
 void register_blis_benchmarks(const std::vector<int>& threads) {
   for (const Shape& s : kShapes) {
@@ -714,6 +828,7 @@ int main(int argc, char** argv) {
   register_dtype_benchmarks(backends, threads);
   register_variant_benchmarks(backends, threads);
   register_paged_benchmarks(backends, threads, read_bw);
+  register_varlen_benchmarks(backends, threads);
   register_blis_benchmarks(threads);
   // The whole module (projections + attention), module/<backend>/<shape>/threads:<n>.
   register_module_benchmarks(fma_peak);

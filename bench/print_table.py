@@ -10,7 +10,8 @@ and V read for S3; microseconds per call for S5), the percentage of the
 backend's ISA FMA peak (its bf16 dot-product peak where a bf16 call takes that
 path; S3: of the read bandwidth), and the speed relative to blis_unfused, to
 the scalar backend and -- for the dtype variants ("S1:bf16", "S3:i8kv") -- to
-the fp32 shape on the same backend and threads (x2.0 = twice as fast).  Then the scaling from 1 thread to all threads.  The peaks and
+the fp32 shape on the same backend and threads (x2.0 = twice as fast); S9pad
+(S9's packed batch padded, with valid lengths) against S9.  Then the scaling from 1 thread to all threads.  The peaks and
 the bandwidth are the ones measured in the same run.  Python 3 standard library
 only.
 """
@@ -27,6 +28,14 @@ GB_SUFFIX = re.compile(
     r"min_time:[\d.]+s?|min_warmup_time:[\d.]+s?)$")
 DECODE_SHAPES = {"S3", "S3b4", "S3b16", "S7d", "S8", "S8dense"}  # reported in GB/s against the read bandwidth
 FIXED_COST_SHAPES = {"S5"}   # reported in microseconds per call
+# Shapes compared with another one in the "vs f32" column, besides the dtype and
+# variant suffixes ("S1:bf16" against "S1"): the padded batch against the packed one.
+COMPARED_WITH = {"S9pad": "S9"}
+
+
+def base_shape(shape):
+    """The shape a variant is compared with: 'S1:bf16' -> 'S1', 'S9pad' -> 'S9'."""
+    return COMPARED_WITH.get(shape, shape.split(":")[0])
 
 
 def base_name(name):
@@ -163,7 +172,7 @@ def main():
             for n in sorted(per_thread):
                 e = per_thread[n]
                 g = median_counter(e, "GFLOPS")
-                base = shape.split(":")[0]
+                base = base_shape(shape)
                 if base in DECODE_SHAPES:
                     speed, unit = median_counter(e, "GBps"), "GB/s"
                     pct = median_counter(e, "pct_bw")
@@ -190,8 +199,11 @@ def main():
           "bf16 K/V on a backend with the bf16 dot-product path: of its bf16dot peak); "
           f"blis_unfused against the peak of {ctx.get('blis_peak_isa', 'the widest ISA')}.")
     print("vs f32: a dtype variant's speed relative to the fp32 shape -- or a variant shape's "
-          "(S2:softcap, S2:alibi, S3:sinks) relative to the plain one --, same backend and "
-          "threads (decode: tokens per second).")
+          "(S2:softcap, S2:alibi, S3:sinks) relative to the plain one, and S9pad's (S9's batch "
+          "padded to 1024 with valid lengths) relative to S9 (packed, mha_attention_varlen) --, "
+          "same backend and threads (decode: tokens per second).")
+    print("S9, S9pad: the same useful FLOPs (each sequence's causal pairs), so the speeds "
+          "compare directly.")
     print("vs blis / vs scalar: speed relative to blis_unfused / the scalar backend, same shape and "
           "threads (x2.00 = twice as fast).")
 

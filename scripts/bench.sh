@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job: installs what is missing, builds Release, and prints what this
-# CPU reaches: every usable backend on the shapes S1-S6 against the FMA peak and
+# CPU reaches: every usable backend on the shapes S1-S9 against the FMA peak and
 # read bandwidth measured in the same run and the textbook BLIS method.
 #   scripts/bench.sh [mha_bench options, e.g. --benchmark_filter=S1]
 # Writes build/release/bench.json (Google Benchmark JSON) and

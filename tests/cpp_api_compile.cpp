@@ -146,6 +146,17 @@ void const_to_mutable_conversion() {
 }
 #endif
 
+// 13: attention_varlen writing to a tensor built over const float*.
+#if MHA_CASE(13)
+void varlen_output_over_const_memory() {
+  Memory m;
+  const int32_t offsets[2] = {0, 1};
+  mha::Tensor q(m.cp, {1, 1, 4});
+  mha::Tensor cu(offsets, {2});
+  mha::attention_varlen(q, q, q, mha::Tensor(PICK(m.p, m.cp), {1, 1, 4}), cu, cu);
+}
+#endif
+
 #ifndef MHA_MUST_NOT_COMPILE
 // What the cases above rely on, stated once more as traits.
 static_assert(

@@ -329,6 +329,194 @@ TEST(CppApi, AttentionParamsOwnTheirDescriptorsThroughCopiesAndMoves) {
   run(move_assigned, "a self-assigned object");
 }
 
+// ------------------------------------------------------------------ attention_varlen
+
+// A packed batch of four sequences, one without queries and one without
+// keys: q [total_q, H, D], k and v [total_k, Hkv, D/Dv], f32 or int8 K and V
+// with row scales [total_k, Hkv].
+struct PackedProblem {
+  int64_t H = 4, Hkv = 2, D = 8, Dv = 6;
+  std::vector<int32_t> cu_q = {0, 4, 4, 11, 13}, cu_k = {0, 6, 9, 16, 16};
+  int64_t B = 4, total_q = 13, total_k = 16;
+  std::vector<float> q = random_values(static_cast<size_t>(total_q * H * D), 11);
+  std::vector<float> k = random_values(static_cast<size_t>(total_k * Hkv * D), 12);
+  std::vector<float> v = random_values(static_cast<size_t>(total_k * Hkv * Dv), 13);
+  std::vector<float> slopes = random_values(static_cast<size_t>(B * H), 14);
+  std::vector<int8_t> k8, v8;
+  std::vector<float> k_scale, v_scale;
+  PackedProblem() {
+    for (float& s : slopes) s = std::fabs(s) * 0.5f;
+    Rng rng(15);
+    k8.resize(k.size());
+    v8.resize(v.size());
+    for (auto& x : k8) x = static_cast<int8_t>(rng.integer(-127, 127));
+    for (auto& x : v8) x = static_cast<int8_t>(rng.integer(-127, 127));
+    for (size_t i = 0; i < static_cast<size_t>(total_k * Hkv); ++i) {
+      k_scale.push_back(rng.uniform(0.001f, 0.02f));
+      v_scale.push_back(rng.uniform(0.001f, 0.02f));
+    }
+  }
+  size_t out_size() const { return static_cast<size_t>(total_q * H * Dv); }
+  size_t lse_size() const { return static_cast<size_t>(H * total_q); }
+};
+
+// Rows [first, first + len) of a packed C-order [total, heads, d] tensor as
+// the [1, heads, len, d] tensor of a call on that sequence alone.
+mha_tensor sequence_view(void* data, mha_dtype dtype, int64_t first, int64_t len, int64_t heads,
+                         int64_t d) {
+  const int64_t bytes = dtype == MHA_DTYPE_I8 ? 1 : 4;
+  return describe(static_cast<char*>(data) + first * heads * d * bytes, dtype, {1, heads, len, d},
+                  {0, d, heads * d, 1});
+}
+
+TEST(CppApi, AttentionVarlenMatchesTheCApiAndTheReference) {
+  PackedProblem p;
+  const mha::Tensor cu_q(static_cast<const int32_t*>(p.cu_q.data()), {p.B + 1});
+  const mha::Tensor cu_k(static_cast<const int32_t*>(p.cu_k.data()), {p.B + 1});
+  for (const bool int8 : {false, true}) {
+    SCOPED_TRACE(int8 ? "int8 K and V" : "f32 K and V");
+    const mha_dtype kv_dtype = int8 ? MHA_DTYPE_I8 : MHA_DTYPE_F32;
+    void* k_data = int8 ? static_cast<void*>(p.k8.data()) : static_cast<void*>(p.k.data());
+    void* v_data = int8 ? static_cast<void*>(p.v8.data()) : static_cast<void*>(p.v.data());
+    std::vector<float> out(p.out_size(), -1.0f), lse(p.lse_size(), -1.0f);
+    std::vector<float> expected(p.out_size(), -2.0f), expected_lse(p.lse_size(), -2.0f);
+
+    mha::AttentionParams params = mha::AttentionParams()
+                                      .causal(MHA_CAUSAL_BOTTOM_RIGHT)
+                                      .window(3, 0)
+                                      .softcap(4.0f)
+                                      .alibi_slopes(mha::Tensor(p.slopes.data(), {p.B, p.H}))
+                                      .lse(mha::Tensor(lse.data(), {p.H, p.total_q}));
+    if (int8) {
+      params.kv_scales(mha::Tensor(p.k_scale.data(), {p.total_k, p.Hkv}),
+                       mha::Tensor(p.v_scale.data(), {p.total_k, p.Hkv}));
+    }
+    const mha::AttentionParams copied = params;  // the scales travel with a copy
+    if (int8) {
+      EXPECT_TRUE(points_into(copied.get()->k_scale, &copied, sizeof copied));
+      EXPECT_TRUE(points_into(copied.get()->v_scale, &copied, sizeof copied));
+    }
+    mha::attention_varlen(
+        mha::Tensor(static_cast<const float*>(p.q.data()), {p.total_q, p.H, p.D}),
+        mha::Tensor(static_cast<const void*>(k_data), kv_dtype, {p.total_k, p.Hkv, p.D}),
+        mha::Tensor(static_cast<const void*>(v_data), kv_dtype, {p.total_k, p.Hkv, p.Dv}),
+        mha::Tensor(out.data(), {p.total_q, p.H, p.Dv}), cu_q, cu_k, copied);
+
+    // The C API on the same inputs.
+    mha_tensor tq = describe(p.q.data(), MHA_DTYPE_F32, {p.total_q, p.H, p.D});
+    mha_tensor tk = describe(k_data, kv_dtype, {p.total_k, p.Hkv, p.D});
+    mha_tensor tv = describe(v_data, kv_dtype, {p.total_k, p.Hkv, p.Dv});
+    mha_tensor tout = describe(expected.data(), MHA_DTYPE_F32, {p.total_q, p.H, p.Dv});
+    mha_tensor tlse = describe(expected_lse.data(), MHA_DTYPE_F32, {p.H, p.total_q});
+    mha_tensor tslopes = describe(p.slopes.data(), MHA_DTYPE_F32, {p.B, p.H});
+    mha_tensor tks = describe(p.k_scale.data(), MHA_DTYPE_F32, {p.total_k, p.Hkv});
+    mha_tensor tvs = describe(p.v_scale.data(), MHA_DTYPE_F32, {p.total_k, p.Hkv});
+    mha_tensor tcu_q = describe(p.cu_q.data(), MHA_DTYPE_I32, {p.B + 1});
+    mha_tensor tcu_k = describe(p.cu_k.data(), MHA_DTYPE_I32, {p.B + 1});
+    mha_varlen_params varlen;
+    mha_varlen_params_init(&varlen);
+    varlen.cu_seqlens_q = &tcu_q;
+    varlen.cu_seqlens_k = &tcu_k;
+    mha_attention_params c;
+    mha_attention_params_init(&c);
+    c.causal = MHA_CAUSAL_BOTTOM_RIGHT;
+    c.window_left = 3;
+    c.window_right = 0;
+    c.softcap = 4.0f;
+    c.alibi_slopes = &tslopes;
+    c.lse = &tlse;
+    if (int8) {
+      c.k_scale = &tks;
+      c.v_scale = &tvs;
+    }
+    ASSERT_EQ(mha_attention_varlen(&tq, &tk, &tv, &tout, &varlen, &c), MHA_OK) << mha_last_error();
+    EXPECT_TRUE(same_bits(out, expected));
+    EXPECT_TRUE(same_bits(lse, expected_lse));
+
+    // Each sequence against the reference on that sequence alone.
+    for (int64_t b = 0; b < p.B; ++b) {
+      SCOPED_TRACE("sequence " + std::to_string(b));
+      const int64_t q0 = p.cu_q[static_cast<size_t>(b)], k0 = p.cu_k[static_cast<size_t>(b)];
+      const int64_t lq = p.cu_q[static_cast<size_t>(b) + 1] - q0;
+      const int64_t lk = p.cu_k[static_cast<size_t>(b) + 1] - k0;
+      if (lq == 0) continue;
+      if (lk == 0) {
+        for (int64_t i = q0; i < q0 + lq; ++i) {
+          for (int64_t h = 0; h < p.H; ++h) {
+            EXPECT_EQ(lse[static_cast<size_t>(h * p.total_q + i)], -INFINITY);
+            for (int64_t x = 0; x < p.Dv; ++x) {
+              EXPECT_EQ(out[static_cast<size_t>((i * p.H + h) * p.Dv + x)], 0.0f);
+            }
+          }
+        }
+        continue;
+      }
+      mha_attention_params alone = c;
+      alone.lse = nullptr;
+      mha_tensor row = describe(p.slopes.data() + b * p.H, MHA_DTYPE_F32, {p.H});
+      alone.alibi_slopes = &row;
+      mha_tensor ks =
+          describe(p.k_scale.data() + k0 * p.Hkv, MHA_DTYPE_F32, {1, p.Hkv, lk}, {0, 1, p.Hkv});
+      mha_tensor vs =
+          describe(p.v_scale.data() + k0 * p.Hkv, MHA_DTYPE_F32, {1, p.Hkv, lk}, {0, 1, p.Hkv});
+      if (int8) {
+        alone.k_scale = &ks;
+        alone.v_scale = &vs;
+      }
+      const Reference ref =
+          reference_attention(sequence_view(p.q.data(), MHA_DTYPE_F32, q0, lq, p.H, p.D),
+                              sequence_view(k_data, kv_dtype, k0, lk, p.Hkv, p.D),
+                              sequence_view(v_data, kv_dtype, k0, lk, p.Hkv, p.Dv), &alone);
+      const mha_tensor mine = sequence_view(out.data(), MHA_DTYPE_F32, q0, lq, p.H, p.Dv);
+      EXPECT_LE(max_abs_error(mine, ref), tolerance(ref));
+      for (int64_t h = 0; h < p.H; ++h) {
+        for (int64_t i = 0; i < lq; ++i) {
+          const double want = ref.lse[static_cast<size_t>(h * lq + i)];
+          const float got = lse[static_cast<size_t>(h * p.total_q + q0 + i)];
+          if (std::isinf(want)) {
+            EXPECT_EQ(got, want);
+          } else {
+            EXPECT_NEAR(got, want, lse_tolerance(ref, want));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CppApi, AttentionVarlenErrorsNameTheArgument) {
+  PackedProblem p;
+  std::vector<float> out(p.out_size(), -1.0f);
+  const std::vector<float> before = out;
+  mha::Tensor q(p.q.data(), {p.total_q, p.H, p.D});
+  mha::Tensor k(p.k.data(), {p.total_k, p.Hkv, p.D});
+  mha::Tensor v(p.v.data(), {p.total_k, p.Hkv, p.Dv});
+  const std::vector<int32_t> short_total = {0, 4, 4, 11, 12};  // one query short of q's rows
+  std::string message;
+  EXPECT_EQ(thrown_status(
+                [&] {
+                  mha::attention_varlen(q, k, v, mha::Tensor(out.data(), {p.total_q, p.H, p.Dv}),
+                                        mha::Tensor(short_total.data(), {p.B + 1}),
+                                        mha::Tensor(p.cu_k.data(), {p.B + 1}));
+                },
+                &message),
+            MHA_ERR_SHAPE_MISMATCH);
+  EXPECT_EQ(message, std::string("MHA_ERR_SHAPE_MISMATCH: ") + mha_last_error());
+  EXPECT_NE(message.find("cu_seqlens_q[4] = 12"), std::string::npos) << message;
+  const std::vector<int32_t> lens = {4, 0, 7, 2};
+  EXPECT_EQ(thrown_status(
+                [&] {
+                  mha::attention_varlen(
+                      q, k, v, mha::Tensor(out.data(), {p.total_q, p.H, p.Dv}),
+                      mha::Tensor(p.cu_q.data(), {p.B + 1}), mha::Tensor(p.cu_k.data(), {p.B + 1}),
+                      mha::AttentionParams().valid_lens(mha::Tensor(lens.data(), {p.B})));
+                },
+                &message),
+            MHA_ERR_INVALID_VALUE);
+  EXPECT_NE(message.find("valid_lens"), std::string::npos) << message;
+  EXPECT_TRUE(same_bits(out, before));
+}
+
 // ------------------------------------------------------------------ merge_partials
 
 TEST(CppApi, MergePartialsFromListsAndRanges) {

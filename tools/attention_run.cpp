@@ -192,6 +192,62 @@ void check_rank(int q_rank, const NpyArray& a, const char* flag, const std::stri
                   ": Q, K and V must all be rank 4 [B,H,L,D] or all rank 3 [H,L,D] (one batch)");
 }
 
+// A packed batch (--cu-seqlens-q/-k) takes Q, K and V of rank 3, [total,H,D].
+void check_packed_rank(const NpyArray& a, const char* flag, const std::string& path,
+                       const char* role, const char* shape, const char* offsets) {
+  if (a.rank() == 3) return;
+  throw ToolError(label(flag, path) + ": with " + offsets + ", " + role + " must be packed " +
+                  shape + " (rank 3); the file holds " + a.describe());
+}
+
+// The offsets of a packed batch, --cu-seqlens-q or --cu-seqlens-k: int32
+// [B + 1] as the library takes them; int64 files (NumPy's default integer)
+// are converted, a value outside int32 refused.  The library checks the
+// values themselves (from 0, not decreasing, ending at the total).
+NpyArray read_offsets(const char* flag, const std::string& path) {
+  NpyArray a = read_input(flag, path);
+  if ((a.dtype() != NpyDtype::I32 && a.dtype() != NpyDtype::I64) || a.rank() != 1) {
+    throw ToolError(label(flag, path) +
+                    ": cumulative sequence lengths must be int32 (<i4, or int64 <i8) of rank 1, "
+                    "[B + 1]; the file holds " +
+                    a.describe());
+  }
+  if (a.dtype() == NpyDtype::I32) return a;
+  NpyArray offsets(NpyDtype::I32, a.shape());
+  for (int64_t n = 0; n < a.size(); ++n) {
+    const int64_t value = a.value_as_int64(a.offset({n}));
+    if (value < INT32_MIN || value > INT32_MAX) {
+      throw ToolError(label(flag, path) + ": int64 value " + std::to_string(value) + " at index " +
+                      std::to_string(n) + " does not fit in int32, the offsets' dtype");
+    }
+    offsets.set_from_double(n, static_cast<double>(value));
+  }
+  return offsets;
+}
+
+// Element b of an I32 [B + 1] offsets tensor.
+int64_t offset_at(const mha_tensor& cu, int64_t b) {
+  return static_cast<const int32_t*>(cu.data)[b * cu.strides[0]];
+}
+
+// The pairs of one head of a packed batch: each sequence with its own lengths.
+int64_t count_packed_pairs_of_head(const AttentionCall& call) {
+  const mha_tensor& cu_q = *call.cu_seqlens_q;
+  const mha_tensor& cu_k = *call.cu_seqlens_k;
+  int64_t pairs = 0;
+  for (int64_t b = 0; b + 1 < cu_q.shape[0]; ++b) {
+    const int64_t lq = offset_at(cu_q, b + 1) - offset_at(cu_q, b);
+    const int64_t lk = offset_at(cu_k, b + 1) - offset_at(cu_k, b);
+    const int64_t lower = mha_rules::window_lower_diagonal(call.window_left, lq, lk);
+    const int64_t upper = mha_rules::upper_diagonal(call.causal, call.window_right, lq, lk);
+    for (int64_t i = 0; i < lq; ++i) {
+      pairs += std::max<int64_t>(
+          0, mha_rules::visible_keys(i, lk, upper, lk) - mha_rules::first_visible_key(i, lower));
+    }
+  }
+  return pairs;
+}
+
 int64_t count_pairs_of_head(const AttentionCall& call, int64_t b, int64_t h) {
   int64_t pairs = 0;
   for (int64_t i = 0; i < call.q.shape[2]; ++i) {
@@ -383,23 +439,38 @@ void add_attention_options(CLI::App& app, AttentionOptions& o) {
   const CLI::Validator& filled = non_empty();
   app.add_option("--q", o.q,
                  "queries: float32 or float16 [B,H,Lq,D] .npy (C or Fortran order; float64 too; "
-                 "[H,Lq,D] with K and V of rank 3 too is one batch); passed as --dtype")
+                 "[H,Lq,D] with K and V of rank 3 too is one batch; [total_q,H,D] with "
+                 "--cu-seqlens-q); passed as --dtype")
       ->check(filled);
   app.add_option("--k", o.k,
-                 "keys: float32 or float16 [B,Hkv,Lk,D] .npy (float64 too); H must be a multiple "
-                 "of Hkv; passed as --kv-dtype")
+                 "keys: float32 or float16 [B,Hkv,Lk,D] .npy (float64 too; [total_k,Hkv,D] with "
+                 "--cu-seqlens-k); H must be a multiple of Hkv; passed as --kv-dtype")
       ->check(filled);
-  app.add_option("--v", o.v, "values: float32 or float16 [B,Hkv,Lk,Dv] .npy; passed as --kv-dtype")
+  app.add_option("--v", o.v,
+                 "values: float32 or float16 [B,Hkv,Lk,Dv] .npy ([total_k,Hkv,Dv] with "
+                 "--cu-seqlens-k); passed as --kv-dtype")
       ->check(filled);
   app.add_option("--out", o.out,
-                 "output: float32 [B,H,Lq,Dv] .npy to write ([H,Lq,Dv] for rank-3 inputs), "
-                 "float32 whatever --dtype; replaced only once every output is written")
+                 "output: float32 [B,H,Lq,Dv] .npy to write ([H,Lq,Dv] for rank-3 inputs, "
+                 "[total_q,H,Dv] for a packed batch), float32 whatever --dtype; replaced only once "
+                 "every output is written")
       ->check(filled);
   app.add_option("--mask", o.mask,
                  "mask .npy, bool (true = the key takes part) or float32/float16/float64 (added "
                  "to the scores, passed as --dtype), broadcastable to [B,H,Lq,Lk] (rank 2 to 4)")
       ->check(filled);
   app.add_option("--valid-lens", o.valid_lens, "valid lengths .npy, int32 or int64, [B] or [B,Lq]")
+      ->check(filled);
+  app.add_option("--cu-seqlens-q", o.cu_seqlens_q,
+                 "a packed variable-length batch (FlashAttention-2's varlen layout, computed by "
+                 "mha_attention_varlen): the query offsets .npy, int32 [B+1] (0, then the "
+                 "cumulative lengths; int64 is converted). --q is then [total_q,H,D], --out "
+                 "[total_q,H,Dv], --lse [H,total_q]; needs --cu-seqlens-k, excludes --valid-lens "
+                 "and --mask; causal, window and ALiBi use each sequence's own lengths")
+      ->check(filled);
+  app.add_option("--cu-seqlens-k", o.cu_seqlens_k,
+                 "the key offsets of a packed batch .npy, int32 [B+1]; --k and --v are then "
+                 "[total_k,Hkv,D] and [total_k,Hkv,Dv]; needs --cu-seqlens-q")
       ->check(filled);
   const auto dtype_check = [](bool kv) {
     return CLI::Validator(
@@ -448,7 +519,8 @@ void add_attention_options(CLI::App& app, AttentionOptions& o) {
       ->check(CLI::Number)
       ->option_text("FLOAT");
   app.add_option("--lse", o.lse,
-                 "log-sum-exp output: float32 [B,H,Lq] .npy to write ([H,Lq] for rank-3 inputs)")
+                 "log-sum-exp output: float32 [B,H,Lq] .npy to write ([H,Lq] for rank-3 inputs, "
+                 "[H,total_q] for a packed batch)")
       ->check(filled);
   add_run_options(app, o);
 }
@@ -486,6 +558,25 @@ void check_attention_options(const AttentionOptions& o) {
   need(o.v, "--v");
   if (o.repeat == 0) need(o.out, "--out");
   if (!missing.empty()) throw UsageError("missing " + missing + " (see --help)");
+  const bool packed_q = !o.cu_seqlens_q.empty(), packed_k = !o.cu_seqlens_k.empty();
+  if (packed_q != packed_k) {
+    throw UsageError(std::string(packed_q ? "--cu-seqlens-q is given without --cu-seqlens-k"
+                                          : "--cu-seqlens-k is given without --cu-seqlens-q") +
+                     ": a packed batch needs both offsets, int32 [B + 1] each");
+  }
+  if (packed_q) {
+    const struct {
+      const char* flag;
+      const std::string& value;
+    } excluded[] = {{"--valid-lens", o.valid_lens}, {"--mask", o.mask}};
+    for (const auto& e : excluded) {
+      if (e.value.empty()) continue;
+      throw UsageError(std::string(e.flag) +
+                       " cannot be combined with --cu-seqlens-q/--cu-seqlens-k: in a packed "
+                       "batch each sequence's offsets are its lengths, and mha_attention_varlen "
+                       "takes no valid lengths or mask");
+    }
+  }
   (void)causal_mode(o.causal);
   if (!o.window.empty()) (void)parse_window(o.window);
   check_scale(o);
@@ -517,17 +608,26 @@ AttentionInputs load_attention_inputs(const AttentionOptions& o) {
     print_error(label("--q", o.q) + ": float16, so --dtype defaults to f16");
   }
   AttentionInputs in;
+  const bool packed = !o.cu_seqlens_q.empty();
+  if (packed) check_packed_rank(q, "--q", o.q, "Q", "[total_q,H,D]", "--cu-seqlens-q");
   const int q_rank = q.rank();
-  in.unbatched = q_rank == 3;
+  in.unbatched = q_rank == 3 && !packed;
   in.q = convert_float_input(std::move(q), dtypes.q, label("--q", o.q));
   const auto load_kv = [&](const char* flag, const std::string& path, const char* role,
                            const char* shapes, std::optional<NpyArray>& scale) {
     NpyArray a = read_float_tensor(flag, path, role, shapes);
+    if (packed) {
+      check_packed_rank(a, flag, path, role,
+                        flag == std::string("--k") ? "[total_k,Hkv,D]" : "[total_k,Hkv,Dv]",
+                        "--cu-seqlens-k");
+    }
     check_rank(q_rank, a, flag, path, o);
     if (dtypes.kv != MHA_DTYPE_I8)
       return convert_float_input(std::move(a), dtypes.kv, label(flag, path));
     NpyArray row_scales;
-    TypedInput q8 = quantize_input(std::move(a), label(flag, path), row_scales, in.unbatched);
+    // Rank 3 is quantised as [1, ...]: one scale per row of D whatever the
+    // axes mean ([H,L] of one batch, or a packed batch's [total_k,Hkv]).
+    TypedInput q8 = quantize_input(std::move(a), label(flag, path), row_scales, q_rank == 3);
     scale = std::move(row_scales);
     return q8;
   };
@@ -569,6 +669,10 @@ AttentionInputs load_attention_inputs(const AttentionOptions& o) {
     }
     return a;
   };
+  if (packed) {
+    in.cu_seqlens_q = read_offsets("--cu-seqlens-q", o.cu_seqlens_q);
+    in.cu_seqlens_k = read_offsets("--cu-seqlens-k", o.cu_seqlens_k);
+  }
   if (!o.sinks.empty()) in.sinks = read_f32("--sinks", o.sinks, "[H]");
   if (!o.alibi.empty()) in.alibi = read_f32("--alibi", o.alibi, "[H] or [B,H]");
   return in;
@@ -624,12 +728,20 @@ AttentionCall prepare_attention_call(AttentionInputs& in, const AttentionOptions
   if (in.sinks) call.sinks = describe(*in.sinks, MHA_DTYPE_F32, label("--sinks", o.sinks));
   if (in.alibi) call.alibi = describe(*in.alibi, MHA_DTYPE_F32, label("--alibi", o.alibi));
   if (o.softcap) call.softcap = static_cast<float>(*o.softcap);
+  if (in.cu_seqlens_q && in.cu_seqlens_k) {
+    call.cu_seqlens_q =
+        describe(*in.cu_seqlens_q, MHA_DTYPE_I32, label("--cu-seqlens-q", o.cu_seqlens_q));
+    call.cu_seqlens_k =
+        describe(*in.cu_seqlens_k, MHA_DTYPE_I32, label("--cu-seqlens-k", o.cu_seqlens_k));
+  }
 
-  // [B,H,Lq,Dv] and [B,H,Lq], or [H,Lq,Dv] and [H,Lq] for rank-3 inputs.
+  // [B,H,Lq,Dv] and [B,H,Lq], or [H,Lq,Dv] and [H,Lq] for rank-3 inputs; a
+  // packed batch's [total_q,H,Dv] and [H,total_q].
   std::vector<int64_t> lse_shape = in.q.shape;
   lse_shape.pop_back();
   std::vector<int64_t> out_shape = lse_shape;
   out_shape.push_back(in.v.shape.back());
+  if (call.cu_seqlens_q) lse_shape = {in.q.shape[1], in.q.shape[0]};
   call.out_array = NpyArray(NpyDtype::F32, out_shape);
   call.out = describe(call.out_array, MHA_DTYPE_F32, "the output", b1);
   if (!o.lse.empty()) {
@@ -641,6 +753,16 @@ AttentionCall prepare_attention_call(AttentionInputs& in, const AttentionOptions
 
 void call_attention(AttentionCall& call) {
   const mha_attention_params params = call.params();
+  if (call.cu_seqlens_q && call.cu_seqlens_k) {
+    mha_varlen_params varlen;
+    mha_varlen_params_init(&varlen);
+    varlen.cu_seqlens_q = &*call.cu_seqlens_q;
+    varlen.cu_seqlens_k = &*call.cu_seqlens_k;
+    const mha_status status =
+        mha_attention_varlen(&call.q, &call.k, &call.v, &call.out, &varlen, &params);
+    if (status != MHA_OK) library_error("mha_attention_varlen", status);
+    return;
+  }
   const mha_status status = mha_attention(&call.q, &call.k, &call.v, &call.out, &params);
   if (status != MHA_OK) library_error("mha_attention", status);
 }
@@ -661,6 +783,7 @@ Timing time_attention(AttentionCall& call, int repeat) {
 
 int64_t count_attention_pairs(const AttentionCall& call) {
   const int64_t batch = call.q.shape[0], heads = call.q.shape[1];
+  if (call.cu_seqlens_q && call.cu_seqlens_k) return heads * count_packed_pairs_of_head(call);
   // Causal mode and valid lengths are the same for every head; so is a mask
   // without a head dimension.
   const bool per_head =
@@ -677,7 +800,8 @@ int64_t count_attention_pairs(const AttentionCall& call) {
 }
 
 double attention_flops(const AttentionCall& call) {
-  const double d = static_cast<double>(call.q.shape[3]), dv = static_cast<double>(call.v.shape[3]);
+  const double d = static_cast<double>(call.q.shape[call.q.ndim - 1]);
+  const double dv = static_cast<double>(call.v.shape[call.v.ndim - 1]);
   return 2.0 * (d + dv) * static_cast<double>(count_attention_pairs(call));
 }
 
@@ -711,6 +835,8 @@ std::vector<NamedFile> attention_inputs(const AttentionOptions& o) {
           {"--v", o.v},
           {"--mask", o.mask},
           {"--valid-lens", o.valid_lens},
+          {"--cu-seqlens-q", o.cu_seqlens_q},
+          {"--cu-seqlens-k", o.cu_seqlens_k},
           {"--sinks", o.sinks},
           {"--alibi", o.alibi}};
 }

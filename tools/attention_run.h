@@ -32,7 +32,10 @@ int run_guarded(const std::function<int()>& body);
 struct AttentionOptions : RunOptions, VariantOptions {
   std::string q, k, v, out;
   std::string mask, valid_lens, lse;  // empty: not given
-  std::string causal = "none";        // none | top-left | bottom-right
+  // A packed variable-length batch (mha_attention_varlen): int32 [B + 1]
+  // offsets of the queries and of the keys; both or neither.
+  std::string cu_seqlens_q, cu_seqlens_k;
+  std::string causal = "none";  // none | top-left | bottom-right
   std::optional<double> scale;
   std::string scale_text;  // --scale as typed
   // --dtype (F32, BF16 or F16) and --kv-dtype (those or I8); not given: see
@@ -56,9 +59,10 @@ Dtypes resolve_dtypes(const AttentionOptions& options, NpyDtype q_file_dtype);
 void add_attention_options(CLI::App& app, AttentionOptions& options);
 
 // Refuses missing required flags (done here rather than by CLI11, so that the
-// flags can live on the top-level app next to subcommands) and a --scale that
-// is not zero as typed but rounds to zero (or to infinity) in float32;
-// throws UsageError.
+// flags can live on the top-level app next to subcommands), one of
+// --cu-seqlens-q and --cu-seqlens-k without the other or with --valid-lens or
+// --mask, and a --scale that is not zero as typed but rounds to zero (or to
+// infinity) in float32; throws UsageError.
 void check_attention_options(const AttentionOptions& options);
 
 // Reads a float32, float16 or float64 .npy input as float32 (for the module,
@@ -97,7 +101,9 @@ TypedInput convert_float_input(NpyArray array, mha_dtype dtype, const std::strin
 void configure_runtime(const std::optional<std::string>& backend, std::optional<int> threads);
 
 // Q, K and V all of rank 4 [B,H,L,D], or all of rank 3 [H,L,D] (one batch:
-// the outputs are then of rank 3 too, [H,Lq,Dv] and [H,Lq]).
+// the outputs are then of rank 3 too, [H,Lq,Dv] and [H,Lq]).  With
+// --cu-seqlens-q/-k, all of rank 3 packed [total,H,D] (the outputs
+// [total_q,H,Dv] and [H,total_q]).
 struct AttentionInputs {
   TypedInput q, k, v;              // in the resolved dtypes (Q's, K and V's)
   std::optional<TypedInput> mask;  // BOOL, or Q's dtype
@@ -105,7 +111,9 @@ struct AttentionInputs {
   // With int8 K and V: the F32 row scales, K's (V's) shape without D.
   std::optional<NpyArray> k_scale, v_scale;
   std::optional<NpyArray> sinks, alibi;  // float32 [H]; [H] or [B,H]
-  bool unbatched = false;                // rank 3
+  bool unbatched = false;                // rank 3 [H,L,D], one batch
+  // The offsets of a packed batch, int32 [B + 1] (int64 files converted).
+  std::optional<NpyArray> cu_seqlens_q, cu_seqlens_k;
 };
 AttentionInputs load_attention_inputs(const AttentionOptions& options);
 
@@ -114,6 +122,8 @@ AttentionInputs load_attention_inputs(const AttentionOptions& options);
 struct AttentionCall {
   mha_tensor q{}, k{}, v{}, out{};
   std::optional<mha_tensor> mask, valid_lens, lse, k_scale, v_scale, sinks, alibi;
+  // Set for a packed batch: the call is mha_attention_varlen.
+  std::optional<mha_tensor> cu_seqlens_q, cu_seqlens_k;
   int32_t causal = MHA_CAUSAL_NONE;
   int64_t window_left = -1, window_right = -1;
   float softcap = 0.0f;
@@ -124,7 +134,8 @@ struct AttentionCall {
 };
 AttentionCall prepare_attention_call(AttentionInputs& inputs, const AttentionOptions& options);
 
-// One call; throws ToolError with mha_last_error() when it fails.
+// One call (mha_attention, or mha_attention_varlen for a packed batch);
+// throws ToolError with mha_last_error() when it fails.
 void call_attention(AttentionCall& call);
 
 struct Timing {
@@ -135,7 +146,8 @@ Timing time_attention(AttentionCall& call, int repeat);
 
 // The number of (batch, head, query, key) tuples that take part: the pairs
 // left by the causal mode, the window, the valid lengths, a bool mask (true) and an
-// additive mask (not -inf).  The descriptors must have passed mha_attention.
+// additive mask (not -inf); for a packed batch, per sequence with its own
+// lengths.  The descriptors must have passed mha_attention (_varlen).
 int64_t count_attention_pairs(const AttentionCall& call);
 // Useful FLOPs: QK^T and PV, 2 * (D + Dv) per pair (4 * D when Dv = D).
 double attention_flops(const AttentionCall& call);

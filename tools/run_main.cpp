@@ -52,6 +52,13 @@ int run(int argc, const char* const* argv) {
                   "float32 (float16 and float64 files are converted to float32)");
       return kExitUsage;
     }
+    for (const char* flag : {"--cu-seqlens-q", "--cu-seqlens-k"}) {
+      if (app.count(flag) == 0) continue;
+      print_error(std::string(flag) +
+                  " is a flag of attention mode: mha-run module takes batches of [B,L,E] "
+                  "inputs, not packed variable-length batches");
+      return kExitUsage;
+    }
     return run_module_command(module_options);
   }
   return run_attention_command(attention);

@@ -317,6 +317,15 @@ class AttentionParams {
     params_.alibi_slopes = &alibi_slopes_;
     return *this;
   }
+  // An int8 KV cache's row scales (K and V of dtype I8): F32 [B, Hkv, Lk]
+  // each ([total_k, Hkv] for attention_varlen), value = scale · int8.
+  AttentionParams& kv_scales(const ConstTensor& k_scale, const ConstTensor& v_scale) noexcept {
+    k_scale_ = *k_scale.get();
+    v_scale_ = *v_scale.get();
+    params_.k_scale = &k_scale_;
+    params_.v_scale = &v_scale_;
+    return *this;
+  }
 
   // The C struct; its tensor pointers point into this object.
   const mha_attention_params* get() const noexcept { return &params_; }
@@ -329,11 +338,15 @@ class AttentionParams {
     lse_ = other.lse_;
     sinks_ = other.sinks_;
     alibi_slopes_ = other.alibi_slopes_;
+    k_scale_ = other.k_scale_;
+    v_scale_ = other.v_scale_;
     params_.valid_lens = other.params_.valid_lens != nullptr ? &valid_lens_ : nullptr;
     params_.mask = other.params_.mask != nullptr ? &mask_ : nullptr;
     params_.lse = other.params_.lse != nullptr ? &lse_ : nullptr;
     params_.sinks = other.params_.sinks != nullptr ? &sinks_ : nullptr;
     params_.alibi_slopes = other.params_.alibi_slopes != nullptr ? &alibi_slopes_ : nullptr;
+    params_.k_scale = other.params_.k_scale != nullptr ? &k_scale_ : nullptr;
+    params_.v_scale = other.params_.v_scale != nullptr ? &v_scale_ : nullptr;
   }
 
   mha_attention_params params_{};
@@ -342,12 +355,36 @@ class AttentionParams {
   mha_tensor lse_{};
   mha_tensor sinks_{};
   mha_tensor alibi_slopes_{};
+  mha_tensor k_scale_{};
+  mha_tensor v_scale_{};
 };
 
 // out = softmax(Q·Kᵀ·scale + mask)·V; throws mha::Error on bad input.
 inline void attention(const ConstTensor& q, const ConstTensor& k, const ConstTensor& v,
                       MutableTensor out, const AttentionParams& params = AttentionParams()) {
   check(mha_attention(q.get(), k.get(), v.get(), out.get(), params.get()));
+}
+
+// A packed batch of sequences of different lengths (mha_attention_varlen,
+// FlashAttention-2's varlen layout): sequence b's queries are rows
+// cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 of q and out, its keys rows
+// cu_seqlens_k[b] .. cu_seqlens_k[b+1]-1 of k and v; each is computed as
+// attention() would compute it alone (its own Lq and Lk for the causal rule,
+// the window and ALiBi).
+//   q [total_q, H, D], k [total_k, Hkv, D], v [total_k, Hkv, Dv],
+//   out [total_q, H, Dv]; cu_seqlens_q, cu_seqlens_k I32 [B + 1].
+// params as for attention(), except: lse F32 [H, total_q]; alibi_slopes [H]
+// or [B, H]; kv_scales [total_k, Hkv]; dropout seeds dropout_seed + b for
+// sequence b; valid_lens and mask are refused.  Throws mha::Error on bad input.
+inline void attention_varlen(const ConstTensor& q, const ConstTensor& k, const ConstTensor& v,
+                             MutableTensor out, const ConstTensor& cu_seqlens_q,
+                             const ConstTensor& cu_seqlens_k,
+                             const AttentionParams& params = AttentionParams()) {
+  mha_varlen_params varlen;
+  mha_varlen_params_init(&varlen);
+  varlen.cu_seqlens_q = cu_seqlens_q.get();
+  varlen.cu_seqlens_k = cu_seqlens_k.get();
+  check(mha_attention_varlen(q.get(), k.get(), v.get(), out.get(), &varlen, params.get()));
 }
 
 namespace detail {

@@ -2,6 +2,7 @@
 
     import mha
     out = mha.scaled_dot_product_attention(q, k, v, is_causal=True)  # as torch's
+    out = mha.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k)  # FlashAttention-2's varlen
     attention = mha.MultiheadAttention.from_torch(torch_module)     # nn.MultiheadAttention
     out, weights = attention(x, x, x)
     import mha.torch                                                 # torch.ops.mha.sdpa
@@ -18,6 +19,7 @@ from ._attention import scaled_dot_product_attention
 from ._merge import merge_partials
 from ._module import MultiheadAttention
 from ._quantize import quantize_kv
+from ._varlen import flash_attn_varlen_func, varlen_attention
 
 __version__ = _library_version()
 
@@ -25,6 +27,7 @@ __all__ = [
     "Error",
     "MultiheadAttention",
     "backends",
+    "flash_attn_varlen_func",
     "get_num_threads",
     "info",
     "merge_partials",
@@ -32,4 +35,5 @@ __all__ = [
     "scaled_dot_product_attention",
     "set_backend",
     "set_num_threads",
+    "varlen_attention",
 ]

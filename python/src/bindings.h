@@ -10,5 +10,6 @@ void register_merge(nanobind::module_& module);
 void register_module(nanobind::module_& module);
 void register_quantize(nanobind::module_& module);
 void register_runtime(nanobind::module_& module);
+void register_varlen(nanobind::module_& module);
 
 }  // namespace mha_python

@@ -14,4 +14,5 @@ NB_MODULE(_mha, module) {
   mha_python::register_module(module);
   mha_python::register_quantize(module);
   mha_python::register_runtime(module);
+  mha_python::register_varlen(module);
 }

@@ -158,6 +158,55 @@ TEST(MhaRun, PairsMatchBruteForce) {
   }
 }
 
+// A packed batch: each sequence's pairs with its own lengths (the causal
+// rule, the window), against brute force from the definitions.
+TEST(MhaRun, PackedPairsMatchBruteForce) {
+  std::mt19937_64 rng(777);
+  const auto pick = [&rng](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  for (int trial = 0; trial < 200; ++trial) {
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    const int64_t batch = pick(1, 5), heads = pick(1, 4);
+    std::vector<int32_t> cu_q = {0}, cu_k = {0};
+    for (int64_t b = 0; b < batch; ++b) {
+      cu_q.push_back(cu_q.back() + static_cast<int32_t>(pick(0, 9)));
+      cu_k.push_back(cu_k.back() + static_cast<int32_t>(pick(0, 9)));
+    }
+    AttentionCall call;
+    call.q.ndim = call.k.ndim = call.v.ndim = 3;
+    call.q.shape[0] = cu_q.back();
+    call.q.shape[1] = heads;
+    call.q.shape[2] = 8;
+    call.v.shape[2] = 4;
+    call.causal = static_cast<int32_t>(pick(0, 2));
+    call.window_left = pick(0, 2) == 0 ? -1 : pick(0, 6);
+    call.window_right = pick(0, 2) == 0 ? -1 : pick(0, 6);
+    mha_tensor tq{}, tk{};
+    const int64_t n = batch + 1;
+    ASSERT_EQ(mha_tensor_init(&tq, cu_q.data(), MHA_DTYPE_I32, 1, &n, nullptr), MHA_OK);
+    ASSERT_EQ(mha_tensor_init(&tk, cu_k.data(), MHA_DTYPE_I32, 1, &n, nullptr), MHA_OK);
+    call.cu_seqlens_q = tq;
+    call.cu_seqlens_k = tk;
+    int64_t pairs = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t lq = cu_q[b + 1] - cu_q[b], lk = cu_k[b + 1] - cu_k[b];
+      for (int64_t i = 0; i < lq; ++i)
+        for (int64_t j = 0; j < lk; ++j) {
+          const int64_t diagonal = i + lk - lq;  // bottom-right: the window's too
+          if (call.causal == MHA_CAUSAL_TOP_LEFT && j > i) continue;
+          if (call.causal == MHA_CAUSAL_BOTTOM_RIGHT && j > diagonal) continue;
+          if (call.window_left >= 0 && j < diagonal - call.window_left) continue;
+          if (call.window_right >= 0 && j > diagonal + call.window_right) continue;
+          ++pairs;
+        }
+    }
+    EXPECT_EQ(mha_tools::count_attention_pairs(call), heads * pairs);
+    EXPECT_DOUBLE_EQ(mha_tools::attention_flops(call),
+                     2.0 * (8 + 4) * static_cast<double>(heads * pairs));
+  }
+}
+
 TEST(MhaRun, TimingLine) {
   const std::string line = mha_tools::timing_json({2.0, 1.5}, 8000.0);
   EXPECT_EQ(line.find('\n'), std::string::npos);

@@ -207,12 +207,56 @@ Files additive_case() {
   return f;
 }
 
+// A packed variable-length batch (--cu-seqlens-q/-k): five sequences of
+// different query and key lengths -- one without queries, one without keys,
+// one with more queries than keys (bottom-right causal leaves rows empty) --,
+// 4 query heads over 2 KV heads, Dv != D; the offsets as int32 and as int64,
+// sinks [H], ALiBi slopes [B, H]; files the tool or the library must refuse.
+Files varlen_case() {
+  Random rng(616);
+  const std::vector<int64_t> lens_q = {9, 0, 17, 9, 6}, lens_k = {4, 3, 17, 30, 0};
+  const int64_t heads = 4, kv_heads = 2, d = 16, dv = 12;
+  const auto offsets = [](const std::vector<int64_t>& lens, NpyDtype dtype) {
+    NpyArray cu(dtype, {static_cast<int64_t>(lens.size()) + 1});
+    int64_t total = 0;
+    cu.set_from_double(0, 0);
+    for (size_t b = 0; b < lens.size(); ++b) {
+      total += lens[b];
+      cu.set_from_double(static_cast<int64_t>(b) + 1, static_cast<double>(total));
+    }
+    return cu;
+  };
+  Files f;
+  f["cu_q"] = offsets(lens_q, NpyDtype::I32);
+  f["cu_k"] = offsets(lens_k, NpyDtype::I32);
+  f["cu_k_i64"] = offsets(lens_k, NpyDtype::I64);
+  const int64_t total_q = 41, total_k = 54;
+  f["q"] = random_floats(rng, {total_q, heads, d});
+  f["k"] = random_floats(rng, {total_k, kv_heads, d});
+  f["v"] = random_floats(rng, {total_k, kv_heads, dv});
+  NpyArray sinks(NpyDtype::F32, {heads}), slopes(NpyDtype::F32, {5, heads});
+  for (int64_t h = 0; h < heads; ++h)
+    sinks.set_from_double(h, h == 1 ? -HUGE_VAL : 0.3 * static_cast<double>(h));
+  for (int64_t i = 0; i < slopes.size(); ++i) slopes.set_from_double(i, rng.uniform(0, 0.5));
+  f["sinks"] = std::move(sinks);
+  f["alibi"] = std::move(slopes);
+  f["q_f64"] = as_f64(f["q"]);
+  // Refused: offsets that decrease (the library), a float file and a rank-2
+  // one (the tool), an int64 value beyond int32, offsets of another B, Q of
+  // rank 4.
+  f["cu_q_decreasing"] = filled(NpyDtype::I32, {6}, {0, 9, 3, 26, 35, 41});
+  f["cu_q_f32"] = filled(NpyDtype::F32, {6}, {0, 9, 9, 26, 35, 41});
+  f["cu_q_rank2"] = filled(NpyDtype::I32, {2, 3}, {0, 9, 9, 26, 35, 41});
+  f["cu_q_huge"] = filled(NpyDtype::I64, {6}, {0, 9, 9, 26, 35, 4294967296.0});
+  f["cu_q_b4"] = filled(NpyDtype::I32, {5}, {0, 9, 9, 26, 41});
+  f["q_rank4"] = random_floats(rng, {1, total_q, heads, d});
+  return f;
+}
+
 int write_case(const std::string& name, const std::string& dir) {
-  const std::map<std::string, std::function<Files()>> cases = {{"d2l", d2l_case},
-                                                               {"gqa", gqa_case},
-                                                               {"additive", additive_case},
-                                                               {"window", window_case},
-                                                               {"variants", variants_case}};
+  const std::map<std::string, std::function<Files()>> cases = {
+      {"d2l", d2l_case},       {"gqa", gqa_case},           {"additive", additive_case},
+      {"window", window_case}, {"variants", variants_case}, {"varlen", varlen_case}};
   const auto it = cases.find(name);
   if (it == cases.end()) {
     std::fprintf(stderr, "mha_tools_case: unknown case '%s'\n", name.c_str());
@@ -335,11 +379,189 @@ void quantize(const mha_tensor& src, Quantized& q) {
   }
 }
 
+// The offsets of a packed batch as mha-run reads them (int32 or int64).
+std::vector<int64_t> read_offsets(const std::string& path) {
+  const NpyArray a = load_c(path);
+  std::vector<int64_t> offsets;
+  for (int64_t i = 0; i < a.size(); ++i) offsets.push_back(a.value_as_int64(i));
+  return offsets;
+}
+
+// Sequence b of a packed [total, heads, d] tensor (C order) as the [1, heads,
+// len, d] tensor of a call on that sequence alone.
+mha_tensor sequence_of(const mha_tensor& t, int64_t first, int64_t len) {
+  const int64_t row = t.shape[1] * t.shape[2];
+  const int64_t bytes = t.dtype == MHA_DTYPE_I8 ? 1 : mha_types::float_bytes(t.dtype);
+  mha_tensor v{};
+  const int64_t shape[4] = {1, t.shape[1], len, t.shape[2]};
+  const int64_t strides[4] = {row * std::max<int64_t>(len, 1), t.shape[2], row, 1};
+  if (mha_tensor_init(&v, static_cast<char*>(t.data) + first * row * bytes,
+                      static_cast<mha_dtype>(t.dtype), 4, shape, strides) != MHA_OK) {
+    throw std::runtime_error(std::string("mha_tensor_init: ") + mha_last_error());
+  }
+  return v;
+}
+
+// A packed batch: every sequence against the float64 reference of that
+// sequence alone -- its rows of Q, K and V (rounded to the dtypes as mha-run
+// must round them), its own lengths for the causal rule, the window and ALiBi
+// (its row of [B, H] slopes), its int8 row scales -- at the fp32 tolerance;
+// a sequence without keys must give zero rows and LSE = its sink (or -inf).
+// The output must be [total_q, H, Dv], the LSE [H, total_q].
+int check_varlen_case(const mha_tools::AttentionOptions& o) {
+  NpyArray q_file = load_c(o.q), out = load_c(o.out);
+  const int32_t q_dtype =
+      o.dtype.value_or(q_file.dtype() == NpyDtype::F16 ? MHA_DTYPE_F16 : MHA_DTYPE_F32);
+  const int32_t kv_dtype = o.kv_dtype.value_or(static_cast<mha_dtype>(q_dtype));
+  NpyArray q = as_f32(q_file), k = as_f32(load_c(o.k)), v = as_f32(load_c(o.v));
+  const std::vector<int64_t> cu_q = read_offsets(o.cu_seqlens_q),
+                             cu_k = read_offsets(o.cu_seqlens_k);
+  std::printf("dtypes: q %s, k and v %s\n", mha_types::dtype_name(q_dtype),
+              mha_types::dtype_name(kv_dtype));
+  const int64_t total_q = q.shape()[0], heads = q.shape()[1], dv = v.shape()[2];
+  if (out.dtype() != NpyDtype::F32 || out.shape() != std::vector<int64_t>{total_q, heads, dv}) {
+    std::fprintf(stderr, "check: the output is %s, expected float32 [total_q, H, Dv]\n",
+                 out.describe().c_str());
+    return 1;
+  }
+  std::optional<NpyArray> lse;
+  if (!o.lse.empty()) {
+    lse = load_c(o.lse);
+    if (lse->dtype() != NpyDtype::F32 || lse->shape() != std::vector<int64_t>{heads, total_q}) {
+      std::fprintf(stderr, "check: the LSE is %s, expected float32 [H, total_q]\n",
+                   lse->describe().c_str());
+      return 1;
+    }
+  }
+  std::optional<NpyArray> sinks, alibi;
+  if (!o.sinks.empty()) sinks = load_c(o.sinks);
+  if (!o.alibi.empty()) alibi = load_c(o.alibi);
+
+  mha_test::TypedCopy tq(c_order_tensor(q, MHA_DTYPE_F32), q_dtype);
+  std::vector<mha_test::TypedCopy> kv;
+  Quantized k8, v8;
+  mha_tensor tk{}, tv{};
+  if (kv_dtype == MHA_DTYPE_I8) {  // [1, total_k, Hkv, D]: one scale per row of D
+    quantize(c_order_tensor(k, MHA_DTYPE_F32, 4), k8);
+    quantize(c_order_tensor(v, MHA_DTYPE_F32, 4), v8);
+    tk = k8.t;
+    tv = v8.t;
+    for (mha_tensor* t : {&tk, &tv}) {  // back to [total_k, Hkv, D]
+      *t = mha_test::describe(t->data, static_cast<mha_dtype>(t->dtype),
+                              {t->shape[1], t->shape[2], t->shape[3]});
+    }
+  } else {
+    kv.emplace_back(c_order_tensor(k, MHA_DTYPE_F32), kv_dtype);
+    kv.emplace_back(c_order_tensor(v, MHA_DTYPE_F32), kv_dtype);
+    tk = kv[0].get();
+    tv = kv[1].get();
+  }
+  mha_attention_params params;
+  mha_attention_params_init(&params);
+  params.causal = mha_tools::causal_mode(o.causal);
+  if (!o.window.empty()) {
+    const mha_tools::WindowEdges edges = mha_tools::parse_window(o.window);
+    params.window_left = edges.left;
+    params.window_right = edges.right;
+  }
+  if (o.scale) {
+    params.has_scale = 1;
+    params.scale = static_cast<float>(*o.scale);
+  }
+  if (o.softcap) params.softcap = static_cast<float>(*o.softcap);
+  mha_tensor tsinks{};
+  if (sinks) {
+    tsinks = c_order_tensor(*sinks, MHA_DTYPE_F32);
+    params.sinks = &tsinks;
+  }
+  if (!o.backend.empty() && mha_select_backend(o.backend.c_str()) != MHA_OK) {
+    std::fprintf(stderr, "check: --backend %s: %s\n", o.backend.c_str(), mha_last_error());
+    return 1;
+  }
+  const char* backend = mha_selected_backend();
+
+  double worst = 0;  // error / tolerance, output and LSE
+  int64_t empty_rows = 0;
+  const float* got_out = out.data_as<float>();
+  const auto lse_at = [&](int64_t h, int64_t row) {
+    return static_cast<double>(lse->data_as<float>()[h * total_q + row]);
+  };
+  for (size_t b = 0; b + 1 < cu_q.size(); ++b) {
+    const int64_t q0 = cu_q[b], lq = cu_q[b + 1] - q0, k0 = cu_k[b], lk = cu_k[b + 1] - k0;
+    if (lq == 0) continue;
+    if (lk == 0) {  // zeros; the LSE is the sink, or -inf
+      for (int64_t i = q0; i < q0 + lq; ++i) {
+        for (int64_t h = 0; h < heads; ++h) {
+          for (int64_t x = 0; x < dv; ++x) {
+            if (got_out[(i * heads + h) * dv + x] != 0.0f) worst = HUGE_VAL;
+          }
+          const double sink = sinks ? sinks->value_as_double(h) : -HUGE_VAL;
+          if (lse && lse_at(h, i) != sink) worst = HUGE_VAL;
+          ++empty_rows;
+        }
+      }
+      continue;
+    }
+    mha_attention_params alone = params;
+    mha_tensor slope_row{}, k_scale{}, v_scale{};
+    if (alibi) {
+      const NpyArray& a = *alibi;
+      const float* row = a.data_as<float>() + (a.rank() == 2 ? static_cast<int64_t>(b) * heads : 0);
+      slope_row = mha_test::describe(const_cast<float*>(row), MHA_DTYPE_F32, {heads});
+      alone.alibi_slopes = &slope_row;
+    }
+    if (kv_dtype == MHA_DTYPE_I8) {
+      const int64_t kv_heads = tk.shape[1];
+      k_scale = mha_test::describe(k8.scales.data() + k0 * kv_heads, MHA_DTYPE_F32,
+                                   {1, kv_heads, lk}, {kv_heads * lk, 1, kv_heads});
+      v_scale = mha_test::describe(v8.scales.data() + k0 * kv_heads, MHA_DTYPE_F32,
+                                   {1, kv_heads, lk}, {kv_heads * lk, 1, kv_heads});
+      alone.k_scale = &k_scale;
+      alone.v_scale = &v_scale;
+    }
+    const mha_test::Reference ref = mha_test::reference_attention(
+        sequence_of(tq.get(), q0, lq), sequence_of(tk, k0, lk), sequence_of(tv, k0, lk), &alone);
+    double tolerance = mha_test::tolerance(ref);
+    if (q_dtype == MHA_DTYPE_BF16 && backend != nullptr &&
+        std::string(backend).find("bf16") != std::string::npos) {
+      tolerance += 4 * 0x1.0p-9 * ref.max_abs_value;
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t i = 0; i < lq; ++i) {
+        const size_t row = static_cast<size_t>(h * lq + i);
+        for (int64_t x = 0; x < dv; ++x) {
+          const double got = got_out[((q0 + i) * heads + h) * dv + x];
+          const double want = ref.out[row * static_cast<size_t>(dv) + static_cast<size_t>(x)];
+          worst =
+              std::max(worst, std::isfinite(got) ? std::fabs(got - want) / tolerance : HUGE_VAL);
+        }
+        if (!lse) continue;
+        const double want = ref.lse[row], got = lse_at(h, q0 + i);
+        if (std::isinf(want) && want < 0) {
+          ++empty_rows;
+          if (!(std::isinf(got) && got < 0)) worst = HUGE_VAL;
+          continue;
+        }
+        const double err = std::isfinite(got) ? std::fabs(got - want) : HUGE_VAL;
+        worst = std::max(worst, err / mha_test::lse_tolerance(ref, want));
+      }
+    }
+  }
+  std::printf(
+      "packed batch of %zu sequences: worst error / tolerance = %.3g (%lld rows without "
+      "keys)\n",
+      cu_q.size() - 1, worst, static_cast<long long>(empty_rows));
+  const bool ok = worst <= 1.0;
+  std::printf("%s\n", ok ? "PASS" : "FAIL");
+  return ok ? 0 : 1;
+}
+
 // Compares mha-run's outputs with the float64 reference of the values mha-run
 // passed to mha: the inputs rounded to --dtype / --kv-dtype here as mha-run
 // must round them (bf16 and f16 to nearest even, i8 by mha_quantize_kv's
 // rule), so that the fp32 tolerance of tests/reference.h applies.
 int check_case(const mha_tools::AttentionOptions& o) {
+  if (!o.cu_seqlens_q.empty()) return check_varlen_case(o);
   NpyArray q_file = load_c(o.q), out = load_c(o.out);
   // The dtypes, by mha-run's documented defaults: f16 for a float16 Q file.
   const int32_t q_dtype =

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -51,6 +52,13 @@ std::vector<std::string> entries(const std::string& dir) {
   for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
   return names;
+}
+
+// The bits of a float: outputs are compared bit for bit.
+uint32_t bits(float x) {
+  uint32_t b = 0;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
 }
 
 struct Result {
@@ -339,6 +347,140 @@ TEST_F(ToolMain, OutputConflicts) {
                 .find("is the same file as"),
             std::string::npos);
   EXPECT_EQ(conflict({{"--lse", dir_ + "/sub/x.npy"}, {"--out", dir_ + "/sub/y.npy"}}), "");
+}
+
+// ---------------------------------------------------------------- packed batches
+
+// --cu-seqlens-q/-k: each sequence's rows of --out and --lse are the bits
+// mha-run gives for that sequence alone (its rows as a rank-3 [H, L, D]
+// batch of one), with the causal rule, the window and ALiBi of its own
+// lengths; a sequence without keys gives zeros and LSE -inf.  Usage errors
+// exit 2, what the library refuses 1.
+TEST_F(ToolMain, PackedBatchIsEachSequenceAlone) {
+  const std::vector<int64_t> lens_q = {3, 0, 6, 2, 4}, lens_k = {5, 4, 6, 9, 0};
+  const int64_t heads = 4, kv_heads = 2, d = 8, dv = 6, batch = 5;
+  int64_t total_q = 0, total_k = 0;
+  NpyArray cu_q(NpyDtype::I32, {batch + 1}), cu_k(NpyDtype::I32, {batch + 1});
+  for (int64_t b = 0; b < batch; ++b) {
+    total_q += lens_q[static_cast<size_t>(b)];
+    total_k += lens_k[static_cast<size_t>(b)];
+    cu_q.set_from_double(b + 1, static_cast<double>(total_q));
+    cu_k.set_from_double(b + 1, static_cast<double>(total_k));
+  }
+  const NpyArray q = filled(NpyDtype::F32, {total_q, heads, d}, 0.37);
+  const NpyArray k = filled(NpyDtype::F32, {total_k, kv_heads, d}, 0.23);
+  const NpyArray v = filled(NpyDtype::F32, {total_k, kv_heads, dv}, 0.41);
+  NpyArray slopes(NpyDtype::F32, {batch, heads});
+  for (int64_t i = 0; i < slopes.size(); ++i) slopes.set_from_double(i, 0.05 * double(i % 7));
+  for (const auto& [name, array] : {std::pair<const char*, const NpyArray*>{"q", &q},
+                                    {"k", &k},
+                                    {"v", &v},
+                                    {"cu_q", &cu_q},
+                                    {"cu_k", &cu_k},
+                                    {"slopes", &slopes}}) {
+    mha_tools::write_npy(path(name), *array);
+  }
+  const std::vector<std::string> flags = {"--causal", "bottom-right", "--window",
+                                          "3,1",      "--softcap",    "2.5"};
+  const auto with_flags = [&flags](std::vector<std::string> args) {
+    args.insert(args.end(), flags.begin(), flags.end());
+    return args;
+  };
+  const auto run_args = [](const std::vector<std::string>& args) {
+    std::vector<const char*> argv = {"mha-run"};
+    for (const std::string& a : args) argv.push_back(a.c_str());
+    ::testing::internal::CaptureStderr();
+    const int status = mha_tools::mha_run_main(static_cast<int>(argv.size()), argv.data());
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(err, "");
+    return status;
+  };
+  ASSERT_EQ(
+      run_args(with_flags({"--q", path("q"), "--k", path("k"), "--v", path("v"), "--cu-seqlens-q",
+                           path("cu_q"), "--cu-seqlens-k", path("cu_k"), "--alibi", path("slopes"),
+                           "--out", path("out"), "--lse", path("lse")})),
+      0);
+  const NpyArray out = mha_tools::read_npy(path("out")), lse = mha_tools::read_npy(path("lse"));
+  ASSERT_EQ(out.shape(), (std::vector<int64_t>{total_q, heads, dv}));
+  ASSERT_EQ(lse.shape(), (std::vector<int64_t>{heads, total_q}));
+
+  int64_t q0 = 0, k0 = 0, compared = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    SCOPED_TRACE("sequence " + std::to_string(b));
+    const int64_t lq = lens_q[static_cast<size_t>(b)], lk = lens_k[static_cast<size_t>(b)];
+    if (lq > 0 && lk == 0) {
+      for (int64_t i = q0; i < q0 + lq; ++i) {
+        for (int64_t h = 0; h < heads; ++h) {
+          for (int64_t x = 0; x < dv; ++x)
+            EXPECT_EQ(out.data_as<float>()[(i * heads + h) * dv + x], 0.0f);
+          EXPECT_EQ(lse.data_as<float>()[h * total_q + i], -INFINITY);
+        }
+      }
+    } else if (lq > 0) {
+      // The sequence alone: [H, L, D] files of its rows, its row of slopes.
+      const auto alone = [](const NpyArray& packed, int64_t first, int64_t len) {
+        const int64_t h = packed.shape()[1], e = packed.shape()[2];
+        NpyArray a(NpyDtype::F32, {h, len, e});
+        for (int64_t r = 0; r < len; ++r)
+          for (int64_t hh = 0; hh < h; ++hh)
+            for (int64_t x = 0; x < e; ++x) {
+              a.data_as<float>()[(hh * len + r) * e + x] =
+                  packed.data_as<float>()[((first + r) * h + hh) * e + x];
+            }
+        return a;
+      };
+      mha_tools::write_npy(path("q1"), alone(q, q0, lq));
+      mha_tools::write_npy(path("k1"), alone(k, k0, lk));
+      mha_tools::write_npy(path("v1"), alone(v, k0, lk));
+      NpyArray row(NpyDtype::F32, {heads});
+      for (int64_t h = 0; h < heads; ++h) {
+        row.data_as<float>()[h] = slopes.data_as<float>()[b * heads + h];
+      }
+      mha_tools::write_npy(path("slopes1"), row);
+      ASSERT_EQ(
+          run_args(with_flags({"--q", path("q1"), "--k", path("k1"), "--v", path("v1"), "--alibi",
+                               path("slopes1"), "--out", path("out1"), "--lse", path("lse1")})),
+          0);
+      const NpyArray out1 = mha_tools::read_npy(path("out1")),
+                     lse1 = mha_tools::read_npy(path("lse1"));
+      for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t i = 0; i < lq; ++i) {
+          for (int64_t x = 0; x < dv; ++x) {
+            const float a = out1.data_as<float>()[(h * lq + i) * dv + x];
+            const float c = out.data_as<float>()[((q0 + i) * heads + h) * dv + x];
+            EXPECT_EQ(bits(a), bits(c)) << "out h " << h << " i " << i;
+          }
+          const float a = lse1.data_as<float>()[h * lq + i];
+          const float c = lse.data_as<float>()[h * total_q + q0 + i];
+          EXPECT_EQ(bits(a), bits(c)) << "lse h " << h << " i " << i;
+          ++compared;
+        }
+      }
+    }
+    q0 += lq;
+    k0 += lk;
+  }
+  EXPECT_EQ(compared, heads * (3 + 6 + 2));
+
+  // Exit statuses: 2 for the command line, 1 for what the library refuses.
+  const std::string q_path = path("q"), k_path = path("k"), v_path = path("v"), o = path("o");
+  EXPECT_EQ(mha_run({"--q", q_path, "--k", k_path, "--v", v_path, "--out", o, "--cu-seqlens-q",
+                     path("cu_q")})
+                .status,
+            2);
+  EXPECT_EQ(mha_run({"--q", q_path, "--k", k_path, "--v", v_path, "--out", o, "--cu-seqlens-q",
+                     path("cu_q"), "--cu-seqlens-k", path("cu_k"), "--valid-lens", path("cu_q")})
+                .status,
+            2);
+  const Result swapped = mha_run({"--q", q_path, "--k", k_path, "--v", v_path, "--out", o,
+                                  "--cu-seqlens-q", path("cu_k"), "--cu-seqlens-k", path("cu_q")});
+  EXPECT_EQ(swapped.status, 1);
+  EXPECT_NE(swapped.err.find("mha_attention_varlen failed (MHA_ERR_SHAPE_MISMATCH)"),
+            std::string::npos)
+      << swapped.err;
+  EXPECT_EQ(mha_run({"--q", q_path, "--k", k_path, "--v", v_path, "--out", o, "--cu-seqlens-q", ""})
+                .status,
+            105);
 }
 
 // ---------------------------------------------------------------- pieces
