@@ -200,17 +200,17 @@ void check_packed_rank(const NpyArray& a, const char* flag, const std::string& p
                   shape + " (rank 3); the file holds " + a.describe());
 }
 
-// The offsets of a packed batch, --cu-seqlens-q or --cu-seqlens-k: int32
-// [B + 1] as the library takes them; int64 files (NumPy's default integer)
-// are converted, a value outside int32 refused.  The library checks the
-// values themselves (from 0, not decreasing, ending at the total).
-NpyArray read_offsets(const char* flag, const std::string& path) {
+// An int32 input as the library takes it (--cu-seqlens-q/-k [B + 1],
+// --seqused-k [B], --block-table [B, max_blocks]); int64 files (NumPy's
+// default integer) are converted, a value outside int32 refused.  The library
+// checks the values themselves (offsets from 0, not decreasing, ending at the
+// total; block ids within the cache).
+NpyArray read_int32_input(const char* flag, const std::string& path, int rank, const char* what) {
   NpyArray a = read_input(flag, path);
-  if ((a.dtype() != NpyDtype::I32 && a.dtype() != NpyDtype::I64) || a.rank() != 1) {
-    throw ToolError(label(flag, path) +
-                    ": cumulative sequence lengths must be int32 (<i4, or int64 <i8) of rank 1, "
-                    "[B + 1]; the file holds " +
-                    a.describe());
+  if ((a.dtype() != NpyDtype::I32 && a.dtype() != NpyDtype::I64) || a.rank() != rank) {
+    throw ToolError(label(flag, path) + ": " + what +
+                    " must be int32 (<i4, or int64 <i8) of rank " + std::to_string(rank) +
+                    "; the file holds " + a.describe());
   }
   if (a.dtype() == NpyDtype::I32) return a;
   NpyArray offsets(NpyDtype::I32, a.shape());
@@ -225,6 +225,41 @@ NpyArray read_offsets(const char* flag, const std::string& path) {
   return offsets;
 }
 
+NpyArray read_offsets(const char* flag, const std::string& path) {
+  return read_int32_input(flag, path, 1, "cumulative sequence lengths, [B + 1],");
+}
+
+// K, V or their int8 row scales as a paged cache: of rank `rank` ([num_blocks,
+// block_size, ...]) as given, or one less ([num_blocks * block_size, ...])
+// with its rows cut into blocks of --block-size.
+mha_tensor paged(mha_tensor t, int rank, std::optional<int64_t> block_size,
+                 const std::string& what) {
+  if (t.ndim == rank) {
+    if (block_size && *block_size != t.shape[1]) {
+      throw ToolError(what + ": its blocks hold " + std::to_string(t.shape[1]) +
+                      " rows (shape[1]) but --block-size is " + std::to_string(*block_size));
+    }
+    return t;
+  }
+  if (!block_size || *block_size <= 0 || t.shape[0] % *block_size != 0) {
+    throw ToolError(what + ": a paged cache of rank " + std::to_string(t.ndim) +
+                    " needs --block-size, a positive divisor of its " + std::to_string(t.shape[0]) +
+                    " rows (or give it as rank " + std::to_string(rank) +
+                    ", [num_blocks, block_size, ...])");
+  }
+  mha_tensor blocks = t;
+  blocks.ndim = t.ndim + 1;
+  blocks.shape[0] = t.shape[0] / *block_size;
+  blocks.shape[1] = *block_size;
+  blocks.strides[0] = t.strides[0] * *block_size;
+  blocks.strides[1] = t.strides[0];
+  for (int32_t d = 1; d < t.ndim; ++d) {
+    blocks.shape[d + 1] = t.shape[d];
+    blocks.strides[d + 1] = t.strides[d];
+  }
+  return blocks;
+}
+
 // Element b of an I32 [B + 1] offsets tensor.
 int64_t offset_at(const mha_tensor& cu, int64_t b) {
   return static_cast<const int32_t*>(cu.data)[b * cu.strides[0]];
@@ -233,11 +268,12 @@ int64_t offset_at(const mha_tensor& cu, int64_t b) {
 // The pairs of one head of a packed batch: each sequence with its own lengths.
 int64_t count_packed_pairs_of_head(const AttentionCall& call) {
   const mha_tensor& cu_q = *call.cu_seqlens_q;
-  const mha_tensor& cu_k = *call.cu_seqlens_k;
   int64_t pairs = 0;
   for (int64_t b = 0; b + 1 < cu_q.shape[0]; ++b) {
     const int64_t lq = offset_at(cu_q, b + 1) - offset_at(cu_q, b);
-    const int64_t lk = offset_at(cu_k, b + 1) - offset_at(cu_k, b);
+    const int64_t lk =
+        call.seqused_k ? offset_at(*call.seqused_k, b)
+                       : offset_at(*call.cu_seqlens_k, b + 1) - offset_at(*call.cu_seqlens_k, b);
     const int64_t lower = mha_rules::window_lower_diagonal(call.window_left, lq, lk);
     const int64_t upper = mha_rules::upper_diagonal(call.causal, call.window_right, lq, lk);
     for (int64_t i = 0; i < lq; ++i) {
@@ -472,6 +508,20 @@ void add_attention_options(CLI::App& app, AttentionOptions& o) {
                  "the key offsets of a packed batch .npy, int32 [B+1]; --k and --v are then "
                  "[total_k,Hkv,D] and [total_k,Hkv,Dv]; needs --cu-seqlens-q")
       ->check(filled);
+  app.add_option("--block-table", o.block_table,
+                 "a paged KV cache (vLLM's and FlashAttention-2's layout): the block ids .npy, "
+                 "int32 [B,max_blocks]; key j of sequence b is row j % block_size of block "
+                 "table[b][j / block_size] of --k and --v, [num_blocks,block_size,Hkv,D] (or "
+                 "[num_blocks*block_size,Hkv,D] with --block-size); needs --cu-seqlens-q and "
+                 "--seqused-k")
+      ->check(filled);
+  app.add_option("--seqused-k", o.seqused_k,
+                 "the keys each sequence uses .npy, int32 [B]: with --block-table its length; "
+                 "with --cu-seqlens-k the first seqused_k[b] of its rows")
+      ->check(filled);
+  app.add_option("--block-size", o.block_size,
+                 "rows per block of a paged cache given as [num_blocks*block_size,Hkv,D] (a "
+                 "multiple of 8); checked against shape[1] of a rank-4 cache");
   const auto dtype_check = [](bool kv) {
     return CLI::Validator(
         [kv](const std::string& text) -> std::string {
@@ -559,7 +609,24 @@ void check_attention_options(const AttentionOptions& o) {
   if (o.repeat == 0) need(o.out, "--out");
   if (!missing.empty()) throw UsageError("missing " + missing + " (see --help)");
   const bool packed_q = !o.cu_seqlens_q.empty(), packed_k = !o.cu_seqlens_k.empty();
-  if (packed_q != packed_k) {
+  const bool paged_kv = !o.block_table.empty();
+  if (paged_kv) {
+    if (!packed_q || o.seqused_k.empty()) {
+      throw UsageError(std::string("--block-table needs ") +
+                       (!packed_q ? "--cu-seqlens-q (the queries, packed [total_q,H,D])"
+                                  : "--seqused-k (each sequence's number of keys, int32 [B])"));
+    }
+    if (packed_k) {
+      throw UsageError(
+          "--cu-seqlens-k cannot be combined with --block-table: a paged cache's lengths are "
+          "--seqused-k");
+    }
+  } else if (!o.seqused_k.empty() && !packed_q) {
+    throw UsageError("--seqused-k needs --cu-seqlens-q and --cu-seqlens-k (or --block-table)");
+  } else if (o.block_size) {
+    throw UsageError("--block-size needs --block-table (it cuts --k and --v into blocks)");
+  }
+  if (packed_q != packed_k && !paged_kv) {
     throw UsageError(std::string(packed_q ? "--cu-seqlens-q is given without --cu-seqlens-k"
                                           : "--cu-seqlens-k is given without --cu-seqlens-q") +
                      ": a packed batch needs both offsets, int32 [B + 1] each");
@@ -616,18 +683,26 @@ AttentionInputs load_attention_inputs(const AttentionOptions& o) {
   const auto load_kv = [&](const char* flag, const std::string& path, const char* role,
                            const char* shapes, std::optional<NpyArray>& scale) {
     NpyArray a = read_float_tensor(flag, path, role, shapes);
-    if (packed) {
+    const bool paged_kv = !o.block_table.empty();
+    if (paged_kv && a.rank() != 3 && a.rank() != 4) {
+      throw ToolError(label(flag, path) + ": with --block-table, " + role +
+                      " must be a paged cache [num_blocks,block_size,Hkv,D] (or "
+                      "[num_blocks*block_size,Hkv,D] with --block-size); the file holds " +
+                      a.describe());
+    }
+    if (packed && !paged_kv) {
       check_packed_rank(a, flag, path, role,
                         flag == std::string("--k") ? "[total_k,Hkv,D]" : "[total_k,Hkv,Dv]",
                         "--cu-seqlens-k");
     }
-    check_rank(q_rank, a, flag, path, o);
+    if (!paged_kv) check_rank(q_rank, a, flag, path, o);
     if (dtypes.kv != MHA_DTYPE_I8)
       return convert_float_input(std::move(a), dtypes.kv, label(flag, path));
     NpyArray row_scales;
     // Rank 3 is quantised as [1, ...]: one scale per row of D whatever the
     // axes mean ([H,L] of one batch, or a packed batch's [total_k,Hkv]).
-    TypedInput q8 = quantize_input(std::move(a), label(flag, path), row_scales, q_rank == 3);
+    const int rank = a.rank();
+    TypedInput q8 = quantize_input(std::move(a), label(flag, path), row_scales, rank == 3);
     scale = std::move(row_scales);
     return q8;
   };
@@ -671,7 +746,14 @@ AttentionInputs load_attention_inputs(const AttentionOptions& o) {
   };
   if (packed) {
     in.cu_seqlens_q = read_offsets("--cu-seqlens-q", o.cu_seqlens_q);
-    in.cu_seqlens_k = read_offsets("--cu-seqlens-k", o.cu_seqlens_k);
+    if (!o.cu_seqlens_k.empty()) in.cu_seqlens_k = read_offsets("--cu-seqlens-k", o.cu_seqlens_k);
+    if (!o.seqused_k.empty()) {
+      in.seqused_k = read_int32_input("--seqused-k", o.seqused_k, 1, "keys per sequence, [B],");
+    }
+    if (!o.block_table.empty()) {
+      in.block_table =
+          read_int32_input("--block-table", o.block_table, 2, "block ids, [B, max_blocks],");
+    }
   }
   if (!o.sinks.empty()) in.sinks = read_f32("--sinks", o.sinks, "[H]");
   if (!o.alibi.empty()) in.alibi = read_f32("--alibi", o.alibi, "[H] or [B,H]");
@@ -728,11 +810,26 @@ AttentionCall prepare_attention_call(AttentionInputs& in, const AttentionOptions
   if (in.sinks) call.sinks = describe(*in.sinks, MHA_DTYPE_F32, label("--sinks", o.sinks));
   if (in.alibi) call.alibi = describe(*in.alibi, MHA_DTYPE_F32, label("--alibi", o.alibi));
   if (o.softcap) call.softcap = static_cast<float>(*o.softcap);
-  if (in.cu_seqlens_q && in.cu_seqlens_k) {
+  if (in.cu_seqlens_q) {
     call.cu_seqlens_q =
         describe(*in.cu_seqlens_q, MHA_DTYPE_I32, label("--cu-seqlens-q", o.cu_seqlens_q));
+  }
+  if (in.cu_seqlens_k) {
     call.cu_seqlens_k =
         describe(*in.cu_seqlens_k, MHA_DTYPE_I32, label("--cu-seqlens-k", o.cu_seqlens_k));
+  }
+  if (in.seqused_k) {
+    call.seqused_k = describe(*in.seqused_k, MHA_DTYPE_I32, label("--seqused-k", o.seqused_k));
+  }
+  if (in.block_table) {
+    call.block_table =
+        describe(*in.block_table, MHA_DTYPE_I32, label("--block-table", o.block_table));
+    call.k = paged(call.k, 4, o.block_size, label("--k", o.k));
+    call.v = paged(call.v, 4, o.block_size, label("--v", o.v));
+    if (call.k_scale && call.v_scale) {
+      call.k_scale = paged(*call.k_scale, 3, o.block_size, label("--k", o.k) + " (its row scales)");
+      call.v_scale = paged(*call.v_scale, 3, o.block_size, label("--v", o.v) + " (its row scales)");
+    }
   }
 
   // [B,H,Lq,Dv] and [B,H,Lq], or [H,Lq,Dv] and [H,Lq] for rank-3 inputs; a
@@ -753,11 +850,13 @@ AttentionCall prepare_attention_call(AttentionInputs& in, const AttentionOptions
 
 void call_attention(AttentionCall& call) {
   const mha_attention_params params = call.params();
-  if (call.cu_seqlens_q && call.cu_seqlens_k) {
+  if (call.cu_seqlens_q) {
     mha_varlen_params varlen;
     mha_varlen_params_init(&varlen);
     varlen.cu_seqlens_q = &*call.cu_seqlens_q;
-    varlen.cu_seqlens_k = &*call.cu_seqlens_k;
+    varlen.cu_seqlens_k = call.cu_seqlens_k ? &*call.cu_seqlens_k : nullptr;
+    varlen.seqused_k = call.seqused_k ? &*call.seqused_k : nullptr;
+    varlen.block_table = call.block_table ? &*call.block_table : nullptr;
     const mha_status status =
         mha_attention_varlen(&call.q, &call.k, &call.v, &call.out, &varlen, &params);
     if (status != MHA_OK) library_error("mha_attention_varlen", status);
@@ -783,7 +882,7 @@ Timing time_attention(AttentionCall& call, int repeat) {
 
 int64_t count_attention_pairs(const AttentionCall& call) {
   const int64_t batch = call.q.shape[0], heads = call.q.shape[1];
-  if (call.cu_seqlens_q && call.cu_seqlens_k) return heads * count_packed_pairs_of_head(call);
+  if (call.cu_seqlens_q) return heads * count_packed_pairs_of_head(call);
   // Causal mode and valid lengths are the same for every head; so is a mask
   // without a head dimension.
   const bool per_head =
@@ -837,6 +936,8 @@ std::vector<NamedFile> attention_inputs(const AttentionOptions& o) {
           {"--valid-lens", o.valid_lens},
           {"--cu-seqlens-q", o.cu_seqlens_q},
           {"--cu-seqlens-k", o.cu_seqlens_k},
+          {"--seqused-k", o.seqused_k},
+          {"--block-table", o.block_table},
           {"--sinks", o.sinks},
           {"--alibi", o.alibi}};
 }

@@ -35,6 +35,12 @@ struct AttentionOptions : RunOptions, VariantOptions {
   // A packed variable-length batch (mha_attention_varlen): int32 [B + 1]
   // offsets of the queries and of the keys; both or neither.
   std::string cu_seqlens_q, cu_seqlens_k;
+  // A paged KV cache (mha_attention_varlen with a block table): int32
+  // [B, max_blocks] block ids and [B] keys per sequence (--seqused-k, also
+  // allowed with packed keys); --k and --v are [num_blocks, block_size, Hkv,
+  // D], or [num_blocks * block_size, Hkv, D] cut by --block-size.
+  std::string block_table, seqused_k;
+  std::optional<int64_t> block_size;
   std::string causal = "none";  // none | top-left | bottom-right
   std::optional<double> scale;
   std::string scale_text;  // --scale as typed
@@ -61,8 +67,9 @@ void add_attention_options(CLI::App& app, AttentionOptions& options);
 // Refuses missing required flags (done here rather than by CLI11, so that the
 // flags can live on the top-level app next to subcommands), one of
 // --cu-seqlens-q and --cu-seqlens-k without the other or with --valid-lens or
-// --mask, and a --scale that is not zero as typed but rounds to zero (or to
-// infinity) in float32; throws UsageError.
+// --mask, a paged cache's flags without their companions (--block-table needs
+// --cu-seqlens-q and --seqused-k, excludes --cu-seqlens-k), and a --scale that is not zero as typed
+// but rounds to zero (or to infinity) in float32; throws UsageError.
 void check_attention_options(const AttentionOptions& options);
 
 // Reads a float32, float16 or float64 .npy input as float32 (for the module,
@@ -112,8 +119,9 @@ struct AttentionInputs {
   std::optional<NpyArray> k_scale, v_scale;
   std::optional<NpyArray> sinks, alibi;  // float32 [H]; [H] or [B,H]
   bool unbatched = false;                // rank 3 [H,L,D], one batch
-  // The offsets of a packed batch, int32 [B + 1] (int64 files converted).
-  std::optional<NpyArray> cu_seqlens_q, cu_seqlens_k;
+  // The offsets of a packed batch, int32 [B + 1] (int64 files converted);
+  // a paged cache's block table [B, max_blocks] and keys per sequence [B].
+  std::optional<NpyArray> cu_seqlens_q, cu_seqlens_k, block_table, seqused_k;
 };
 AttentionInputs load_attention_inputs(const AttentionOptions& options);
 
@@ -122,8 +130,9 @@ AttentionInputs load_attention_inputs(const AttentionOptions& options);
 struct AttentionCall {
   mha_tensor q{}, k{}, v{}, out{};
   std::optional<mha_tensor> mask, valid_lens, lse, k_scale, v_scale, sinks, alibi;
-  // Set for a packed batch: the call is mha_attention_varlen.
-  std::optional<mha_tensor> cu_seqlens_q, cu_seqlens_k;
+  // Set for a packed batch (cu_seqlens_q): the call is mha_attention_varlen,
+  // with packed keys (cu_seqlens_k) or a paged cache (block_table).
+  std::optional<mha_tensor> cu_seqlens_q, cu_seqlens_k, block_table, seqused_k;
   int32_t causal = MHA_CAUSAL_NONE;
   int64_t window_left = -1, window_right = -1;
   float softcap = 0.0f;

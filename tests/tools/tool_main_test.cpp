@@ -483,6 +483,112 @@ TEST_F(ToolMain, PackedBatchIsEachSequenceAlone) {
             105);
 }
 
+// --block-table --seqused-k (--block-size): a paged cache gives the bits of
+// the same keys packed (--cu-seqlens-k), whether the cache file is rank 4
+// [num_blocks, block_size, Hkv, D] or rank 3 cut by --block-size; the flags
+// without their companions are usage errors (2), a block id past the cache
+// is the library's refusal (1).
+TEST_F(ToolMain, PagedCacheIsThePackedBatch) {
+  const std::vector<int64_t> lens_q = {1, 3, 1, 2}, lens_k = {20, 9, 0, 33};
+  const int64_t heads = 4, kv_heads = 2, d = 8, batch = 4, block = 8, max_blocks = 5;
+  int64_t total_q = 0, total_k = 0;
+  NpyArray cu_q(NpyDtype::I32, {batch + 1}), cu_k(NpyDtype::I32, {batch + 1});
+  NpyArray used(NpyDtype::I32, {batch}), table(NpyDtype::I32, {batch, max_blocks});
+  for (int64_t b = 0; b < batch; ++b) {
+    total_q += lens_q[static_cast<size_t>(b)];
+    total_k += lens_k[static_cast<size_t>(b)];
+    cu_q.set_from_double(b + 1, static_cast<double>(total_q));
+    cu_k.set_from_double(b + 1, static_cast<double>(total_k));
+    used.set_from_double(b, static_cast<double>(lens_k[static_cast<size_t>(b)]));
+  }
+  const NpyArray q = filled(NpyDtype::F32, {total_q, heads, d}, 0.37);
+  const NpyArray k = filled(NpyDtype::F32, {total_k, kv_heads, d}, 0.23);
+  const NpyArray v = filled(NpyDtype::F32, {total_k, kv_heads, d}, 0.41);
+  // Blocks handed out from the end of the cache backwards; unused entries -1.
+  const int64_t num_blocks = 12;
+  NpyArray k_cache(NpyDtype::F32, {num_blocks, block, kv_heads, d});
+  NpyArray v_cache(NpyDtype::F32, {num_blocks, block, kv_heads, d});
+  int64_t next = num_blocks - 1, k0 = 0;
+  const int64_t row = kv_heads * d;
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t n = 0; n < max_blocks; ++n) table.set_from_double(b * max_blocks + n, -1.0);
+    for (int64_t j = 0; j < lens_k[static_cast<size_t>(b)]; ++j) {
+      if (j % block == 0) table.set_from_double(b * max_blocks + j / block, double(next--));
+      const int64_t blk =
+          static_cast<int64_t>(table.data_as<int32_t>()[b * max_blocks + j / block]);
+      for (int64_t x = 0; x < row; ++x) {
+        k_cache.data_as<float>()[(blk * block + j % block) * row + x] =
+            k.data_as<float>()[(k0 + j) * row + x];
+        v_cache.data_as<float>()[(blk * block + j % block) * row + x] =
+            v.data_as<float>()[(k0 + j) * row + x];
+      }
+    }
+    k0 += lens_k[static_cast<size_t>(b)];
+  }
+  NpyArray k_flat(NpyDtype::F32, {num_blocks * block, kv_heads, d});
+  NpyArray v_flat(NpyDtype::F32, {num_blocks * block, kv_heads, d});
+  std::copy(k_cache.data_as<float>(), k_cache.data_as<float>() + k_cache.size(),
+            k_flat.data_as<float>());
+  std::copy(v_cache.data_as<float>(), v_cache.data_as<float>() + v_cache.size(),
+            v_flat.data_as<float>());
+  for (const auto& [name, array] : {std::pair<const char*, const NpyArray*>{"q", &q},
+                                    {"k", &k},
+                                    {"v", &v},
+                                    {"cu_q", &cu_q},
+                                    {"cu_k", &cu_k},
+                                    {"used", &used},
+                                    {"table", &table},
+                                    {"kc", &k_cache},
+                                    {"vc", &v_cache},
+                                    {"kf", &k_flat},
+                                    {"vf", &v_flat}}) {
+    mha_tools::write_npy(path(name), *array);
+  }
+  const Result packed =
+      mha_run({"--q", path("q"), "--k", path("k"), "--v", path("v"), "--cu-seqlens-q", path("cu_q"),
+               "--cu-seqlens-k", path("cu_k"), "--causal", "bottom-right", "--out",
+               path("out_packed"), "--lse", path("lse_packed")});
+  ASSERT_EQ(packed.status, 0) << packed.err;
+  const Result paged =
+      mha_run({"--q", path("q"), "--k", path("kc"), "--v", path("vc"), "--cu-seqlens-q",
+               path("cu_q"), "--seqused-k", path("used"), "--block-table", path("table"),
+               "--causal", "bottom-right", "--out", path("out_paged"), "--lse", path("lse_paged")});
+  ASSERT_EQ(paged.status, 0) << paged.err;
+  const Result flat =
+      mha_run({"--q", path("q"), "--k", path("kf"), "--v", path("vf"), "--cu-seqlens-q",
+               path("cu_q"), "--seqused-k", path("used"), "--block-table", path("table"),
+               "--block-size", "8", "--causal", "bottom-right", "--out", path("out_flat")});
+  ASSERT_EQ(flat.status, 0) << flat.err;
+  EXPECT_EQ(file_bytes(path("out_paged")), file_bytes(path("out_packed")));
+  EXPECT_EQ(file_bytes(path("lse_paged")), file_bytes(path("lse_packed")));
+  EXPECT_EQ(file_bytes(path("out_flat")), file_bytes(path("out_packed")));
+
+  const std::string q_path = path("q"), kc = path("kc"), vc = path("vc"), o = path("o");
+  const std::string cu = path("cu_q"), u = path("used"), t = path("table");
+  EXPECT_EQ(mha_run({"--q", q_path, "--k", kc, "--v", vc, "--out", o, "--cu-seqlens-q", cu,
+                     "--block-table", t})
+                .status,
+            2);  // no --seqused-k
+  EXPECT_EQ(mha_run({"--q", q_path, "--k", kc, "--v", vc, "--out", o, "--cu-seqlens-q", cu,
+                     "--seqused-k", u, "--block-table", t, "--cu-seqlens-k", path("cu_k")})
+                .status,
+            2);
+  EXPECT_EQ(mha_run({"--q", q_path, "--k", path("k"), "--v", path("v"), "--out", o,
+                     "--cu-seqlens-q", cu, "--cu-seqlens-k", path("cu_k"), "--block-size", "8"})
+                .status,
+            2);
+  const Result no_size = mha_run({"--q", q_path, "--k", path("kf"), "--v", path("vf"), "--out", o,
+                                  "--cu-seqlens-q", cu, "--seqused-k", u, "--block-table", t});
+  EXPECT_EQ(no_size.status, 1);
+  EXPECT_NE(no_size.err.find("--block-size"), std::string::npos) << no_size.err;
+  table.set_from_double(1, double(num_blocks));  // sequence 0's second block: past the cache
+  mha_tools::write_npy(path("bad_table"), table);
+  const Result bad = mha_run({"--q", q_path, "--k", kc, "--v", vc, "--out", o, "--cu-seqlens-q", cu,
+                              "--seqused-k", u, "--block-table", path("bad_table")});
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("block_table[0][1]"), std::string::npos) << bad.err;
+}
+
 // ---------------------------------------------------------------- pieces
 
 TEST(ToolText, Escape) {
