@@ -21,7 +21,6 @@
 #include <type_traits>
 
 #include <unistd.h>
-#include <cstdlib>
 
 #include "common/dropout.h"
 #include "common/problem.h"
@@ -92,8 +91,7 @@ class DecodeKernel {
     const int64_t element = p.kv_dtype == MHA_DTYPE_I8 ? 1 : mha_types::float_bytes(p.kv_dtype);
     const int64_t scales = p.kv_dtype == MHA_DTYPE_I8 ? 8 : 0;
     const int64_t token = kv_heads * ((p.d + p.dv) * element + scales);
-    int64_t keys = l2 / 2 / token / W * W;
-    if (const char* e = getenv("MHA_TT")) keys = atoi(e);
+    const int64_t keys = l2 / 2 / token / W * W;
     return static_cast<int>(std::clamp<int64_t>(keys, 64, KT));
   }
 
