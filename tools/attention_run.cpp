@@ -205,12 +205,13 @@ void check_packed_rank(const NpyArray& a, const char* flag, const std::string& p
 // default integer) are converted, a value outside int32 refused.  The library
 // checks the values themselves (offsets from 0, not decreasing, ending at the
 // total; block ids within the cache).
-NpyArray read_int32_input(const char* flag, const std::string& path, int rank, const char* what) {
+NpyArray read_int32_input(const char* flag, const std::string& path, int rank, const char* what,
+                          const char* shape) {
   NpyArray a = read_input(flag, path);
   if ((a.dtype() != NpyDtype::I32 && a.dtype() != NpyDtype::I64) || a.rank() != rank) {
     throw ToolError(label(flag, path) + ": " + what +
-                    " must be int32 (<i4, or int64 <i8) of rank " + std::to_string(rank) +
-                    "; the file holds " + a.describe());
+                    " must be int32 (<i4, or int64 <i8) of rank " + std::to_string(rank) + ", " +
+                    shape + "; the file holds " + a.describe());
   }
   if (a.dtype() == NpyDtype::I32) return a;
   NpyArray offsets(NpyDtype::I32, a.shape());
@@ -226,7 +227,7 @@ NpyArray read_int32_input(const char* flag, const std::string& path, int rank, c
 }
 
 NpyArray read_offsets(const char* flag, const std::string& path) {
-  return read_int32_input(flag, path, 1, "cumulative sequence lengths, [B + 1],");
+  return read_int32_input(flag, path, 1, "cumulative sequence lengths", "[B + 1]");
 }
 
 // K, V or their int8 row scales as a paged cache: of rank `rank` ([num_blocks,
@@ -748,11 +749,11 @@ AttentionInputs load_attention_inputs(const AttentionOptions& o) {
     in.cu_seqlens_q = read_offsets("--cu-seqlens-q", o.cu_seqlens_q);
     if (!o.cu_seqlens_k.empty()) in.cu_seqlens_k = read_offsets("--cu-seqlens-k", o.cu_seqlens_k);
     if (!o.seqused_k.empty()) {
-      in.seqused_k = read_int32_input("--seqused-k", o.seqused_k, 1, "keys per sequence, [B],");
+      in.seqused_k = read_int32_input("--seqused-k", o.seqused_k, 1, "keys per sequence", "[B]");
     }
     if (!o.block_table.empty()) {
       in.block_table =
-          read_int32_input("--block-table", o.block_table, 2, "block ids, [B, max_blocks],");
+          read_int32_input("--block-table", o.block_table, 2, "block ids", "[B, max_blocks]");
     }
   }
   if (!o.sinks.empty()) in.sinks = read_f32("--sinks", o.sinks, "[H]");
