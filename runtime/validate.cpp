@@ -257,12 +257,10 @@ mha_status check_dtypes(const mha_tensor& q, const mha_tensor& k, const mha_tens
   return MHA_OK;
 }
 
-namespace {
+namespace {}  // namespace
 
-// The row scales of an int8 KV cache: F32 [B, Hkv, Lk], both, exactly when
-// K and V are I8.
-mha_status check_scales(const mha_attention_params& params, bool int8_kv, int64_t batch,
-                        int64_t kv_heads, int64_t lk) {
+mha_status check_kv_scales(const mha_attention_params& params, bool int8_kv, const int64_t* shape,
+                           int32_t ndim, const char* layout) {
   const mha_tensor* scales[2] = {params.k_scale, params.v_scale};
   const char* names[2] = {"k_scale", "v_scale"};
   for (int i = 0; i < 2; ++i) {
@@ -278,23 +276,20 @@ mha_status check_scales(const mha_attention_params& params, bool int8_kv, int64_
     }
     if (t == nullptr) {
       return fail(MHA_ERR_NULL_POINTER,
-                  "params->%s is NULL; k and v are i8 and need their row scales, F32 "
-                  "[B, Hkv, Lk]",
-                  names[i]);
+                  "params->%s is NULL; k and v are i8 and need their row scales, F32 %s", names[i],
+                  layout);
     }
-    if (mha_status s = check_tensor(t, names[i], 3, 3); s != MHA_OK) return s;
+    if (mha_status s = check_tensor(t, names[i], ndim, ndim); s != MHA_OK) return s;
     if (mha_status s = check_f32(t, names[i]); s != MHA_OK) return s;
-    if (t->shape[0] != batch || t->shape[1] != kv_heads || t->shape[2] != lk) {
-      return fail(MHA_ERR_SHAPE_MISMATCH,
-                  "%s has shape %s; it must be [B, Hkv, Lk] = [%lld, %lld, %lld]", names[i],
-                  shape_text(*t).c_str(), static_cast<long long>(batch),
-                  static_cast<long long>(kv_heads), static_cast<long long>(lk));
+    if (!std::equal(shape, shape + ndim, t->shape)) {
+      std::string want = "[";
+      for (int32_t d = 0; d < ndim; ++d) want += (d != 0 ? ", " : "") + std::to_string(shape[d]);
+      return fail(MHA_ERR_SHAPE_MISMATCH, "%s has shape %s; it must be %s = %s]", names[i],
+                  shape_text(*t).c_str(), layout, want.c_str());
     }
   }
   return MHA_OK;
 }
-
-}  // namespace
 
 mha_status check_window(int64_t window_left, int64_t window_right) {
   if (window_left >= -1 && window_right >= -1) return MHA_OK;
@@ -424,7 +419,9 @@ mha_status check_attention(const mha_tensor* q, const mha_tensor* k, const mha_t
   }
 
   if (mha_status s = check_call_values(params); s != MHA_OK) return s;
-  if (mha_status s = check_scales(params, k->dtype == MHA_DTYPE_I8, batch, kv_heads, lk);
+  const int64_t scale_shape[3] = {batch, kv_heads, lk};
+  if (mha_status s =
+          check_kv_scales(params, k->dtype == MHA_DTYPE_I8, scale_shape, 3, "[B, Hkv, Lk]");
       s != MHA_OK) {
     return s;
   }

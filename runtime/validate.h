@@ -55,6 +55,11 @@ mha_status check_call_values(const mha_attention_params& params);
 // The attention variants' parameters, as plain values (mha_attention_params'
 // fields, or the module's).  The window: each side -1 (unbounded) or >= 0,
 // the message naming params->window_left or _right.
+// An int8 cache's row scales (params->k_scale and v_scale): F32 of `shape`
+// (`layout` names its axes in messages), both, exactly when K and V are I8.
+mha_status check_kv_scales(const mha_attention_params& params, bool int8_kv, const int64_t* shape,
+                           int32_t ndim, const char* layout);
+
 mha_status check_window(int64_t window_left, int64_t window_right);
 // sinks (may be NULL) F32 [heads], each value finite or -inf; softcap 0 or
 // finite and > 0 (named params->softcap); alibi_slopes (may be NULL) F32

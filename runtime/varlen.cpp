@@ -68,43 +68,6 @@ mha_status check_cu_seqlens(const mha_tensor* cu, const char* name, const char* 
   return MHA_OK;
 }
 
-// An int8 cache's row scales: F32 with K's shape less the head size ([total_k,
-// Hkv], or [num_blocks, block_size, Hkv] paged), both, exactly when K and V
-// are I8.
-mha_status check_varlen_scales(const mha_attention_params& params, const mha_tensor& k) {
-  const bool int8_kv = k.dtype == MHA_DTYPE_I8;
-  const int32_t ndim = k.ndim - 1;
-  const char* layout = ndim == 2 ? "[total_k, Hkv]" : "[num_blocks, block_size, Hkv]";
-  const mha_tensor* scales[2] = {params.k_scale, params.v_scale};
-  const char* names[2] = {"k_scale", "v_scale"};
-  for (int i = 0; i < 2; ++i) {
-    const mha_tensor* t = scales[i];
-    if (!int8_kv) {
-      if (t != nullptr) {
-        return fail(MHA_ERR_INVALID_VALUE,
-                    "params->%s is given but k and v are not i8 (scales belong to an int8 KV "
-                    "cache)",
-                    names[i]);
-      }
-      continue;
-    }
-    if (t == nullptr) {
-      return fail(MHA_ERR_NULL_POINTER,
-                  "params->%s is NULL; k and v are i8 and need their row scales, F32 %s", names[i],
-                  layout);
-    }
-    if (mha_status s = check_tensor(t, names[i], ndim, ndim); s != MHA_OK) return s;
-    if (mha_status s = check_f32(t, names[i]); s != MHA_OK) return s;
-    for (int32_t d = 0; d < ndim; ++d) {
-      if (t->shape[d] != k.shape[d]) {
-        return fail(MHA_ERR_SHAPE_MISMATCH, "%s has shape %s; it must be %s, k's %s", names[i],
-                    shape_text(*t).c_str(), layout, shape_text(k).c_str());
-      }
-    }
-  }
-  return MHA_OK;
-}
-
 // An I32 vector or matrix of varlen's: shape [rows] or [rows, cols] (cols
 // unchecked).
 mha_status check_i32(const mha_tensor* t, const char* name, int32_t ndim, int64_t rows,
@@ -275,7 +238,12 @@ mha_status check_varlen(const mha_tensor* q, const mha_tensor* k, const mha_tens
                 "params->mask is given; mha_attention_varlen takes no mask (causal, windows "
                 "and the other variants apply per sequence)");
   }
-  if (mha_status s = check_varlen_scales(params, *k); s != MHA_OK) return s;
+  // An int8 cache's row scales: K's shape less the head size.
+  if (mha_status s = check_kv_scales(params, k->dtype == MHA_DTYPE_I8, k->shape, k->ndim - 1,
+                                     paged ? "[num_blocks, block_size, Hkv]" : "[total_k, Hkv]");
+      s != MHA_OK) {
+    return s;
+  }
   if (mha_status s =
           check_variants(params.sinks, params.softcap, params.alibi_slopes, *batch, heads, "");
       s != MHA_OK) {
