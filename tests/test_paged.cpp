@@ -25,18 +25,17 @@
 #include <vector>
 
 #include "backend_param.h"
+#include "packed_outputs.h"
 #include "reference.h"
 #include "test_util.h"
 
 namespace mha_test {
 namespace {
 
-constexpr float kSentinel = -7.0f;
+constexpr float kSentinel = PackedOutputs::kSentinel;
 
 uint32_t bits(float x) {
-  uint32_t b = 0;
-  std::memcpy(&b, &x, sizeof b);
-  return b;
+  return float_bits(x);
 }
 
 struct Options {
@@ -123,8 +122,6 @@ class PagedBatch {
     q_f32_ = q;
     tq_f32_ = describe(q_f32_.data(), MHA_DTYPE_F32, {total_q_, o.H, o.D});
     q_typed_ = std::make_unique<TypedCopy>(tq_f32_, o.q_dtype);
-    out_.assign(static_cast<size_t>(total_q_ * o.H * o.Dv), kSentinel);
-    lse_.assign(static_cast<size_t>(o.H * total_q_), kSentinel);
     slopes_.resize(static_cast<size_t>(batch_ * o.H));
     for (float& s : slopes_) s = rng.uniform(0.0f, 0.3f);
     sinks_.resize(static_cast<size_t>(o.H));
@@ -133,8 +130,9 @@ class PagedBatch {
     const auto kv = static_cast<mha_dtype>(o.kv_dtype);
     k = describe(k_bytes_.data(), kv, {num_blocks_, o.block, o.Hkv, o.D});
     v = describe(v_bytes_.data(), kv, {num_blocks_, o.block, o.Hkv, o.Dv});
-    out = describe(out_.data(), MHA_DTYPE_F32, {total_q_, o.H, o.Dv});
-    lse = describe(lse_.data(), MHA_DTYPE_F32, {o.H, total_q_});
+    outputs_ = std::make_unique<PackedOutputs>(total_q_, o.H, o.Dv);
+    out = outputs_->out;
+    lse = outputs_->lse;
     cu_q = describe(cu_q_.data(), MHA_DTYPE_I32, {batch_ + 1});
     seqused = describe(used_.data(), MHA_DTYPE_I32, {batch_});
     table = describe(table_.data(), MHA_DTYPE_I32, {batch_, max_blocks});
@@ -169,26 +167,10 @@ class PagedBatch {
   int64_t q_begin(int64_t b) const { return cu_q_[static_cast<size_t>(b)]; }
   int64_t q_len(int64_t b) const { return cu_q_[static_cast<size_t>(b + 1)] - q_begin(b); }
   int64_t k_len(int64_t b) const { return used_[static_cast<size_t>(b)]; }
-  float out_at(int64_t row, int64_t h, int64_t x) const {
-    return out_[static_cast<size_t>((row * o_.H + h) * o_.Dv + x)];
-  }
-  float lse_at(int64_t h, int64_t row) const {
-    return lse_[static_cast<size_t>(h * total_q_ + row)];
-  }
-  bool untouched() const {
-    for (float x : out_) {
-      if (bits(x) != bits(kSentinel)) return false;
-    }
-    for (float x : lse_) {
-      if (bits(x) != bits(kSentinel)) return false;
-    }
-    return true;
-  }
-  std::vector<float> results() const {
-    std::vector<float> all = out_;
-    all.insert(all.end(), lse_.begin(), lse_.end());
-    return all;
-  }
+  float out_at(int64_t row, int64_t h, int64_t x) const { return outputs_->out_at(row, h, x); }
+  float lse_at(int64_t h, int64_t row) const { return outputs_->lse_at(h, row); }
+  bool untouched() const { return outputs_->untouched(); }
+  std::vector<float> results() const { return outputs_->results(); }
 
   // Sequence b's keys gathered from the pages through the table: dense
   // [1, Hkv, lk, D] copies of K and V (and of the int8 scales), in the
@@ -306,7 +288,8 @@ class PagedBatch {
   Options o_;
   int64_t batch_, total_q_ = 0, num_blocks_ = 0, max_blocks_ = 0, shared_ = 0;
   std::vector<unsigned char> k_bytes_, v_bytes_;
-  std::vector<float> k_scales_, v_scales_, q_f32_, out_, lse_, slopes_, sinks_;
+  std::vector<float> k_scales_, v_scales_, q_f32_, slopes_, sinks_;
+  std::unique_ptr<PackedOutputs> outputs_;
   mha_tensor tq_f32_{};
   std::unique_ptr<TypedCopy> q_typed_;
 };

@@ -19,19 +19,17 @@
 #include <vector>
 
 #include "backend_param.h"
+#include "packed_outputs.h"
 #include "reference.h"
 #include "test_util.h"
 
 namespace mha_test {
 namespace {
 
-constexpr float kSentinel = -7.0f;
+constexpr float kSentinel = PackedOutputs::kSentinel;
 
-// The bits of a float: results are compared bit for bit (NaN and -0 included).
 uint32_t bits(float x) {
-  uint32_t b = 0;
-  std::memcpy(&b, &x, sizeof b);
-  return b;
+  return float_bits(x);
 }
 
 struct Options {
@@ -67,8 +65,6 @@ class Packed {
     for (float& x : q_) x = rng.uniform();
     for (float& x : k_) x = rng.uniform();
     for (float& x : v_) x = rng.uniform();
-    out_.assign(static_cast<size_t>(total_q_ * o.H * o.Dv), kSentinel);
-    lse_.assign(static_cast<size_t>(o.H * total_q_), kSentinel);
     slopes_.resize(static_cast<size_t>(batch_ * o.H));
     for (float& s : slopes_) s = rng.uniform(0.0f, 0.5f);
     sinks_.resize(static_cast<size_t>(o.H));
@@ -79,8 +75,9 @@ class Packed {
     q_typed_ = std::make_unique<TypedCopy>(tq_, o.dtype);
     k_typed_ = std::make_unique<TypedCopy>(tk_, o.dtype);
     v_typed_ = std::make_unique<TypedCopy>(tv_, o.dtype);
-    out = describe(out_.data(), MHA_DTYPE_F32, {total_q_, o.H, o.Dv});
-    lse = describe(lse_.data(), MHA_DTYPE_F32, {o.H, total_q_});
+    outputs_ = std::make_unique<PackedOutputs>(total_q_, o.H, o.Dv);
+    out = outputs_->out;
+    lse = outputs_->lse;
     cu_q = describe(cu_q_.data(), MHA_DTYPE_I32, {batch_ + 1});
     cu_k = describe(cu_k_.data(), MHA_DTYPE_I32, {batch_ + 1});
     slopes = describe(slopes_.data(), MHA_DTYPE_F32, {batch_, o.H});
@@ -133,26 +130,10 @@ class Packed {
     return p;
   }
 
-  float out_at(int64_t row, int64_t h, int64_t x) const {
-    return out_[static_cast<size_t>((row * o_.H + h) * o_.Dv + x)];
-  }
-  float lse_at(int64_t h, int64_t row) const {
-    return lse_[static_cast<size_t>(h * total_q_ + row)];
-  }
-  bool untouched() const {
-    for (float x : out_) {
-      if (bits(x) != bits(kSentinel)) return false;
-    }
-    for (float x : lse_) {
-      if (bits(x) != bits(kSentinel)) return false;
-    }
-    return true;
-  }
-  std::vector<float> results() const {
-    std::vector<float> all = out_;
-    all.insert(all.end(), lse_.begin(), lse_.end());
-    return all;
-  }
+  float out_at(int64_t row, int64_t h, int64_t x) const { return outputs_->out_at(row, h, x); }
+  float lse_at(int64_t h, int64_t row) const { return outputs_->lse_at(h, row); }
+  bool untouched() const { return outputs_->untouched(); }
+  std::vector<float> results() const { return outputs_->results(); }
 
   mha_tensor out{}, lse{}, cu_q{}, cu_k{}, slopes{}, sinks{};
   mha_varlen_params varlen{};
@@ -162,7 +143,8 @@ class Packed {
  private:
   Options o_;
   int64_t batch_, total_q_ = 0, total_k_ = 0;
-  std::vector<float> q_, k_, v_, out_, lse_, slopes_, sinks_;
+  std::vector<float> q_, k_, v_, slopes_, sinks_;
+  std::unique_ptr<PackedOutputs> outputs_;
   mha_tensor tq_{}, tk_{}, tv_{};
   std::unique_ptr<TypedCopy> q_typed_, k_typed_, v_typed_;
 };
