@@ -157,6 +157,47 @@ void varlen_output_over_const_memory() {
 }
 #endif
 
+// 14: attention_varlen over a paged cache writing to const memory.
+#if MHA_CASE(14)
+void paged_output_over_const_memory() {
+  Memory m;
+  const int32_t offsets[2] = {0, 1};
+  const int32_t used[1] = {1};
+  const int32_t table[1] = {0};
+  mha::Tensor q(m.cp, {1, 1, 4});
+  mha::Tensor cache(m.cp, {1, 8, 1, 1});
+  mha::attention_varlen(q, cache, cache, mha::Tensor(PICK(m.p, m.cp), {1, 1, 4}),
+                        mha::VarlenParams()
+                            .cu_seqlens_q(mha::Tensor(offsets, {2}))
+                            .seqused_k(mha::Tensor(used, {1}))
+                            .block_table(mha::Tensor(table, {1, 1})));
+}
+#endif
+
+// 15: kv_cache_write into a key cache over const memory.
+#if MHA_CASE(15)
+void cache_write_into_const_memory() {
+  Memory m;
+  const int64_t slots[1] = {0};
+  mha::Tensor row(m.cp, {1, 1, 1});
+  mha::kv_cache_write(row, row, mha::Tensor(PICK(m.p, m.cp), {1, 8, 1, 1}),
+                      mha::Tensor(m.p, {1, 8, 1, 1}), mha::Tensor(slots, {1}));
+}
+#endif
+
+// 16: kv_cache_write into a scale cache over const memory.
+#if MHA_CASE(16)
+void cache_write_scales_into_const_memory() {
+  Memory m;
+  const int64_t slots[1] = {0};
+  signed char bytes[16] = {};
+  mha::Tensor row(m.cp, {1, 1, 1});
+  mha::kv_cache_write(row, row, mha::Tensor(bytes, MHA_DTYPE_I8, {1, 8, 1, 1}),
+                      mha::Tensor(bytes + 8, MHA_DTYPE_I8, {1, 8, 1, 1}), mha::Tensor(slots, {1}),
+                      mha::Tensor(m.p, {1, 8, 1}), mha::Tensor(PICK(m.p, m.cp), {1, 8, 1}));
+}
+#endif
+
 #ifndef MHA_MUST_NOT_COMPILE
 // What the cases above rely on, stated once more as traits.
 static_assert(

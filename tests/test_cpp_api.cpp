@@ -1,11 +1,13 @@
 // The C++ layer (include/mha/mha.hpp) against the C API on the same inputs:
 // shapes from any contiguous range, dtypes from element types, parameter
 // objects that own their descriptors (built from temporaries, copied, moved),
-// merge_partials, the backend list, threads, version and CPU features.  What
-// must not compile is in cpp_api_compile.cpp (ctest cpp.must_not_compile.*).
+// packed and paged variable-length batches, kv_cache_write, merge_partials,
+// the backend list, threads, version and CPU features.  What must not
+// compile is in cpp_api_compile.cpp (ctest cpp.must_not_compile.*).
 #include <gtest/gtest.h>
 #include <mha/mha.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -515,6 +517,464 @@ TEST(CppApi, AttentionVarlenErrorsNameTheArgument) {
             MHA_ERR_INVALID_VALUE);
   EXPECT_NE(message.find("valid_lens"), std::string::npos) << message;
   EXPECT_TRUE(same_bits(out, before));
+}
+
+// ------------------------------------------------------------------ a paged KV cache
+
+// Three sequences over a paged cache [num_blocks, 8, Hkv, D] whose blocks are
+// shuffled: one decoding (1 query over 13 keys), one chunked prefill (5
+// queries at the end of 21 keys), one with 3 queries over 8 keys (one full
+// block).  Two blocks no sequence uses hold NaN (int8: NaN scales), and the
+// table's unused entries garbage, so a call that reads either is caught.
+struct PagedProblem {
+  int64_t H = 4, Hkv = 2, D = 8, Dv = 6, block = 8, B = 3, max_blocks = 3, num_blocks = 8;
+  std::vector<int32_t> cu_q = {0, 1, 6, 9}, used = {13, 21, 8};
+  int64_t total_q = 9;
+  std::vector<int32_t> table;  // [B, max_blocks]
+  std::vector<float> q = random_values(static_cast<size_t>(total_q * H * D), 21);
+  std::vector<float> k = random_values(static_cast<size_t>(num_blocks * block * Hkv * D), 22);
+  std::vector<float> v = random_values(static_cast<size_t>(num_blocks * block * Hkv * Dv), 23);
+  std::vector<int8_t> k8, v8;
+  std::vector<float> k_scale, v_scale;  // [num_blocks, block, Hkv]
+  PagedProblem() {
+    // Blocks 0..7 in a shuffled order: sequence 0 gets 2, sequence 1 gets 3,
+    // sequence 2 gets 1; the last two are spare.
+    const std::vector<int32_t> order = {5, 2, 7, 0, 3, 6, 1, 4};
+    table = {order[0], order[1], -1, order[2], order[3], order[4], order[5], 999, -7};
+    Rng rng(24);
+    k8.resize(k.size());
+    v8.resize(v.size());
+    for (auto& x : k8) x = static_cast<int8_t>(rng.integer(-127, 127));
+    for (auto& x : v8) x = static_cast<int8_t>(rng.integer(-127, 127));
+    for (size_t i = 0; i < static_cast<size_t>(num_blocks * block * Hkv); ++i) {
+      k_scale.push_back(rng.uniform(0.001f, 0.02f));
+      v_scale.push_back(rng.uniform(0.001f, 0.02f));
+    }
+    for (const int32_t spare : {order[6], order[7]}) {
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      const auto rows = static_cast<size_t>(block * Hkv);
+      const auto first = static_cast<size_t>(spare) * rows;
+      std::fill_n(k.begin() + static_cast<std::ptrdiff_t>(first * static_cast<size_t>(D)),
+                  rows * static_cast<size_t>(D), nan);
+      std::fill_n(v.begin() + static_cast<std::ptrdiff_t>(first * static_cast<size_t>(Dv)),
+                  rows * static_cast<size_t>(Dv), nan);
+      std::fill_n(k_scale.begin() + static_cast<std::ptrdiff_t>(first), rows, nan);
+      std::fill_n(v_scale.begin() + static_cast<std::ptrdiff_t>(first), rows, nan);
+    }
+  }
+  size_t out_size() const { return static_cast<size_t>(total_q * H * Dv); }
+  size_t lse_size() const { return static_cast<size_t>(H * total_q); }
+  // The cache row (block · block_size + row) of key j of sequence b.
+  int64_t slot(int64_t b, int64_t j) const {
+    return table[static_cast<size_t>(b * max_blocks + j / block)] * block + j % block;
+  }
+};
+
+// Sequence b's keys (and, int8, their scales) gathered from the pages into a
+// dense [1, Hkv, lk, d] copy, for the reference.
+struct Gathered {
+  std::vector<float> values;  // f32 keys, or int8 keys already times their scales
+  mha_tensor tensor{};
+};
+Gathered gather(const PagedProblem& p, int64_t b, const std::vector<float>& cache,
+                const std::vector<int8_t>& cache8, const std::vector<float>& scales, int64_t d,
+                bool int8) {
+  Gathered g;
+  const int64_t lk = p.used[static_cast<size_t>(b)];
+  g.values.resize(static_cast<size_t>(lk * p.Hkv * d));
+  for (int64_t j = 0; j < lk; ++j) {
+    const int64_t slot = p.slot(b, j);
+    for (int64_t h = 0; h < p.Hkv; ++h) {
+      for (int64_t x = 0; x < d; ++x) {
+        const auto from = static_cast<size_t>((slot * p.Hkv + h) * d + x);
+        g.values[static_cast<size_t>((j * p.Hkv + h) * d + x)] =
+            int8 ? static_cast<float>(cache8[from]) * scales[static_cast<size_t>(slot * p.Hkv + h)]
+                 : cache[from];
+      }
+    }
+  }
+  g.tensor = describe(g.values.data(), MHA_DTYPE_F32, {1, p.Hkv, lk, d}, {0, d, p.Hkv * d, 1});
+  return g;
+}
+
+TEST(CppApi, AttentionVarlenOverAPagedCacheMatchesTheCApiAndTheReference) {
+  PagedProblem p;
+  for (const bool int8 : {false, true}) {
+    SCOPED_TRACE(int8 ? "int8 cache" : "f32 cache");
+    const mha_dtype kv_dtype = int8 ? MHA_DTYPE_I8 : MHA_DTYPE_F32;
+    void* k_data = int8 ? static_cast<void*>(p.k8.data()) : static_cast<void*>(p.k.data());
+    void* v_data = int8 ? static_cast<void*>(p.v8.data()) : static_cast<void*>(p.v.data());
+    std::vector<float> out(p.out_size(), -1.0f), lse(p.lse_size(), -1.0f);
+    std::vector<float> expected(p.out_size(), -2.0f), expected_lse(p.lse_size(), -2.0f);
+
+    mha::AttentionParams params = mha::AttentionParams()
+                                      .causal(MHA_CAUSAL_BOTTOM_RIGHT)
+                                      .softcap(3.0f)
+                                      .lse(mha::Tensor(lse.data(), {p.H, p.total_q}));
+    if (int8) {
+      params.kv_scales(mha::Tensor(p.k_scale.data(), {p.num_blocks, p.block, p.Hkv}),
+                       mha::Tensor(p.v_scale.data(), {p.num_blocks, p.block, p.Hkv}));
+    }
+    mha::attention_varlen(
+        mha::Tensor(static_cast<const float*>(p.q.data()), {p.total_q, p.H, p.D}),
+        mha::Tensor(static_cast<const void*>(k_data), kv_dtype,
+                    {p.num_blocks, p.block, p.Hkv, p.D}),
+        mha::Tensor(static_cast<const void*>(v_data), kv_dtype,
+                    {p.num_blocks, p.block, p.Hkv, p.Dv}),
+        mha::Tensor(out.data(), {p.total_q, p.H, p.Dv}),
+        mha::VarlenParams()
+            .cu_seqlens_q(mha::Tensor(static_cast<const int32_t*>(p.cu_q.data()), {p.B + 1}))
+            .seqused_k(mha::Tensor(static_cast<const int32_t*>(p.used.data()), {p.B}))
+            .block_table(
+                mha::Tensor(static_cast<const int32_t*>(p.table.data()), {p.B, p.max_blocks})),
+        params);
+
+    // The C API on the same inputs.
+    mha_tensor tq = describe(p.q.data(), MHA_DTYPE_F32, {p.total_q, p.H, p.D});
+    mha_tensor tk = describe(k_data, kv_dtype, {p.num_blocks, p.block, p.Hkv, p.D});
+    mha_tensor tv = describe(v_data, kv_dtype, {p.num_blocks, p.block, p.Hkv, p.Dv});
+    mha_tensor tout = describe(expected.data(), MHA_DTYPE_F32, {p.total_q, p.H, p.Dv});
+    mha_tensor tlse = describe(expected_lse.data(), MHA_DTYPE_F32, {p.H, p.total_q});
+    mha_tensor tks = describe(p.k_scale.data(), MHA_DTYPE_F32, {p.num_blocks, p.block, p.Hkv});
+    mha_tensor tvs = describe(p.v_scale.data(), MHA_DTYPE_F32, {p.num_blocks, p.block, p.Hkv});
+    mha_tensor tcu_q = describe(p.cu_q.data(), MHA_DTYPE_I32, {p.B + 1});
+    mha_tensor tused = describe(p.used.data(), MHA_DTYPE_I32, {p.B});
+    mha_tensor ttable = describe(p.table.data(), MHA_DTYPE_I32, {p.B, p.max_blocks});
+    mha_varlen_params varlen;
+    mha_varlen_params_init(&varlen);
+    varlen.cu_seqlens_q = &tcu_q;
+    varlen.seqused_k = &tused;
+    varlen.block_table = &ttable;
+    mha_attention_params c;
+    mha_attention_params_init(&c);
+    c.causal = MHA_CAUSAL_BOTTOM_RIGHT;
+    c.softcap = 3.0f;
+    c.lse = &tlse;
+    if (int8) {
+      c.k_scale = &tks;
+      c.v_scale = &tvs;
+    }
+    ASSERT_EQ(mha_attention_varlen(&tq, &tk, &tv, &tout, &varlen, &c), MHA_OK) << mha_last_error();
+    EXPECT_TRUE(same_bits(out, expected));
+    EXPECT_TRUE(same_bits(lse, expected_lse));
+
+    // Each sequence against the reference on its keys gathered densely.
+    for (int64_t b = 0; b < p.B; ++b) {
+      SCOPED_TRACE("sequence " + std::to_string(b));
+      const int64_t q0 = p.cu_q[static_cast<size_t>(b)];
+      const int64_t lq = p.cu_q[static_cast<size_t>(b) + 1] - q0;
+      const Gathered keys = gather(p, b, p.k, p.k8, p.k_scale, p.D, int8);
+      const Gathered values = gather(p, b, p.v, p.v8, p.v_scale, p.Dv, int8);
+      mha_attention_params alone = c;
+      alone.lse = nullptr;
+      alone.k_scale = nullptr;
+      alone.v_scale = nullptr;
+      const Reference ref =
+          reference_attention(sequence_view(p.q.data(), MHA_DTYPE_F32, q0, lq, p.H, p.D),
+                              keys.tensor, values.tensor, &alone);
+      const mha_tensor mine = sequence_view(out.data(), MHA_DTYPE_F32, q0, lq, p.H, p.Dv);
+      EXPECT_LE(max_abs_error(mine, ref), tolerance(ref));
+      for (int64_t h = 0; h < p.H; ++h) {
+        for (int64_t i = 0; i < lq; ++i) {
+          const double want = ref.lse[static_cast<size_t>(h * lq + i)];
+          EXPECT_NEAR(lse[static_cast<size_t>(h * p.total_q + q0 + i)], want,
+                      lse_tolerance(ref, want));
+        }
+      }
+    }
+  }
+}
+
+// Built from temporaries only, as params_from_temporaries.
+mha::VarlenParams paged_from_temporaries(const PagedProblem& p) {
+  return mha::VarlenParams()
+      .cu_seqlens_q(mha::Tensor(p.cu_q.data(), {p.B + 1}))
+      .seqused_k(mha::Tensor(p.used.data(), {p.B}))
+      .block_table(mha::Tensor(p.table.data(), std::vector<int64_t>{p.B, p.max_blocks}));
+}
+
+TEST(CppApi, VarlenParamsOwnTheirDescriptorsThroughCopiesAndMoves) {
+  PagedProblem p;
+  const mha::Tensor q(static_cast<const float*>(p.q.data()), {p.total_q, p.H, p.D});
+  const mha::Tensor k(static_cast<const float*>(p.k.data()), {p.num_blocks, p.block, p.Hkv, p.D});
+  const mha::Tensor v(static_cast<const float*>(p.v.data()), {p.num_blocks, p.block, p.Hkv, p.Dv});
+  std::vector<float> expected(p.out_size());
+  mha::attention_varlen(q, k, v, mha::Tensor(expected.data(), {p.total_q, p.H, p.Dv}),
+                        paged_from_temporaries(p));
+  auto run = [&](const mha::VarlenParams& varlen, const char* what) {
+    std::vector<float> out(p.out_size(), -1.0f);
+    ASSERT_NO_THROW(
+        mha::attention_varlen(q, k, v, mha::Tensor(out.data(), {p.total_q, p.H, p.Dv}), varlen))
+        << what;
+    EXPECT_TRUE(same_bits(out, expected)) << what;
+    const mha_varlen_params* c = varlen.get();
+    EXPECT_EQ(c->struct_size, sizeof(mha_varlen_params)) << what;
+    EXPECT_TRUE(points_into(c->cu_seqlens_q, &varlen, sizeof varlen)) << what;
+    EXPECT_TRUE(points_into(c->seqused_k, &varlen, sizeof varlen)) << what;
+    EXPECT_TRUE(points_into(c->block_table, &varlen, sizeof varlen)) << what;
+    EXPECT_EQ(c->cu_seqlens_k, nullptr) << what;
+  };
+  mha::VarlenParams original = paged_from_temporaries(p);
+  run(original, "the object built from temporaries");
+  mha::VarlenParams copied(original);
+  mha::VarlenParams moved(std::move(original));
+  original = mha::VarlenParams();
+  EXPECT_EQ(original.get()->block_table, nullptr);
+  EXPECT_EQ(original.get()->seqused_k, nullptr);
+  run(copied, "a copy");
+  run(moved, "a moved-to object");
+  mha::VarlenParams assigned;
+  assigned = copied;
+  copied = mha::VarlenParams();
+  run(assigned, "a copy-assigned object");
+  mha::VarlenParams move_assigned;
+  move_assigned = std::move(assigned);
+  run(move_assigned, "a move-assigned object");
+  const mha::VarlenParams& alias = move_assigned;
+  move_assigned = alias;  // self-assignment keeps the descriptors
+  run(move_assigned, "a self-assigned object");
+
+  // Packed keys through a VarlenParams: the bits of the positional overload,
+  // and seqused_k as the C API takes it.
+  PackedProblem packed;
+  const mha::Tensor pq(static_cast<const float*>(packed.q.data()),
+                       {packed.total_q, packed.H, packed.D});
+  const mha::Tensor pk(static_cast<const float*>(packed.k.data()),
+                       {packed.total_k, packed.Hkv, packed.D});
+  const mha::Tensor pv(static_cast<const float*>(packed.v.data()),
+                       {packed.total_k, packed.Hkv, packed.Dv});
+  const mha::Tensor cu_q(static_cast<const int32_t*>(packed.cu_q.data()), {packed.B + 1});
+  const mha::Tensor cu_k(static_cast<const int32_t*>(packed.cu_k.data()), {packed.B + 1});
+  const std::vector<int64_t> out_shape = {packed.total_q, packed.H, packed.Dv};
+  std::vector<float> positional(packed.out_size()), built(packed.out_size(), -1.0f);
+  const auto causal = mha::AttentionParams().causal(MHA_CAUSAL_BOTTOM_RIGHT);
+  mha::attention_varlen(pq, pk, pv, mha::Tensor(positional.data(), out_shape), cu_q, cu_k, causal);
+  mha::attention_varlen(pq, pk, pv, mha::Tensor(built.data(), out_shape),
+                        mha::VarlenParams().cu_seqlens_q(cu_q).cu_seqlens_k(cu_k), causal);
+  EXPECT_TRUE(same_bits(built, positional));
+  std::vector<int32_t> used = {3, 2, 5, 0};
+  std::vector<float> c_out(packed.out_size(), -2.0f);
+  mha::attention_varlen(pq, pk, pv, mha::Tensor(built.data(), out_shape),
+                        mha::VarlenParams().cu_seqlens_q(cu_q).cu_seqlens_k(cu_k).seqused_k(
+                            mha::Tensor(used.data(), {packed.B})),
+                        causal);
+  mha_tensor tq = describe(packed.q.data(), MHA_DTYPE_F32, {packed.total_q, packed.H, packed.D});
+  mha_tensor tk = describe(packed.k.data(), MHA_DTYPE_F32, {packed.total_k, packed.Hkv, packed.D});
+  mha_tensor tv = describe(packed.v.data(), MHA_DTYPE_F32, {packed.total_k, packed.Hkv, packed.Dv});
+  mha_tensor tout = describe(c_out.data(), MHA_DTYPE_F32, out_shape);
+  mha_tensor tcu_q = describe(packed.cu_q.data(), MHA_DTYPE_I32, {packed.B + 1});
+  mha_tensor tcu_k = describe(packed.cu_k.data(), MHA_DTYPE_I32, {packed.B + 1});
+  mha_tensor tused = describe(used.data(), MHA_DTYPE_I32, {packed.B});
+  mha_varlen_params varlen;
+  mha_varlen_params_init(&varlen);
+  varlen.cu_seqlens_q = &tcu_q;
+  varlen.cu_seqlens_k = &tcu_k;
+  varlen.seqused_k = &tused;
+  mha_attention_params c;
+  mha_attention_params_init(&c);
+  c.causal = MHA_CAUSAL_BOTTOM_RIGHT;
+  ASSERT_EQ(mha_attention_varlen(&tq, &tk, &tv, &tout, &varlen, &c), MHA_OK) << mha_last_error();
+  EXPECT_TRUE(same_bits(built, c_out));
+  EXPECT_FALSE(same_bits(built, positional));  // seqused_k changed something
+}
+
+TEST(CppApi, AttentionVarlenPagedErrorsNameTheArgument) {
+  PagedProblem p;
+  std::vector<float> out(p.out_size(), -1.0f);
+  const std::vector<float> before = out;
+  const mha::Tensor q(static_cast<const float*>(p.q.data()), {p.total_q, p.H, p.D});
+  const mha::Tensor k(static_cast<const float*>(p.k.data()), {p.num_blocks, p.block, p.Hkv, p.D});
+  const mha::Tensor v(static_cast<const float*>(p.v.data()), {p.num_blocks, p.block, p.Hkv, p.Dv});
+  const mha::Tensor cu_q(static_cast<const int32_t*>(p.cu_q.data()), {p.B + 1});
+  const mha::Tensor used(static_cast<const int32_t*>(p.used.data()), {p.B});
+  std::vector<int32_t> bad_table = p.table;
+  bad_table[3] = static_cast<int32_t>(p.num_blocks);  // sequence 1's first block
+  struct Case {
+    const char* what;
+    mha_status status;
+    const char* named;
+    mha::VarlenParams varlen;
+  };
+  const mha::Tensor table(static_cast<const int32_t*>(p.table.data()), {p.B, p.max_blocks});
+  const std::vector<Case> cases = {
+      {"block id past the cache", MHA_ERR_INVALID_VALUE, "block_table[1][0]",
+       mha::VarlenParams().cu_seqlens_q(cu_q).seqused_k(used).block_table(
+           mha::Tensor(static_cast<const int32_t*>(bad_table.data()), {p.B, p.max_blocks}))},
+      {"no seqused_k", MHA_ERR_NULL_POINTER, "seqused_k",
+       mha::VarlenParams().cu_seqlens_q(cu_q).block_table(table)},
+      {"cu_seqlens_k with a block table", MHA_ERR_INVALID_VALUE, "cu_seqlens_k",
+       mha::VarlenParams().cu_seqlens_q(cu_q).cu_seqlens_k(cu_q).seqused_k(used).block_table(
+           table)},
+      {"no cu_seqlens_q", MHA_ERR_NULL_POINTER, "cu_seqlens_q",
+       mha::VarlenParams().seqused_k(used).block_table(table)},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    std::string message;
+    const mha_status status = thrown_status(
+        [&] {
+          mha::attention_varlen(q, k, v, mha::Tensor(out.data(), {p.total_q, p.H, p.Dv}), c.varlen);
+        },
+        &message);
+    EXPECT_EQ(status, c.status);
+    EXPECT_EQ(message, std::string(mha_status_name(status)) + ": " + mha_last_error());
+    EXPECT_NE(message.find(c.named), std::string::npos) << message;
+    EXPECT_TRUE(same_bits(out, before));
+  }
+}
+
+// ------------------------------------------------------------------ kv_cache_write
+
+// T new tokens written through a shuffled slot mapping (one skipped, -1)
+// into a cache of 3 blocks of 8 rows: f32 and int8 caches.
+struct CacheProblem {
+  int64_t T = 7, Hkv = 2, D = 8, Dv = 6, blocks = 3, block = 8;
+  std::vector<float> key = random_values(static_cast<size_t>(T * Hkv * D), 31);
+  std::vector<float> value = random_values(static_cast<size_t>(T * Hkv * Dv), 32);
+  std::vector<int64_t> slots = {17, 3, -1, 22, 8, 0, 15};
+  size_t rows() const { return static_cast<size_t>(blocks * block * Hkv); }
+};
+
+TEST(CppApi, KvCacheWriteMatchesTheCApi) {
+  CacheProblem w;
+  const mha::Tensor key(static_cast<const float*>(w.key.data()), {w.T, w.Hkv, w.D});
+  const mha::Tensor value(static_cast<const float*>(w.value.data()), {w.T, w.Hkv, w.Dv});
+  const mha::Tensor slots(static_cast<const int64_t*>(w.slots.data()), {w.T});
+  const std::vector<int64_t> k_shape = {w.blocks, w.block, w.Hkv, w.D};
+  const std::vector<int64_t> v_shape = {w.blocks, w.block, w.Hkv, w.Dv};
+  const std::vector<int64_t> s_shape = {w.blocks, w.block, w.Hkv};
+  mha_tensor tkey = describe(w.key.data(), MHA_DTYPE_F32, {w.T, w.Hkv, w.D});
+  mha_tensor tvalue = describe(w.value.data(), MHA_DTYPE_F32, {w.T, w.Hkv, w.Dv});
+  mha_tensor tslots = describe(w.slots.data(), MHA_DTYPE_I64, {w.T});
+
+  // f32: every written row is its token's, untouched rows keep their marker.
+  const float marker = -5.0f;
+  std::vector<float> k_cache(w.rows() * static_cast<size_t>(w.D), marker);
+  std::vector<float> v_cache(w.rows() * static_cast<size_t>(w.Dv), marker);
+  std::vector<float> k_expected = k_cache, v_expected = v_cache;
+  mha::kv_cache_write(key, value, mha::Tensor(k_cache.data(), k_shape),
+                      mha::Tensor(v_cache.data(), v_shape), slots);
+  mha_tensor tkc = describe(k_expected.data(), MHA_DTYPE_F32, k_shape);
+  mha_tensor tvc = describe(v_expected.data(), MHA_DTYPE_F32, v_shape);
+  ASSERT_EQ(mha_kv_cache_write(&tkey, &tvalue, &tkc, &tvc, &tslots, nullptr, nullptr), MHA_OK)
+      << mha_last_error();
+  EXPECT_TRUE(same_bits(k_cache, k_expected));
+  EXPECT_TRUE(same_bits(v_cache, v_expected));
+  std::vector<bool> written(static_cast<size_t>(w.blocks * w.block), false);
+  for (int64_t t = 0; t < w.T; ++t) {
+    const int64_t slot = w.slots[static_cast<size_t>(t)];
+    if (slot < 0) continue;
+    written[static_cast<size_t>(slot)] = true;
+    for (int64_t x = 0; x < w.Hkv * w.D; ++x) {
+      ASSERT_EQ(k_cache[static_cast<size_t>(slot * w.Hkv * w.D + x)],
+                w.key[static_cast<size_t>(t * w.Hkv * w.D + x)])
+          << "token " << t;
+    }
+    for (int64_t x = 0; x < w.Hkv * w.Dv; ++x) {
+      ASSERT_EQ(v_cache[static_cast<size_t>(slot * w.Hkv * w.Dv + x)],
+                w.value[static_cast<size_t>(t * w.Hkv * w.Dv + x)])
+          << "token " << t;
+    }
+  }
+  for (int64_t slot = 0; slot < w.blocks * w.block; ++slot) {
+    if (written[static_cast<size_t>(slot)]) continue;
+    for (int64_t x = 0; x < w.Hkv * w.D; ++x) {
+      ASSERT_EQ(k_cache[static_cast<size_t>(slot * w.Hkv * w.D + x)], marker) << "slot " << slot;
+    }
+  }
+
+  // int8 with the scale caches: the C API's bytes, each row within half a
+  // step of its scale = max|row| / 127.
+  std::vector<int8_t> k8(w.rows() * static_cast<size_t>(w.D), 0);
+  std::vector<int8_t> v8(w.rows() * static_cast<size_t>(w.Dv), 0);
+  std::vector<float> ks(w.rows(), -1.0f), vs(w.rows(), -1.0f);
+  std::vector<int8_t> k8_expected = k8, v8_expected = v8;
+  std::vector<float> ks_expected = ks, vs_expected = vs;
+  mha::kv_cache_write(key, value, mha::Tensor(k8.data(), MHA_DTYPE_I8, k_shape),
+                      mha::Tensor(v8.data(), MHA_DTYPE_I8, v_shape), slots,
+                      mha::Tensor(ks.data(), s_shape), mha::Tensor(vs.data(), s_shape));
+  mha_tensor tk8 = describe(k8_expected.data(), MHA_DTYPE_I8, k_shape);
+  mha_tensor tv8 = describe(v8_expected.data(), MHA_DTYPE_I8, v_shape);
+  mha_tensor tks = describe(ks_expected.data(), MHA_DTYPE_F32, s_shape);
+  mha_tensor tvs = describe(vs_expected.data(), MHA_DTYPE_F32, s_shape);
+  ASSERT_EQ(mha_kv_cache_write(&tkey, &tvalue, &tk8, &tv8, &tslots, &tks, &tvs), MHA_OK)
+      << mha_last_error();
+  EXPECT_EQ(k8, k8_expected);
+  EXPECT_EQ(v8, v8_expected);
+  EXPECT_TRUE(same_bits(ks, ks_expected));
+  EXPECT_TRUE(same_bits(vs, vs_expected));
+  for (int64_t t = 0; t < w.T; ++t) {
+    const int64_t slot = w.slots[static_cast<size_t>(t)];
+    if (slot < 0) continue;
+    for (int64_t h = 0; h < w.Hkv; ++h) {
+      float largest = 0.0f;
+      for (int64_t x = 0; x < w.D; ++x) {
+        largest =
+            std::max(largest, std::fabs(w.key[static_cast<size_t>((t * w.Hkv + h) * w.D + x)]));
+      }
+      const float scale = ks[static_cast<size_t>(slot * w.Hkv + h)];
+      EXPECT_FLOAT_EQ(scale, largest / 127.0f) << "token " << t;
+      for (int64_t x = 0; x < w.D; ++x) {
+        const double got =
+            static_cast<double>(k8[static_cast<size_t>((slot * w.Hkv + h) * w.D + x)]) *
+            static_cast<double>(scale);
+        const double want =
+            static_cast<double>(w.key[static_cast<size_t>((t * w.Hkv + h) * w.D + x)]);
+        EXPECT_LE(std::fabs(got - want), 0.5 * static_cast<double>(scale) * (1 + 1e-6))
+            << "token " << t;
+      }
+    }
+  }
+}
+
+TEST(CppApi, KvCacheWriteErrorsNameTheArgument) {
+  CacheProblem w;
+  const mha::Tensor key(static_cast<const float*>(w.key.data()), {w.T, w.Hkv, w.D});
+  const mha::Tensor value(static_cast<const float*>(w.value.data()), {w.T, w.Hkv, w.Dv});
+  const std::vector<int64_t> k_shape = {w.blocks, w.block, w.Hkv, w.D};
+  const std::vector<int64_t> v_shape = {w.blocks, w.block, w.Hkv, w.Dv};
+  std::vector<float> k_cache(w.rows() * static_cast<size_t>(w.D), -5.0f);
+  std::vector<float> v_cache(w.rows() * static_cast<size_t>(w.Dv), -5.0f);
+  std::vector<int8_t> k8(k_cache.size(), 0), v8(v_cache.size(), 0);
+  const std::vector<float> k_before = k_cache, v_before = v_cache;
+  std::string message;
+
+  std::vector<int64_t> past = w.slots;
+  past[3] = w.blocks * w.block;
+  EXPECT_EQ(thrown_status(
+                [&] {
+                  mha::kv_cache_write(key, value, mha::Tensor(k_cache.data(), k_shape),
+                                      mha::Tensor(v_cache.data(), v_shape),
+                                      mha::Tensor(past.data(), {w.T}));
+                },
+                &message),
+            MHA_ERR_INVALID_VALUE);
+  EXPECT_EQ(message, std::string("MHA_ERR_INVALID_VALUE: ") + mha_last_error());
+  EXPECT_NE(message.find("slot_mapping[3]"), std::string::npos) << message;
+
+  const std::vector<int64_t> short_v_shape = {w.blocks, w.block, w.Hkv, w.Dv - 1};
+  EXPECT_NE(thrown_status(
+                [&] {
+                  mha::kv_cache_write(key, value, mha::Tensor(k_cache.data(), k_shape),
+                                      mha::Tensor(v_cache.data(), short_v_shape),
+                                      mha::Tensor(w.slots.data(), {w.T}));
+                },
+                &message),
+            MHA_OK);
+  EXPECT_NE(message.find("value_cache"), std::string::npos) << message;
+  EXPECT_TRUE(same_bits(k_cache, k_before) && same_bits(v_cache, v_before));
+
+  // An int8 cache through the overload without scale caches.
+  EXPECT_NE(thrown_status(
+                [&] {
+                  mha::kv_cache_write(key, value, mha::Tensor(k8.data(), MHA_DTYPE_I8, k_shape),
+                                      mha::Tensor(v8.data(), MHA_DTYPE_I8, v_shape),
+                                      mha::Tensor(w.slots.data(), {w.T}));
+                },
+                &message),
+            MHA_OK);
+  EXPECT_NE(message.find("key_scale_cache"), std::string::npos) << message;
+  EXPECT_TRUE(std::all_of(k8.begin(), k8.end(), [](int8_t x) { return x == 0; }));
 }
 
 // ------------------------------------------------------------------ merge_partials

@@ -90,7 +90,9 @@ inline mha_tensor describe(void* data, mha_dtype dtype, const std::vector<int64_
   t.data = data;
   t.dtype = dtype;
   t.ndim = static_cast<int32_t>(shape.size());
-  for (size_t i = 0; i < shape.size() && i < MHA_MAX_DIMS; ++i) {
+  // (i < strides.size() too: g++ 12's -Warray-bounds cannot see that the two
+  // sizes agree once this is inlined.)
+  for (size_t i = 0; i < shape.size() && i < strides.size() && i < MHA_MAX_DIMS; ++i) {
     t.shape[i] = shape[i];
     t.strides[i] = strides[i];
   }

@@ -318,7 +318,8 @@ class AttentionParams {
     return *this;
   }
   // An int8 KV cache's row scales (K and V of dtype I8): F32 [B, Hkv, Lk]
-  // each ([total_k, Hkv] for attention_varlen), value = scale · int8.
+  // each ([total_k, Hkv] for attention_varlen, [num_blocks, block_size, Hkv]
+  // for a paged cache), value = scale · int8.
   AttentionParams& kv_scales(const ConstTensor& k_scale, const ConstTensor& v_scale) noexcept {
     k_scale_ = *k_scale.get();
     v_scale_ = *v_scale.get();
@@ -385,6 +386,117 @@ inline void attention_varlen(const ConstTensor& q, const ConstTensor& k, const C
   varlen.cu_seqlens_q = cu_seqlens_q.get();
   varlen.cu_seqlens_k = cu_seqlens_k.get();
   check(mha_attention_varlen(q.get(), k.get(), v.get(), out.get(), &varlen, params.get()));
+}
+
+// The batch of attention_varlen (mha_varlen_params): the query offsets, and
+// the keys either packed (key offsets) or in a paged KV cache (a block table
+// and each sequence's key count).  As AttentionParams: tensors are copied as
+// descriptors (temporaries are fine), their data are borrowed until the call
+// returns, copies and moves carry the descriptors along.
+//   packed: mha::VarlenParams().cu_seqlens_q(cu_q).cu_seqlens_k(cu_k)
+//   paged:  mha::VarlenParams().cu_seqlens_q(cu_q).seqused_k(used).block_table(table)
+class VarlenParams {
+ public:
+  VarlenParams() noexcept { mha_varlen_params_init(&varlen_); }
+  VarlenParams(const VarlenParams& other) noexcept { assign(other); }
+  VarlenParams& operator=(const VarlenParams& other) noexcept {
+    if (this != &other) assign(other);
+    return *this;
+  }
+  // A move is a copy: the descriptors live inside the object.
+  VarlenParams(VarlenParams&& other) noexcept { assign(other); }
+  VarlenParams& operator=(VarlenParams&& other) noexcept {
+    if (this != &other) assign(other);
+    return *this;
+  }
+  ~VarlenParams() = default;
+
+  // I32 [B + 1]: 0, non-decreasing, ending at total_q.  Required.
+  VarlenParams& cu_seqlens_q(const ConstTensor& t) noexcept {
+    cu_seqlens_q_ = *t.get();
+    varlen_.cu_seqlens_q = &cu_seqlens_q_;
+    return *this;
+  }
+  // I32 [B + 1], ending at total_k: packed keys.  Refused with a block table.
+  VarlenParams& cu_seqlens_k(const ConstTensor& t) noexcept {
+    cu_seqlens_k_ = *t.get();
+    varlen_.cu_seqlens_k = &cu_seqlens_k_;
+    return *this;
+  }
+  // I32 [B]: the keys sequence b uses -- the first seqused_k[b] of its rows
+  // (packed keys, optional), or of its pages (a paged cache, required).
+  VarlenParams& seqused_k(const ConstTensor& t) noexcept {
+    seqused_k_ = *t.get();
+    varlen_.seqused_k = &seqused_k_;
+    return *this;
+  }
+  // I32 [B, max_blocks]: a paged KV cache; k and v are then [num_blocks,
+  // block_size, Hkv, D / Dv] and key j of sequence b is row j % block_size of
+  // block block_table[b][j / block_size].
+  VarlenParams& block_table(const ConstTensor& t) noexcept {
+    block_table_ = *t.get();
+    varlen_.block_table = &block_table_;
+    return *this;
+  }
+
+  // The C struct; its tensor pointers point into this object.
+  const mha_varlen_params* get() const noexcept { return &varlen_; }
+
+ private:
+  void assign(const VarlenParams& other) noexcept {
+    varlen_ = other.varlen_;
+    cu_seqlens_q_ = other.cu_seqlens_q_;
+    cu_seqlens_k_ = other.cu_seqlens_k_;
+    seqused_k_ = other.seqused_k_;
+    block_table_ = other.block_table_;
+    varlen_.cu_seqlens_q = other.varlen_.cu_seqlens_q != nullptr ? &cu_seqlens_q_ : nullptr;
+    varlen_.cu_seqlens_k = other.varlen_.cu_seqlens_k != nullptr ? &cu_seqlens_k_ : nullptr;
+    varlen_.seqused_k = other.varlen_.seqused_k != nullptr ? &seqused_k_ : nullptr;
+    varlen_.block_table = other.varlen_.block_table != nullptr ? &block_table_ : nullptr;
+  }
+
+  mha_varlen_params varlen_{};
+  mha_tensor cu_seqlens_q_{};
+  mha_tensor cu_seqlens_k_{};
+  mha_tensor seqused_k_{};
+  mha_tensor block_table_{};
+};
+
+// attention_varlen with the batch described by a VarlenParams: packed keys
+// (with seqused_k if wanted), or a paged KV cache (vLLM's and
+// FlashAttention-2's layout) for decoding and chunked prefill:
+//   q [total_q, H, D], k [num_blocks, block_size, Hkv, D],
+//   v [num_blocks, block_size, Hkv, Dv], out [total_q, H, Dv];
+//   varlen: cu_seqlens_q, seqused_k and block_table (no cu_seqlens_k).
+// params as for the packed call; an int8 cache's kv_scales are F32
+// [num_blocks, block_size, Hkv].  Chunked prefill wants
+// causal(MHA_CAUSAL_BOTTOM_RIGHT).  Throws mha::Error on bad input, naming
+// the argument (varlen->block_table, seqused_k, ...).
+inline void attention_varlen(const ConstTensor& q, const ConstTensor& k, const ConstTensor& v,
+                             MutableTensor out, const VarlenParams& varlen,
+                             const AttentionParams& params = AttentionParams()) {
+  check(mha_attention_varlen(q.get(), k.get(), v.get(), out.get(), varlen.get(), params.get()));
+}
+
+// Writes new K and V rows into their slots of a paged cache (vLLM's
+// reshape_and_cache, mha_kv_cache_write): key [T, Hkv, D] and value [T, Hkv,
+// Dv] (F32, BF16 or F16) into key_cache [num_blocks, block_size, Hkv, D] and
+// value_cache [.., Dv] (F32, BF16, F16, or I8 with the scale caches F32
+// [num_blocks, block_size, Hkv]); token t goes to slot slot_mapping[t] (I32
+// or I64 [T]) = block · block_size + row, a negative slot skips it.  Every
+// check runs before anything is written; throws mha::Error on bad input.
+inline void kv_cache_write(const ConstTensor& key, const ConstTensor& value,
+                           MutableTensor key_cache, MutableTensor value_cache,
+                           const ConstTensor& slot_mapping) {
+  check(mha_kv_cache_write(key.get(), value.get(), key_cache.get(), value_cache.get(),
+                           slot_mapping.get(), nullptr, nullptr));
+}
+inline void kv_cache_write(const ConstTensor& key, const ConstTensor& value,
+                           MutableTensor key_cache, MutableTensor value_cache,
+                           const ConstTensor& slot_mapping, MutableTensor key_scale_cache,
+                           MutableTensor value_scale_cache) {
+  check(mha_kv_cache_write(key.get(), value.get(), key_cache.get(), value_cache.get(),
+                           slot_mapping.get(), key_scale_cache.get(), value_scale_cache.get()));
 }
 
 namespace detail {

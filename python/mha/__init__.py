@@ -3,6 +3,9 @@
     import mha
     out = mha.scaled_dot_product_attention(q, k, v, is_causal=True)  # as torch's
     out = mha.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k)  # FlashAttention-2's varlen
+    mha.kv_cache_write(k, v, k_cache, v_cache, slot_mapping)          # vLLM's reshape_and_cache
+    out = mha.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
+                                      block_table=table, causal=True)  # a paged KV cache
     attention = mha.MultiheadAttention.from_torch(torch_module)     # nn.MultiheadAttention
     out, weights = attention(x, x, x)
     import mha.torch                                                 # torch.ops.mha.sdpa
@@ -18,6 +21,7 @@ from ._mha import version as _library_version
 from ._attention import scaled_dot_product_attention
 from ._merge import merge_partials
 from ._module import MultiheadAttention
+from ._paged import flash_attn_with_kvcache, kv_cache_write
 from ._quantize import quantize_kv
 from ._varlen import flash_attn_varlen_func, varlen_attention
 
@@ -28,8 +32,10 @@ __all__ = [
     "MultiheadAttention",
     "backends",
     "flash_attn_varlen_func",
+    "flash_attn_with_kvcache",
     "get_num_threads",
     "info",
+    "kv_cache_write",
     "merge_partials",
     "quantize_kv",
     "scaled_dot_product_attention",

@@ -2,7 +2,7 @@
 batch against the float64 reference run on that sequence alone, with FlashAttention-2's
 arguments and conventions (causal aligned to the bottom-right corner, LSE [H, total_q]),
 on NumPy arrays and torch tensors; what FlashAttention-2 has and mha does not is refused
-by name."""
+by name.  The paged KV cache is test_paged.py's."""
 import numpy as np
 import pytest
 
@@ -144,8 +144,10 @@ def test_what_mha_does_not_do_is_refused(rng):
     q, k, v, cu_q, cu_k = packed_batch(rng, [4, 9], [6, 9])
     with pytest.raises(NotImplementedError, match="return_attn_probs with dropout_p > 0"):
         mha.varlen_attention(q, k, v, cu_q, cu_k, dropout_p=0.1, return_attn_probs=True)
-    with pytest.raises(NotImplementedError, match="block_table"):
-        mha.varlen_attention(q, k, v, cu_q, cu_k, block_table=np.zeros((2, 1), np.int32))
+    # A paged cache (test_paged.py) is 4-D: packed k and v with a block table are refused.
+    with pytest.raises(ValueError, match="k must have 4 dimensions, has 3: with a block_table"):
+        mha.varlen_attention(q, k, v, cu_q, block_table=np.zeros((2, 1), np.int32),
+                             seqused_k=np.array([6, 9], np.int32))
 
 
 def test_max_seqlen(rng):
