@@ -360,6 +360,10 @@ TEST_F(Concurrency, SelectionAndThreadCountChangeDuringCalls) {
   callers.reserve(kCallers);
   for (int t = 0; t < kCallers - 2; ++t) {
     callers.emplace_back([&, t] {
+      // The calls start once the switcher runs: on a loaded machine it could
+      // otherwise be scheduled only after they all ended, and the test would
+      // prove nothing.
+      while (switches.load() == 0) std::this_thread::yield();
       Output o;
       for (int n = 0; n < kCallsPerCaller / 2; ++n) {
         const size_t index = static_cast<size_t>(t * 3 + n) % cases.size();
