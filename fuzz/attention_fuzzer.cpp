@@ -1471,6 +1471,9 @@ void shuffle_in_place(std::vector<T>& values, mha_test::Rng& rng) {
   }
 }
 
+// (A rare choice -- a breakage, specials, a window -- is taken on the top
+// value of its range: a case whose bytes run out, all of them then 0, is
+// valid.)
 int run_paged_case(FuzzedDataProvider& fdp) {
   g_case = "paged: ";
   const auto& backends = usable_backends();
@@ -1487,19 +1490,34 @@ int run_paged_case(FuzzedDataProvider& fdp) {
   const int64_t B = fdp.ConsumeIntegralInRange<int64_t>(1, 4);
   const int64_t Hkv = fdp.ConsumeIntegralInRange<int64_t>(1, 3);
   const int64_t H = Hkv * fdp.ConsumeIntegralInRange<int64_t>(1, 3);
-  const int64_t D = fdp.ConsumeIntegralInRange<int64_t>(1, 40);
-  const int64_t Dv = fdp.ConsumeIntegralInRange<int64_t>(1, 40);
+  // Head sizes: any, or a multiple of 8 (the decode kernel reads rows of a
+  // multiple of the vector width in place, through the table of row addresses).
+  static const int64_t kHeadSizes[] = {8, 16, 32, 40, 64};
+  const auto head_size = [&] {
+    return fdp.ConsumeBool() ? kHeadSizes[fdp.ConsumeIntegralInRange<int>(0, 4)]
+                             : fdp.ConsumeIntegralInRange<int64_t>(1, 40);
+  };
+  const int64_t D = head_size();
+  const int64_t Dv = head_size();
   static const int64_t kBlockSizes[] = {8, 16, 24, 32};
   const int64_t bs = kBlockSizes[fdp.ConsumeIntegralInRange<int>(0, 3)];
   std::vector<int64_t> lens_q(static_cast<size_t>(B)), used(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) {
     const int kind = fdp.ConsumeIntegralInRange<int>(0, 15);
-    int64_t lk = fdp.ConsumeIntegralInRange<int64_t>(0, 9);
-    int64_t lq = fdp.ConsumeIntegralInRange<int64_t>(0, 3);
-    if (kind >= 8) lk = fdp.ConsumeIntegralInRange<int64_t>(10, 140);      // several blocks
-    if (kind >= 12) lk = fdp.ConsumeIntegralInRange<int64_t>(200, 800);    // the decode layout
-    if (kind == 15) lk = fdp.ConsumeIntegralInRange<int64_t>(1100, 1400);  // tiles, split-KV
-    if (kind == 7 || kind == 11) lq = fdp.ConsumeIntegralInRange<int64_t>(4, 70);  // prefill
+    int64_t lq = fdp.ConsumeIntegralInRange<int64_t>(0, 3);  // decoding: a few new queries
+    int64_t lk = 0;
+    if (kind < 6) {
+      lk = fdp.ConsumeIntegralInRange<int64_t>(0, 9);
+    } else if (kind < 10) {  // several blocks
+      lk = fdp.ConsumeIntegralInRange<int64_t>(10, 140);
+    } else if (kind < 15) {  // the decode layout (twice a key tile and more)
+      lk = fdp.ConsumeIntegralInRange<int64_t>(150, 900);
+    } else {  // several decode tiles, split-KV
+      lk = fdp.ConsumeIntegralInRange<int64_t>(1100, 1400);
+    }
+    if (kind == 5 || kind == 8 || kind == 9) {  // chunked prefill
+      lq = fdp.ConsumeIntegralInRange<int64_t>(4, 70);
+    }
     lens_q[static_cast<size_t>(b)] = lq;
     used[static_cast<size_t>(b)] = lk;
   }
@@ -1604,7 +1622,7 @@ int run_paged_case(FuzzedDataProvider& fdp) {
   const mha_dtype in_dtype = kFloatTypes[fdp.ConsumeIntegralInRange<int>(0, 2)];
   const bool slots_i64 = fdp.ConsumeBool();
   std::vector<int64_t> candidates;
-  const bool anywhere = fdp.ConsumeIntegralInRange<int>(0, 3) == 0;
+  const bool anywhere = fdp.ConsumeIntegralInRange<int>(0, 3) == 3;
   for (int64_t slot = 0; slot < num_blocks * bs; ++slot) {
     if (anywhere || live[static_cast<size_t>(slot)]) candidates.push_back(slot);
   }
@@ -1638,7 +1656,7 @@ int run_paged_case(FuzzedDataProvider& fdp) {
 
   // ---- specials in the queries and the new tokens
   const int specials =
-      fdp.ConsumeIntegralInRange<int>(0, 3) == 0 ? fdp.ConsumeIntegralInRange<int>(1, 4) : 0;
+      fdp.ConsumeIntegralInRange<int>(0, 3) == 3 ? fdp.ConsumeIntegralInRange<int>(1, 4) : 0;
   for (int n = 0; n < specials; ++n) {
     const int target = fdp.ConsumeIntegralInRange<int>(0, 2);
     std::vector<float>& buf = target == 0 ? qb : (target == 1 ? key_in : value_in);
@@ -1650,7 +1668,7 @@ int run_paged_case(FuzzedDataProvider& fdp) {
   // ---- at most one way of breaking the write (decided here: one of them
   // plants a non-finite value in a row an i8 cache would quantise)
   const int write_how =
-      fdp.ConsumeIntegralInRange<int>(0, 3) == 0 ? fdp.ConsumeIntegralInRange<int>(0, 10) : -1;
+      fdp.ConsumeIntegralInRange<int>(0, 3) == 3 ? fdp.ConsumeIntegralInRange<int>(0, 10) : -1;
   bool planted = false;
   if (write_how == 10) {
     const int64_t start = rng.integer(0, T - 1);
@@ -1844,8 +1862,10 @@ int run_paged_case(FuzzedDataProvider& fdp) {
     if (which >= 6) expect_invalid = true;
     note(" scale %g", static_cast<double>(params.scale));
   }
-  params.window_left = fdp.ConsumeIntegralInRange<int64_t>(-1, 20);
-  params.window_right = fdp.ConsumeIntegralInRange<int64_t>(-1, 20);
+  if (fdp.ConsumeIntegralInRange<int>(0, 3) == 3) {  // sometimes: a window bounds what is read
+    params.window_left = fdp.ConsumeIntegralInRange<int64_t>(-1, 40);
+    params.window_right = fdp.ConsumeIntegralInRange<int64_t>(-1, 40);
+  }
   if (params.window_left >= 0 || params.window_right >= 0) {
     note(" window %lld,%lld", static_cast<long long>(params.window_left),
          static_cast<long long>(params.window_right));
@@ -1902,7 +1922,7 @@ int run_paged_case(FuzzedDataProvider& fdp) {
   // ---- at most one way of breaking the call
   std::vector<int64_t> slack(static_cast<size_t>(4 * (B + 2) * (max_blocks + 2)), 0);
   mha_tensor wrong{}, wrong_k_scale{}, wrong_v_scale{};
-  if (fdp.ConsumeIntegralInRange<int>(0, 3) == 0) {
+  if (fdp.ConsumeIntegralInRange<int>(0, 3) == 3) {
     const int how = fdp.ConsumeIntegralInRange<int>(0, 14);
     bool applied = true;
     // A sequence that has keys (a used block), from a random start.
