@@ -21,6 +21,7 @@
 #include "array_view.h"
 #include "bindings.h"
 #include "call_settings.h"
+#include "common/dtype.h"
 #include "errors.h"
 
 namespace nb = nanobind;
@@ -72,27 +73,6 @@ void check_max_used(const mha_tensor& used, std::optional<int64_t> max_seqlen_k)
   }
 }
 
-const char* dtype_label(int32_t dtype) {
-  switch (dtype) {
-    case MHA_DTYPE_F32:
-      return "f32";
-    case MHA_DTYPE_F16:
-      return "f16";
-    case MHA_DTYPE_BF16:
-      return "bf16";
-    case MHA_DTYPE_BOOL:
-      return "bool";
-    case MHA_DTYPE_I32:
-      return "i32";
-    case MHA_DTYPE_I64:
-      return "i64";
-    case MHA_DTYPE_I8:
-      return "i8";
-    default:
-      return "unknown";
-  }
-}
-
 // FlashAttention-2's paged call: the keys of sequence b are the first
 // cu_seqlens_k[b+1] - cu_seqlens_k[b] of its pages.  The library takes those
 // counts as seqused_k (and refuses cu_seqlens_k with a block table), so they
@@ -102,9 +82,9 @@ const char* dtype_label(int32_t dtype) {
 std::vector<int32_t> key_counts(const mha_tensor& cu, const mha_tensor& cu_q) {
   const char* hint = " (with block_table, its differences are each sequence's number of keys)";
   if (cu.dtype != MHA_DTYPE_I32) {
-    throw library_error(
-        MHA_ERR_INVALID_DTYPE,
-        std::string("cu_seqlens_k has dtype ") + dtype_label(cu.dtype) + "; it must be i32" + hint);
+    throw library_error(MHA_ERR_INVALID_DTYPE, std::string("cu_seqlens_k has dtype ") +
+                                                   mha_types::dtype_name(cu.dtype) +
+                                                   "; it must be i32" + hint);
   }
   if (cu.shape[0] != cu_q.shape[0]) {
     throw library_error(MHA_ERR_SHAPE_MISMATCH,
