@@ -3,13 +3,14 @@
 # CPU reaches: every usable backend on the shapes S1-S9 against the FMA peak and
 # read bandwidth measured in the same run and the textbook BLIS method.
 #   scripts/bench.sh [mha_bench options, e.g. --benchmark_filter=S1]
-# Writes build/release/bench.json (Google Benchmark JSON) and
-# build/release/bench-table.txt (the table printed at the end).
+# Writes build/release/bench.json (Google Benchmark JSON),
+# build/release/bench-table.txt (the table printed at the end) and
+# build/release/bench.png (the same results as a picture, bench/plot_bench.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${MHA_JOBS:-2}
 
-scripts/install-deps.sh native
+scripts/install-deps.sh native plot
 # Everything but the tests: the library, its plugins, the tools and the
 # benchmarks, so that `cmake --install build/release` works afterwards.
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DMHA_BUILD_TESTS=OFF >/dev/null
@@ -20,5 +21,10 @@ build/release/bin/mha_bench --benchmark_out=build/release/bench.json \
   --benchmark_out_format=json "$@"
 echo
 python3 bench/print_table.py build/release/bench.json | tee build/release/bench-table.txt
+# Debian's matplotlib belongs to Debian's python3, whatever python3 comes first
+# on the PATH.
+plot_python=/usr/bin/python3
+[ -x "$plot_python" ] || plot_python=python3
+"$plot_python" bench/plot_bench.py build/release/bench.json build/release/bench.png
 echo
 echo "benchmarks ran in $(( $(date +%s) - started )) s"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages mha needs, if any are missing.
-#   scripts/install-deps.sh [native] [sanitizers] [cross] [python]
+#   scripts/install-deps.sh [native] [sanitizers] [cross] [python] [plot]
 # native: compiler, CMake, xsimd, BLIS, GoogleTest, Google Benchmark, CLI11, JSON
 # sanitizers: clang, its sanitizer runtimes and LLVM's OpenMP (TSan, fuzzer),
 #             valgrind (leak check) and qemu-user (qemu-x86_64 -cpu: ISA limits)
@@ -11,6 +11,7 @@
 #         Debian's python3 with venv and pip, NumPy, PyTorch (1.13) and pytest
 #         (the package's build requirements, scikit-build-core and nanobind,
 #         come from PyPI through pip)
+# plot: matplotlib, for the picture scripts/bench.sh draws (bench/plot_bench.py)
 set -euo pipefail
 
 want=()
@@ -27,6 +28,8 @@ for group in "${@:-native}"; do
     python)
       want+=(g++ cmake ninja-build pkgconf libxsimd-dev libblis-openmp-dev python3 python3-dev
              python3-venv python3-pip python3-numpy python3-torch python3-pytest) ;;
+    plot)
+      want+=(python3 python3-matplotlib) ;;
     *) echo "install-deps: unknown group '$group'" >&2; exit 2 ;;
   esac
 done

@@ -26,7 +26,7 @@ configure() {  # configure <dir> <cmake args...>
 }
 
 stage_native() {
-  scripts/install-deps.sh native
+  scripts/install-deps.sh native plot  # plot: the benchmark picture's test
   configure build/native
   cmake --build build/native -j"$jobs"
   ctest --test-dir build/native --output-on-failure -j"$jobs"
