@@ -11,6 +11,7 @@
 #include <string>
 
 #include "array_view.h"
+#include "attention_params.h"
 #include "bindings.h"
 #include "call_settings.h"
 
@@ -25,8 +26,6 @@ constexpr RankRule kLse{1, 3, 3};        // [B, H, Lq]
 constexpr RankRule kMask{1, 4, 2};       // broadcast like NumPy against [B, H, Lq, Lk]
 constexpr RankRule kValidLens{1, 2, 1};  // [B] or [B, Lq]
 constexpr RankRule kRowScales{1, 3, 3};  // an int8 cache's [B, Hkv, Lk]
-constexpr RankRule kSinks{1, 1, 1};      // [H]
-constexpr RankRule kSlopes{1, 2, 1};     // [H] or [B, H]
 
 // PyTorch's rule: query heads may differ from key/value heads only with
 // enable_gqa (shapes as the library sees them, [B, H, L, D]).
@@ -55,35 +54,12 @@ void attention(nb::handle query, nb::handle key, nb::handle value, nb::handle ou
       optional_view(attn_mask, "attn_mask", Access::read_only, kMask);
   const std::optional<ArrayView> lens =
       optional_view(valid_lens, "valid_lens", Access::read_only, kValidLens);
-  std::optional<ArrayView> lse_view = optional_view(lse, "lse", Access::writable, kLse);
-  const std::optional<ArrayView> k_scales =
-      optional_view(k_scale, "k_scale", Access::read_only, kRowScales);
-  const std::optional<ArrayView> v_scales =
-      optional_view(v_scale, "v_scale", Access::read_only, kRowScales);
-  const std::optional<ArrayView> sink_view =
-      optional_view(sinks, "sinks", Access::read_only, kSinks);
-  const std::optional<ArrayView> slope_view =
-      optional_view(alibi_slopes, "alibi_slopes", Access::read_only, kSlopes);
-
-  mha_attention_params params;
-  mha_attention_params_init(&params);
-  if (scale) {
-    params.has_scale = 1;
-    params.scale = static_cast<float>(*scale);
-  }
-  params.causal = causal;
+  AttentionParamViews views({lse, k_scale, v_scale, sinks, alibi_slopes, scale, causal, dropout_p,
+                             dropout_seed, window_left, window_right, softcap},
+                            {kLse, kRowScales});
+  mha_attention_params& params = views.params();
   params.mask = mask ? &mask->tensor() : nullptr;
   params.valid_lens = lens ? &lens->tensor() : nullptr;
-  params.lse = lse_view ? &lse_view->tensor() : nullptr;
-  params.k_scale = k_scales ? &k_scales->tensor() : nullptr;
-  params.v_scale = v_scales ? &v_scales->tensor() : nullptr;
-  params.dropout_p = static_cast<float>(dropout_p);
-  params.dropout_seed = dropout_seed;
-  params.window_left = window_left;
-  params.window_right = window_right;
-  params.sinks = sink_view ? &sink_view->tensor() : nullptr;
-  params.softcap = static_cast<float>(softcap);
-  params.alibi_slopes = slope_view ? &slope_view->tensor() : nullptr;
 
   const CallOverrides overrides{std::move(backend), threads};
   nb::gil_scoped_release without_gil;

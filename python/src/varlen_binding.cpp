@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "array_view.h"
+#include "attention_params.h"
 #include "bindings.h"
 #include "call_settings.h"
 #include "common/dtype.h"
@@ -36,8 +37,6 @@ constexpr RankRule kLengths{1, 1, 1};    // [B]
 constexpr RankRule kTable{2, 2, 2};      // [B, max_blocks]
 constexpr RankRule kLse{2, 2, 2};        // [H, total_q]
 constexpr RankRule kRowScales{2, 3, 2};  // an int8 cache's [total_k, Hkv] or [.., block_size, Hkv]
-constexpr RankRule kSinks{1, 1, 1};      // [H]
-constexpr RankRule kSlopes{1, 2, 1};     // [H] or [B, H]
 
 // FlashAttention-2 sizes its work by max_seqlen_q and max_seqlen_k: a longer
 // sequence would be cut short there.  Refuses a bound below the longest
@@ -147,39 +146,16 @@ void varlen_attention(nb::handle q_object, nb::handle k_object, nb::handle v_obj
     derived.shape[0] = static_cast<int64_t>(counts.size());
     derived.strides[0] = 1;
   }
-  std::optional<ArrayView> lse_view = optional_view(lse, "lse", Access::writable, kLse);
-  const std::optional<ArrayView> k_scales =
-      optional_view(k_scale, "k_scale", Access::read_only, kRowScales);
-  const std::optional<ArrayView> v_scales =
-      optional_view(v_scale, "v_scale", Access::read_only, kRowScales);
-  const std::optional<ArrayView> sink_view =
-      optional_view(sinks, "sinks", Access::read_only, kSinks);
-  const std::optional<ArrayView> slope_view =
-      optional_view(alibi_slopes, "alibi_slopes", Access::read_only, kSlopes);
-
+  const AttentionParamViews views({lse, k_scale, v_scale, sinks, alibi_slopes, scale, causal,
+                                   dropout_p, dropout_seed, window_left, window_right, softcap},
+                                  {kLse, kRowScales});
   mha_varlen_params varlen;
   mha_varlen_params_init(&varlen);
   varlen.cu_seqlens_q = &cu_q.tensor();
   varlen.cu_seqlens_k = cu_k && !derive ? &cu_k->tensor() : nullptr;
   varlen.seqused_k = derive ? &derived : used ? &used->tensor() : nullptr;
   varlen.block_table = table ? &table->tensor() : nullptr;
-  mha_attention_params params;
-  mha_attention_params_init(&params);
-  if (scale) {
-    params.has_scale = 1;
-    params.scale = static_cast<float>(*scale);
-  }
-  params.causal = causal;
-  params.lse = lse_view ? &lse_view->tensor() : nullptr;
-  params.k_scale = k_scales ? &k_scales->tensor() : nullptr;
-  params.v_scale = v_scales ? &v_scales->tensor() : nullptr;
-  params.dropout_p = static_cast<float>(dropout_p);
-  params.dropout_seed = dropout_seed;
-  params.window_left = window_left;
-  params.window_right = window_right;
-  params.sinks = sink_view ? &sink_view->tensor() : nullptr;
-  params.softcap = static_cast<float>(softcap);
-  params.alibi_slopes = slope_view ? &slope_view->tensor() : nullptr;
+  const mha_attention_params& params = views.params();
 
   const CallOverrides overrides{std::move(backend), threads};
   nb::gil_scoped_release without_gil;
