@@ -34,3 +34,10 @@ def integer(x, name, lowest, highest=None):
         bounds = f">= {lowest}" if highest is None else f"in [{lowest}, {highest}]"
         raise ValueError(f"{name} must be {bounds}, not {x}")
     return int(x)
+
+
+def call_settings(backend, threads):
+    """(backend, threads) of one call, checked: None each, or a str and an int in [1, 4096]."""
+    if backend is not None and type(backend) is not str:
+        raise TypeError(f"backend must be a str, not {type(backend).__name__}")
+    return backend, None if threads is None else integer(threads, "threads", 1, 4096)

@@ -6,7 +6,7 @@ from typing import Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import _mha
-from ._arguments import flag, integer, real
+from ._arguments import call_settings, flag, integer, real
 from ._arrays import (Array, array_argument, empty_like_framework, is_array,
                       optional_array_argument, shape_of)
 
@@ -112,9 +112,7 @@ def scaled_dot_product_attention(
     sinks = optional_array_argument(sinks, "sinks")
     softcap = real(softcap, "softcap")
     alibi_slopes = optional_array_argument(alibi_slopes, "alibi_slopes")
-    if backend is not None and type(backend) is not str:
-        raise TypeError(f"backend must be a str, not {type(backend).__name__}")
-    threads = None if threads is None else integer(threads, "threads", 1, 4096)
+    backend, threads = call_settings(backend, threads)
 
     if out is None:
         out = empty_like_framework(query, shape_of(query)[:-1] + shape_of(value)[-1:])

@@ -6,7 +6,7 @@ from typing import Optional, Tuple, Union
 import numpy as np
 
 from . import _mha
-from ._arguments import flag, integer, real
+from ._arguments import call_settings, flag, integer, real
 from ._arrays import (Array, array_argument, empty_like_framework, is_torch_tensor,
                       optional_array_argument, shape_of)
 from ._attention import _causal_mode, _window_argument
@@ -245,9 +245,7 @@ def flash_attn_with_kvcache(
     sinks = optional_array_argument(sinks, "sinks")
     k_scale = optional_array_argument(k_scale, "k_scale")
     v_scale = optional_array_argument(v_scale, "v_scale")
-    if backend is not None and type(backend) is not str:
-        raise TypeError(f"backend must be a str, not {type(backend).__name__}")
-    threads = None if threads is None else integer(threads, "threads", 1, 4096)
+    backend, threads = call_settings(backend, threads)
 
     q_shape = shape_of(q)
     if len(q_shape) != 4:

@@ -2,7 +2,7 @@
 from typing import Any, Optional, Tuple, Union
 
 from . import _mha
-from ._arguments import flag, integer, real
+from ._arguments import call_settings, flag, integer, real
 from ._arrays import Array, array_argument, empty_like_framework, optional_array_argument, shape_of
 from ._attention import _causal_mode, _dropout_seed, _window_argument
 
@@ -146,9 +146,7 @@ def varlen_attention(
     dropout_seed = _dropout_seed(dropout_seed, dropout_p)
     k_scale = optional_array_argument(k_scale, "k_scale")
     v_scale = optional_array_argument(v_scale, "v_scale")
-    if backend is not None and type(backend) is not str:
-        raise TypeError(f"backend must be a str, not {type(backend).__name__}")
-    threads = None if threads is None else integer(threads, "threads", 1, 4096)
+    backend, threads = call_settings(backend, threads)
 
     q_shape = shape_of(q)
     if len(q_shape) != 3:
