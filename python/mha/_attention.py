@@ -8,7 +8,7 @@ import numpy as np
 from . import _mha
 from ._arguments import call_settings, flag, integer, real
 from ._arrays import (Array, array_argument, empty_like_framework, is_array,
-                      optional_array_argument, shape_of)
+                      is_torch_tensor, shape_of, torch_module)
 
 # mha.h's mha_causal.
 _CAUSAL = {"top-left": 1, "bottom-right": 2}
@@ -103,12 +103,8 @@ def scaled_dot_product_attention(
     # example, costs a few microseconds in C, and a Python function call about
     # 0.1 (python/bench/overhead.py measures the whole binding).
     ndarray = np.ndarray
-    if type(query) is not ndarray:
-        query = array_argument(query, "query")
-    if type(key) is not ndarray:
-        key = array_argument(key, "key")
-    if type(value) is not ndarray:
-        value = array_argument(value, "value")
+    if type(query) is not ndarray or type(key) is not ndarray or type(value) is not ndarray:
+        query, key, value = _qkv_arguments(query, key, value)
     if attn_mask is not None:
         attn_mask = array_argument(attn_mask, "attn_mask")
     if valid_lens is not None and type(valid_lens) is not ndarray:
@@ -146,6 +142,8 @@ def scaled_dot_product_attention(
     if out is None:
         if type(query) is ndarray and type(value) is ndarray:
             out = np.empty(query.shape[:-1] + value.shape[-1:], query.dtype)
+        elif is_torch_tensor(query) and is_torch_tensor(value):
+            out = query.new_empty(query.shape[:-1] + value.shape[-1:])
         else:
             out = empty_like_framework(query, shape_of(query)[:-1] + shape_of(value)[-1:])
     elif type(out) is not ndarray:
@@ -156,6 +154,17 @@ def scaled_dot_product_attention(
                    causal, enable_gqa, dropout_p, dropout_seed, window_left, window_right, sinks,
                    softcap, alibi_slopes, backend, threads)
     return (out, lse) if return_lse else out
+
+
+def _qkv_arguments(query, key, value):
+    """query, key and value checked to be arrays (array_argument), torch's looked up once."""
+    torch = torch_module()
+    if torch is not None:
+        tensor = torch.Tensor
+        if isinstance(query, tensor) and isinstance(key, tensor) and isinstance(value, tensor):
+            return query, key, value
+    return (array_argument(query, "query"), array_argument(key, "key"),
+            array_argument(value, "value"))
 
 
 def _window_argument(window_size):
