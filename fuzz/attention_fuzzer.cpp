@@ -289,6 +289,34 @@ bool same_bytes(const std::vector<T>& a, const std::vector<T>& b) {
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
 
+// The contract of a call's outputs, for a case named by `prefix` ("" or
+// "varlen: "): a refused call says why and leaves out and lse as they were;
+// an accepted one writes nothing outside them, and lse only when asked for.
+// Returns whether the results are to be checked (the call was expected to
+// be accepted).
+bool outputs_keep_contract(const std::string& prefix, mha_status status, const std::string& message,
+                           bool expect_invalid, const Guarded& out_buf, const mha_tensor& out,
+                           const std::vector<float>& out_before, const Guarded& lse_buf,
+                           const mha_tensor& lse, const std::vector<float>& lse_before,
+                           bool want_lse) {
+  if (expect_invalid) {
+    if (status == MHA_OK) finding(prefix + "an invalid call was accepted");
+    if (message.empty()) finding(prefix + "a refused call left no message");
+    if (!same_bytes(out_buf.all, out_before)) finding(prefix + "a refused call modified out");
+    if (!same_bytes(lse_buf.all, lse_before)) finding(prefix + "a refused call modified lse");
+    return false;
+  }
+  if (status != MHA_OK) finding(prefix + "a valid call failed: " + message);
+  if (changed_outside(out_buf, out, out_before) != 0) finding(prefix + "written outside out");
+  if (want_lse && changed_outside(lse_buf, lse, lse_before) != 0) {
+    finding(prefix + "written outside lse");
+  }
+  if (!want_lse && !same_bytes(lse_buf.all, lse_before)) {
+    finding(prefix + "lse written though not wanted");
+  }
+  return true;
+}
+
 // ------------------------------------------------------------------ one case
 
 int run_case(FuzzedDataProvider& fdp) {
@@ -781,17 +809,10 @@ int run_case(FuzzedDataProvider& fdp) {
       !same_bytes(lens32, l32_before) || !same_bytes(lens64, l64_before)) {
     finding("an input was modified");
   }
-  if (expect_invalid) {
-    if (status == MHA_OK) finding("an invalid call was accepted");
-    if (message.empty()) finding("a refused call left no message");
-    if (!same_bytes(out_buf.all, out_before)) finding("a refused call modified out");
-    if (!same_bytes(lse_buf.all, lse_before)) finding("a refused call modified lse");
+  if (!outputs_keep_contract("", status, message, expect_invalid, out_buf, out, out_before, lse_buf,
+                             lse, lse_before, want_lse)) {
     return 0;
   }
-  if (status != MHA_OK) finding("a valid call failed: " + message);
-  if (changed_outside(out_buf, out, out_before) != 0) finding("written outside out");
-  if (want_lse && changed_outside(lse_buf, lse, lse_before) != 0) finding("written outside lse");
-  if (!want_lse && !same_bytes(lse_buf.all, lse_before)) finding("lse written though not wanted");
   // avx512bf16 rounds P to bf16 for bf16 Q with bf16 K/V: its allowance.
   compare(out, want_lse ? static_cast<const float*>(lse.data) : nullptr, lse_strides, ref,
           v_has_inf && ref.max_abs_logit > 40.0,
@@ -1173,20 +1194,9 @@ int run_varlen_case(FuzzedDataProvider& fdp) {
       !same_bytes(cu_q, cu_q_before) || !same_bytes(cu_k, cu_k_before)) {
     finding("varlen: an input was modified");
   }
-  if (expect_invalid) {
-    if (status == MHA_OK) finding("varlen: an invalid call was accepted");
-    if (message.empty()) finding("varlen: a refused call left no message");
-    if (!same_bytes(out_buf.all, out_before)) finding("varlen: a refused call modified out");
-    if (!same_bytes(lse_buf.all, lse_before)) finding("varlen: a refused call modified lse");
+  if (!outputs_keep_contract("varlen: ", status, message, expect_invalid, out_buf, out, out_before,
+                             lse_buf, lse, lse_before, want_lse)) {
     return 0;
-  }
-  if (status != MHA_OK) finding("varlen: a valid call failed: " + message);
-  if (changed_outside(out_buf, out, out_before) != 0) finding("varlen: written outside out");
-  if (want_lse && changed_outside(lse_buf, lse, lse_before) != 0) {
-    finding("varlen: written outside lse");
-  }
-  if (!want_lse && !same_bytes(lse_buf.all, lse_before)) {
-    finding("varlen: lse written though not wanted");
   }
 
   // ---- each sequence against the reference on that sequence alone
@@ -1239,8 +1249,9 @@ int run_varlen_case(FuzzedDataProvider& fdp) {
 
 // ------------------------------------------------------------------ a paged KV cache
 
+// Bytes per element of a cache dtype (F32, BF16, F16 or I8; at least 1).
 int64_t element_bytes(int32_t dtype) {
-  return dtype == MHA_DTYPE_I8 ? 1 : mha_types::float_bytes(dtype);
+  return dtype == MHA_DTYPE_I8 ? 1 : std::max(1, mha_types::float_bytes(dtype));
 }
 
 // Element `at` of F32, BF16 or F16 data, read by the formats' definitions
@@ -1818,7 +1829,10 @@ int run_paged_case(FuzzedDataProvider& fdp) {
     const std::vector<float> ks_before = kc.scales, vs_before = vc.scales;
     const std::vector<unsigned char> key_before = bytes_of(key_typed.get()),
                                      value_before = bytes_of(value_typed.get());
+    // Snapshots: the call sees slots through tslots.
+    // NOLINTNEXTLINE(performance-unnecessary-copy-initialization)
     const std::vector<int64_t> slots_before = slots;
+    // NOLINTNEXTLINE(performance-unnecessary-copy-initialization)
     const std::vector<int32_t> slots32_before = slots32;
     const mha_status status =
         mha_kv_cache_write(&tkey, &tvalue, &tkc, &tvc, &tslots, ks_arg, vs_arg);
@@ -2026,20 +2040,9 @@ int run_paged_case(FuzzedDataProvider& fdp) {
       !same_bytes(used32, used_before) || !same_bytes(table, table_before)) {
     finding("paged: an input was modified");
   }
-  if (expect_invalid) {
-    if (status == MHA_OK) finding("paged: an invalid call was accepted");
-    if (message.empty()) finding("paged: a refused call left no message");
-    if (!same_bytes(out_buf.all, out_before)) finding("paged: a refused call modified out");
-    if (!same_bytes(lse_buf.all, lse_before)) finding("paged: a refused call modified lse");
+  if (!outputs_keep_contract("paged: ", status, message, expect_invalid, out_buf, out, out_before,
+                             lse_buf, lse, lse_before, want_lse)) {
     return 0;
-  }
-  if (status != MHA_OK) finding("paged: a valid call failed: " + message);
-  if (changed_outside(out_buf, out, out_before) != 0) finding("paged: written outside out");
-  if (want_lse && changed_outside(lse_buf, lse, lse_before) != 0) {
-    finding("paged: written outside lse");
-  }
-  if (!want_lse && !same_bytes(lse_buf.all, lse_before)) {
-    finding("paged: lse written though not wanted");
   }
 
   // ---- each sequence against the reference on its keys gathered densely
