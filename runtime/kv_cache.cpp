@@ -138,25 +138,19 @@ mha_status check_cache_write(const mha_tensor* key, const mha_tensor* value,
     return fail(MHA_ERR_INVALID_DTYPE, "slot_mapping has dtype %s; it must be i32 or i64",
                 dtype_name(slots->dtype));
   }
-  const struct {
-    const char* what;
-    const char* a;
-    int64_t va;
-    const char* b;
-    int64_t vb;
-  } agreements[] = {
-      {"tokens T", "key", key->shape[0], "value", value->shape[0]},
-      {"tokens T", "key", key->shape[0], "slot_mapping", slots->shape[0]},
-      {"KV heads", "key", key->shape[1], "value", value->shape[1]},
-      {"num_blocks", "key_cache", key_cache->shape[0], "value_cache", value_cache->shape[0]},
-      {"block_size", "key_cache", key_cache->shape[1], "value_cache", value_cache->shape[1]},
-      {"KV heads", "key", key->shape[1], "key_cache", key_cache->shape[2]},
-      {"KV heads", "value", value->shape[1], "value_cache", value_cache->shape[2]},
-      {"head size", "key", key->shape[2], "key_cache", key_cache->shape[3]},
-      {"value head size", "value", value->shape[2], "value_cache", value_cache->shape[3]},
-  };
-  for (const auto& a : agreements) {
-    if (mha_status s = check_shape_equal(a.what, a.a, a.va, a.b, a.vb); s != MHA_OK) return s;
+  if (mha_status s = check_agreements({
+          {"tokens T", "key", key->shape[0], "value", value->shape[0]},
+          {"tokens T", "key", key->shape[0], "slot_mapping", slots->shape[0]},
+          {"KV heads", "key", key->shape[1], "value", value->shape[1]},
+          {"num_blocks", "key_cache", key_cache->shape[0], "value_cache", value_cache->shape[0]},
+          {"block_size", "key_cache", key_cache->shape[1], "value_cache", value_cache->shape[1]},
+          {"KV heads", "key", key->shape[1], "key_cache", key_cache->shape[2]},
+          {"KV heads", "value", value->shape[1], "value_cache", value_cache->shape[2]},
+          {"head size", "key", key->shape[2], "key_cache", key_cache->shape[3]},
+          {"value head size", "value", value->shape[2], "value_cache", value_cache->shape[3]},
+      });
+      s != MHA_OK) {
+    return s;
   }
   const int64_t block_size = key_cache->shape[1];
   if (block_size % 8 != 0) {

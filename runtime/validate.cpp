@@ -60,6 +60,23 @@ mha_status check_shape_equal(const char* what, const char* a, int64_t va, const 
               static_cast<long long>(va), b, static_cast<long long>(vb));
 }
 
+mha_status check_agreements(std::initializer_list<SizeAgreement> agreements) {
+  for (const SizeAgreement& a : agreements) {
+    if (mha_status s = check_shape_equal(a.what, a.a, a.va, a.b, a.vb); s != MHA_OK) return s;
+  }
+  return MHA_OK;
+}
+
+mha_status check_head_sizes(std::initializer_list<NamedSize> sizes) {
+  for (const NamedSize& h : sizes) {
+    if (h.value > MHA_MAX_HEAD_DIM) {
+      return fail(MHA_ERR_INVALID_SIZE, "%s = %lld exceeds MHA_MAX_HEAD_DIM = %d", h.what,
+                  static_cast<long long>(h.value), MHA_MAX_HEAD_DIM);
+    }
+  }
+  return MHA_OK;
+}
+
 namespace {
 
 // The strides of a mask broadcast (NumPy's rule, aligned right) to
@@ -381,36 +398,24 @@ mha_status check_attention(const mha_tensor* q, const mha_tensor* k, const mha_t
 
   const int64_t batch = q->shape[0], heads = q->shape[1], lq = q->shape[2], d = q->shape[3];
   const int64_t kv_heads = k->shape[1], lk = k->shape[2], dv = v->shape[3];
-  struct Agreement {
-    const char* what;
-    const char* a;
-    int64_t va;
-    const char* b;
-    int64_t vb;
-  };
-  const Agreement agreements[] = {
-      {"batch", "q", batch, "k", k->shape[0]},
-      {"batch", "q", batch, "v", v->shape[0]},
-      {"batch", "q", batch, "out", out->shape[0]},
-      {"KV heads", "k", kv_heads, "v", v->shape[1]},
-      {"heads", "q", heads, "out", out->shape[1]},
-      {"key length", "k", lk, "v", v->shape[2]},
-      {"query length", "q", lq, "out", out->shape[2]},
-      {"head size", "q", d, "k", k->shape[3]},
-      {"value head size", "v", dv, "out", out->shape[3]},
-  };
-  for (const auto& a : agreements) {
-    if (mha_status s = check_shape_equal(a.what, a.a, a.va, a.b, a.vb); s != MHA_OK) return s;
+  if (mha_status s = check_agreements({
+          {"batch", "q", batch, "k", k->shape[0]},
+          {"batch", "q", batch, "v", v->shape[0]},
+          {"batch", "q", batch, "out", out->shape[0]},
+          {"KV heads", "k", kv_heads, "v", v->shape[1]},
+          {"heads", "q", heads, "out", out->shape[1]},
+          {"key length", "k", lk, "v", v->shape[2]},
+          {"query length", "q", lq, "out", out->shape[2]},
+          {"head size", "q", d, "k", k->shape[3]},
+          {"value head size", "v", dv, "out", out->shape[3]},
+      });
+      s != MHA_OK) {
+    return s;
   }
-  const struct {
-    const char* what;
-    int64_t value;
-  } head_sizes[] = {{"q->shape[3] (the head size D)", d}, {"v->shape[3] (the head size Dv)", dv}};
-  for (const auto& h : head_sizes) {
-    if (h.value > MHA_MAX_HEAD_DIM) {
-      return fail(MHA_ERR_INVALID_SIZE, "%s = %lld exceeds MHA_MAX_HEAD_DIM = %d", h.what,
-                  static_cast<long long>(h.value), MHA_MAX_HEAD_DIM);
-    }
+  if (mha_status s = check_head_sizes(
+          {{"q->shape[3] (the head size D)", d}, {"v->shape[3] (the head size Dv)", dv}});
+      s != MHA_OK) {
+    return s;
   }
   if (heads % kv_heads != 0) {
     return fail(MHA_ERR_SHAPE_MISMATCH,

@@ -5,6 +5,7 @@
 #include <mha/plugin_abi.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "common/dtype.h"
@@ -47,6 +48,22 @@ mha_status check_valid_lens(const mha_tensor* vl, const char* name, int64_t batc
 // "what: a has va but b has vb" unless va == vb.
 mha_status check_shape_equal(const char* what, const char* a, int64_t va, const char* b,
                              int64_t vb);
+// Two sizes of two arguments that must agree, and the first of a list that
+// does not (check_shape_equal's error).
+struct SizeAgreement {
+  const char* what;
+  const char* a;
+  int64_t va;
+  const char* b;
+  int64_t vb;
+};
+mha_status check_agreements(std::initializer_list<SizeAgreement> agreements);
+// Head sizes (D, Dv) above MHA_MAX_HEAD_DIM refused: "what = value exceeds ...".
+struct NamedSize {
+  const char* what;
+  int64_t value;
+};
+mha_status check_head_sizes(std::initializer_list<NamedSize> sizes);
 // The dtypes mha_attention takes for q, k, v and out.
 mha_status check_dtypes(const mha_tensor& q, const mha_tensor& k, const mha_tensor& v,
                         const mha_tensor& out);

@@ -187,33 +187,22 @@ mha_status check_varlen(const mha_tensor* q, const mha_tensor* k, const mha_tens
   const int32_t h_axis = kv_ndim - 2;  // k's and v's head axis
   const int64_t total_q = q->shape[0], heads = q->shape[1], d = q->shape[2];
   const int64_t kv_heads = k->shape[h_axis], dv = v->shape[h_axis + 1];
-  const struct {
-    const char* what;
-    const char* a;
-    int64_t va;
-    const char* b;
-    int64_t vb;
-  } agreements[] = {
-      {"total_q", "q", total_q, "out", out->shape[0]},
-      {paged ? "num_blocks" : "total_k", "k", k->shape[0], "v", v->shape[0]},
-      {"block_size", "k", k->shape[1], "v", v->shape[1]},  // (paged; else KV heads, again)
-      {"KV heads", "k", kv_heads, "v", v->shape[h_axis]},
-      {"heads", "q", heads, "out", out->shape[1]},
-      {"head size", "q", d, "k", k->shape[h_axis + 1]},
-      {"value head size", "v", dv, "out", out->shape[2]},
-  };
-  for (const auto& a : agreements) {
-    if (mha_status s = check_shape_equal(a.what, a.a, a.va, a.b, a.vb); s != MHA_OK) return s;
+  if (mha_status s = check_agreements({
+          {"total_q", "q", total_q, "out", out->shape[0]},
+          {paged ? "num_blocks" : "total_k", "k", k->shape[0], "v", v->shape[0]},
+          {"block_size", "k", k->shape[1], "v", v->shape[1]},  // (paged; else KV heads, again)
+          {"KV heads", "k", kv_heads, "v", v->shape[h_axis]},
+          {"heads", "q", heads, "out", out->shape[1]},
+          {"head size", "q", d, "k", k->shape[h_axis + 1]},
+          {"value head size", "v", dv, "out", out->shape[2]},
+      });
+      s != MHA_OK) {
+    return s;
   }
-  const struct {
-    const char* what;
-    int64_t value;
-  } head_sizes[] = {{"q->shape[2] (the head size D)", d}, {"the head size Dv of v", dv}};
-  for (const auto& h : head_sizes) {
-    if (h.value > MHA_MAX_HEAD_DIM) {
-      return fail(MHA_ERR_INVALID_SIZE, "%s = %lld exceeds MHA_MAX_HEAD_DIM = %d", h.what,
-                  static_cast<ll>(h.value), MHA_MAX_HEAD_DIM);
-    }
+  if (mha_status s =
+          check_head_sizes({{"q->shape[2] (the head size D)", d}, {"the head size Dv of v", dv}});
+      s != MHA_OK) {
+    return s;
   }
   if (heads % kv_heads != 0) {
     return fail(MHA_ERR_SHAPE_MISMATCH,
