@@ -866,6 +866,49 @@ mha_tensor sequence_of(const mha_tensor& t, int64_t first, int64_t len) {
                             {0, t.strides[1], t.strides[0], t.strides[2]});
 }
 
+// The attention variants a case draws -- softcap, per-head sinks, ALiBi
+// slopes per head or per sequence -- with the arrays params points to (so
+// they must outlive the call).  Every case draws them from the same bytes in
+// the same order.
+struct DrawnVariants {
+  std::vector<float> sink_values, slopes;
+  mha_tensor sinks{}, alibi{};
+  bool alibi_per_sequence = false;
+};
+
+// Draws the variants into params and `drawn`; slopes has room for
+// slope_rows rows of H.
+void draw_variants(FuzzedDataProvider& fdp, mha_test::Rng& rng, int64_t B, int64_t H,
+                   int64_t slope_rows, mha_attention_params& params, DrawnVariants& drawn) {
+  const int variants = fdp.ConsumeIntegralInRange<int>(0, 7);
+  static const float kCaps[] = {1.0f, 5.0f, 50.0f, 1e4f};
+  static const float kSinks[] = {-kInf, -1e4f, 1e4f, 0.0f};
+  drawn.sink_values.assign(static_cast<size_t>(H), 0.0f);
+  drawn.slopes.assign(static_cast<size_t>(slope_rows * H), 0.0f);
+  if (variants & 1) {
+    params.softcap = kCaps[fdp.ConsumeIntegralInRange<int>(0, 3)];
+    note(" softcap %g", static_cast<double>(params.softcap));
+  }
+  if (variants & 2) {
+    for (float& x : drawn.sink_values) {
+      const int pick = fdp.ConsumeIntegralInRange<int>(0, 4);
+      x = pick < 4 ? kSinks[pick] : rng.uniform(-3.0f, 5.0f);
+    }
+    drawn.sinks = mha_test::describe(drawn.sink_values.data(), MHA_DTYPE_F32, {H});
+    params.sinks = &drawn.sinks;
+    note(" sinks");
+  }
+  drawn.alibi_per_sequence = (variants & 4) != 0 && fdp.ConsumeBool();
+  if (variants & 4) {
+    for (float& x : drawn.slopes) x = rng.uniform(0.0f, 1.0f);
+    drawn.alibi = drawn.alibi_per_sequence
+                      ? mha_test::describe(drawn.slopes.data(), MHA_DTYPE_F32, {B, H})
+                      : mha_test::describe(drawn.slopes.data(), MHA_DTYPE_F32, {H});
+    params.alibi_slopes = &drawn.alibi;
+    note(" alibi%s", drawn.alibi_per_sequence ? " per sequence" : "");
+  }
+}
+
 int run_varlen_case(FuzzedDataProvider& fdp) {
   g_case = "varlen: ";
   const auto& backends = usable_backends();
@@ -1041,32 +1084,8 @@ int run_varlen_case(FuzzedDataProvider& fdp) {
     note(" window %lld,%lld", static_cast<long long>(params.window_left),
          static_cast<long long>(params.window_right));
   }
-  const int variants = fdp.ConsumeIntegralInRange<int>(0, 7);
-  static const float kCaps[] = {1.0f, 5.0f, 50.0f, 1e4f};
-  static const float kSinks[] = {-kInf, -1e4f, 1e4f, 0.0f};
-  std::vector<float> sink_values(static_cast<size_t>(H)), slopes(static_cast<size_t>((B + 1) * H));
-  mha_tensor sinks{}, alibi{};
-  if (variants & 1) {
-    params.softcap = kCaps[fdp.ConsumeIntegralInRange<int>(0, 3)];
-    note(" softcap %g", static_cast<double>(params.softcap));
-  }
-  if (variants & 2) {
-    for (float& x : sink_values) {
-      const int pick = fdp.ConsumeIntegralInRange<int>(0, 4);
-      x = pick < 4 ? kSinks[pick] : rng.uniform(-3.0f, 5.0f);
-    }
-    sinks = mha_test::describe(sink_values.data(), MHA_DTYPE_F32, {H});
-    params.sinks = &sinks;
-    note(" sinks");
-  }
-  const bool alibi_per_sequence = (variants & 4) != 0 && fdp.ConsumeBool();
-  if (variants & 4) {
-    for (float& x : slopes) x = rng.uniform(0.0f, 1.0f);
-    alibi = alibi_per_sequence ? mha_test::describe(slopes.data(), MHA_DTYPE_F32, {B, H})
-                               : mha_test::describe(slopes.data(), MHA_DTYPE_F32, {H});
-    params.alibi_slopes = &alibi;
-    note(" alibi%s", alibi_per_sequence ? " per sequence" : "");
-  }
+  DrawnVariants drawn;
+  draw_variants(fdp, rng, B, H, B + 1, params, drawn);
 
   // ---- outputs
   Guarded out_buf(lo_layout.extent);
@@ -1140,7 +1159,7 @@ int run_varlen_case(FuzzedDataProvider& fdp) {
         }
         break;
       case 11:
-        wrong = mha_test::describe(slopes.data(), MHA_DTYPE_F32, {B + 1, H});
+        wrong = mha_test::describe(drawn.slopes.data(), MHA_DTYPE_F32, {B + 1, H});
         params.alibi_slopes = &wrong;
         break;
       case 12:
@@ -1214,7 +1233,8 @@ int run_varlen_case(FuzzedDataProvider& fdp) {
             if (got != 0.0f) finding("varlen: a sequence without keys has a non-zero output");
           }
           if (!want_lse) continue;
-          const float want = params.sinks != nullptr ? sink_values[static_cast<size_t>(h)] : -kInf;
+          const float want =
+              params.sinks != nullptr ? drawn.sink_values[static_cast<size_t>(h)] : -kInf;
           const float got = lse_data[h * lse.strides[0] + i * lse.strides[1]];
           if (!(got == want)) {  // the sinks are never NaN
             finding("varlen: a sequence without keys has an LSE other than its sink");
@@ -1226,8 +1246,8 @@ int run_varlen_case(FuzzedDataProvider& fdp) {
     mha_attention_params alone = params;
     alone.lse = nullptr;
     mha_tensor slope_row{}, ks{}, vs{};
-    if (alibi_per_sequence) {
-      slope_row = mha_test::describe(slopes.data() + b * H, MHA_DTYPE_F32, {H});
+    if (drawn.alibi_per_sequence) {
+      slope_row = mha_test::describe(drawn.slopes.data() + b * H, MHA_DTYPE_F32, {H});
       alone.alibi_slopes = &slope_row;
     }
     if (params.k_scale != nullptr) {
@@ -1884,32 +1904,8 @@ int run_paged_case(FuzzedDataProvider& fdp) {
     note(" window %lld,%lld", static_cast<long long>(params.window_left),
          static_cast<long long>(params.window_right));
   }
-  const int variants = fdp.ConsumeIntegralInRange<int>(0, 7);
-  static const float kCaps[] = {1.0f, 5.0f, 50.0f, 1e4f};
-  static const float kSinks[] = {-kInf, -1e4f, 1e4f, 0.0f};
-  std::vector<float> sink_values(static_cast<size_t>(H)), slopes(static_cast<size_t>(B * H));
-  mha_tensor sinks{}, alibi{};
-  if (variants & 1) {
-    params.softcap = kCaps[fdp.ConsumeIntegralInRange<int>(0, 3)];
-    note(" softcap %g", static_cast<double>(params.softcap));
-  }
-  if (variants & 2) {
-    for (float& x : sink_values) {
-      const int pick = fdp.ConsumeIntegralInRange<int>(0, 4);
-      x = pick < 4 ? kSinks[pick] : rng.uniform(-3.0f, 5.0f);
-    }
-    sinks = mha_test::describe(sink_values.data(), MHA_DTYPE_F32, {H});
-    params.sinks = &sinks;
-    note(" sinks");
-  }
-  const bool alibi_per_sequence = (variants & 4) != 0 && fdp.ConsumeBool();
-  if (variants & 4) {
-    for (float& x : slopes) x = rng.uniform(0.0f, 1.0f);
-    alibi = alibi_per_sequence ? mha_test::describe(slopes.data(), MHA_DTYPE_F32, {B, H})
-                               : mha_test::describe(slopes.data(), MHA_DTYPE_F32, {H});
-    params.alibi_slopes = &alibi;
-    note(" alibi%s", alibi_per_sequence ? " per sequence" : "");
-  }
+  DrawnVariants drawn;
+  draw_variants(fdp, rng, B, H, B, params, drawn);
 
   // ---- outputs
   const bool out_head_major = fdp.ConsumeBool();
@@ -2060,7 +2056,8 @@ int run_paged_case(FuzzedDataProvider& fdp) {
             if (got != 0.0f) finding("paged: a sequence without keys has a non-zero output");
           }
           if (!want_lse) continue;
-          const float want = params.sinks != nullptr ? sink_values[static_cast<size_t>(h)] : -kInf;
+          const float want =
+              params.sinks != nullptr ? drawn.sink_values[static_cast<size_t>(h)] : -kInf;
           const float got = lse_data[h * lse.strides[0] + i * lse.strides[1]];
           if (!(got == want))
             finding("paged: a sequence without keys has an LSE other than its sink");
@@ -2073,8 +2070,8 @@ int run_paged_case(FuzzedDataProvider& fdp) {
     mha_attention_params alone = params;
     alone.lse = nullptr;
     mha_tensor slope_row{};
-    if (alibi_per_sequence) {
-      slope_row = mha_test::describe(slopes.data() + b * H, MHA_DTYPE_F32, {H});
+    if (drawn.alibi_per_sequence) {
+      slope_row = mha_test::describe(drawn.slopes.data() + b * H, MHA_DTYPE_F32, {H});
       alone.alibi_slopes = &slope_row;
     }
     if (int8) {
