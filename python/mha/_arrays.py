@@ -58,7 +58,8 @@ def optional_array_argument(x, name):
 def shape_of(x):
     if type(x) is np.ndarray:
         return x.shape
-    return tuple(x.shape) if hasattr(x, "shape") else np.from_dlpack(x).shape
+    shape = getattr(x, "shape", None)
+    return tuple(shape) if shape is not None else np.from_dlpack(x).shape
 
 
 def empty_like_framework(template, shape, dtype=None):

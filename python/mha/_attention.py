@@ -8,7 +8,7 @@ import numpy as np
 from . import _mha
 from ._arguments import call_settings, flag, integer, real
 from ._arrays import (Array, array_argument, empty_like_framework, is_array,
-                      is_torch_tensor, shape_of, torch_module)
+                      shape_of, torch_module)
 
 # mha.h's mha_causal.
 _CAUSAL = {"top-left": 1, "bottom-right": 2}
@@ -140,12 +140,7 @@ def scaled_dot_product_attention(
         backend, threads = call_settings(backend, threads)
 
     if out is None:
-        if type(query) is ndarray and type(value) is ndarray:
-            out = np.empty(query.shape[:-1] + value.shape[-1:], query.dtype)
-        elif is_torch_tensor(query) and is_torch_tensor(value):
-            out = query.new_empty(query.shape[:-1] + value.shape[-1:])
-        else:
-            out = empty_like_framework(query, shape_of(query)[:-1] + shape_of(value)[-1:])
+        out = empty_like_framework(query, shape_of(query)[:-1] + shape_of(value)[-1:])
     elif type(out) is not ndarray:
         out = array_argument(out, "out")
     lse = empty_like_framework(query, shape_of(query)[:-1], "float32") if return_lse else None
