@@ -9,6 +9,7 @@
 #include <string>
 
 #include "attention.h"
+#include "backward.h"
 #include "cpu_features.h"
 #include "env.h"
 #include "error.h"
@@ -100,6 +101,22 @@ mha_status mha_attention(const mha_tensor* q, const mha_tensor* k, const mha_ten
     if (mha_status s = validate_attention(q, k, v, out, params, &call); s != MHA_OK) return s;
     return attend(call);
   });
+}
+
+void mha_backward_params_init(mha_backward_params* backward) {
+  if (backward == nullptr) return;
+  std::memset(backward, 0, sizeof *backward);
+  backward->struct_size = sizeof *backward;
+}
+
+mha_status mha_attention_backward(const mha_tensor* q, const mha_tensor* k, const mha_tensor* v,
+                                  const mha_tensor* out, const mha_tensor* lse,
+                                  const mha_tensor* dout, mha_tensor* dq, mha_tensor* dk,
+                                  mha_tensor* dv, const mha_attention_params* params,
+                                  const mha_backward_params* backward) {
+  clear_error();
+  return guarded(
+      [&] { return attention_backward(q, k, v, out, lse, dout, dq, dk, dv, params, backward); });
 }
 
 void mha_varlen_params_init(mha_varlen_params* varlen) {

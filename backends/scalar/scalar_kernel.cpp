@@ -18,6 +18,7 @@
 #include "common/dtype.h"
 #include "common/problem.h"
 #include "common/softmax.h"
+#include "scalar_backward.h"
 
 // A test builds a copy that claims priority 1000 (the runtime must ignore it).
 #ifndef MHA_SCALAR_PRIORITY
@@ -282,6 +283,8 @@ extern "C" __attribute__((visibility("default"))) const mha_plugin* mha_plugin_e
       attend,
       MHA_SCALAR_SUPPORTS,  // every problem the runtime validates
       nullptr,              // path: the runtime's names (fp32, widened-to-fp32) are right
+      mha_scalar::backward_scratch_bytes,
+      mha_scalar::backward,
   };
   return &table;
 }

@@ -35,6 +35,12 @@ struct Blocking {
   static constexpr int kDecodeRows = 4;
   static constexpr int kDecodeAccumulators = 16;
   static constexpr int kDecodePvVectors = 8;
+  // The backward pass's products (gemm_tile.hpp): 6 rows x 4 vectors = 24
+  // accumulators + 4 B loads + 1 broadcast; tiles of 64 queries x 64 keys.
+  static constexpr int kGemmRows = 6;
+  static constexpr int kGemmVectors = 4;
+  static constexpr int kBackwardQueryTile = 64;
+  static constexpr int kBackwardKeyBlock = 64;
 };
 
 // 16 ymm registers: 2 x 6 = 12 accumulators + 2 + 1 for the scores and
@@ -51,6 +57,10 @@ struct Blocking<xsimd::fma3<xsimd::avx2>> {
   static constexpr int kDecodeRows = 4;
   static constexpr int kDecodeAccumulators = 8;
   static constexpr int kDecodePvVectors = 4;
+  static constexpr int kGemmRows = 6;  // 12 accumulators + 2 + 1
+  static constexpr int kGemmVectors = 2;
+  static constexpr int kBackwardQueryTile = 64;
+  static constexpr int kBackwardKeyBlock = 64;
 };
 
 }  // namespace mha_simd

@@ -1,4 +1,4 @@
-// The two kernel entry points every SIMD plugin exports to its own table.
+// The kernel entry points every SIMD plugin exports to its own table.
 //
 // They are defined once per plugin, in the translation unit compiled with the
 // plugin's ISA flags (backends/<isa>/<isa>_kernels.cpp), by instantiating the
@@ -14,3 +14,6 @@
 
 size_t mha_simd_scratch_bytes(const mha_kernel_problem* problem, int64_t max_queries);
 int mha_simd_attend(const mha_kernel_problem* problem, const mha_work_item* item, void* scratch);
+size_t mha_simd_backward_scratch_bytes(const mha_backward_problem* problem);
+int mha_simd_backward(const mha_backward_problem* problem, const mha_backward_item* item,
+                      void* scratch);

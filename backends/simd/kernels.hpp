@@ -3,6 +3,7 @@
 // flags.
 #pragma once
 
+#include "simd/backward.hpp"
 #include "simd/decode.hpp"
 #include "simd/kernel_entry.hpp"
 #include "simd/prefill.hpp"
@@ -24,6 +25,17 @@ int attend(const mha_kernel_problem& p, const mha_work_item& item, void* scratch
   } else {
     PrefillKernel<Arch, kBf16Dot>::run(p, item, scratch);
   }
+  return 0;
+}
+
+template <class Arch>
+size_t backward_scratch_bytes(const mha_backward_problem& p) {
+  return BackwardKernel<Arch>::scratch_bytes(p);
+}
+
+template <class Arch>
+int backward(const mha_backward_problem& p, const mha_backward_item& item, void* scratch) {
+  BackwardKernel<Arch>::run(p, item, scratch);
   return 0;
 }
 

@@ -30,6 +30,8 @@ constexpr mha_plugin plugin_table(const char* name, const char* description, uin
       mha_simd_attend,
       nullptr,  // supports: every problem the runtime validates
       kernel_path<kBf16Dot>,
+      mha_simd_backward_scratch_bytes,
+      mha_simd_backward,
   };
 }
 

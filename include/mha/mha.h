@@ -219,6 +219,53 @@ MHA_API void mha_attention_params_init(mha_attention_params* params);
 MHA_API mha_status mha_attention(const mha_tensor* q, const mha_tensor* k, const mha_tensor* v,
                                  mha_tensor* out, const mha_attention_params* params);
 
+/* ------------------------------------------------------------ the backward pass */
+
+/*
+ * Optional outputs of mha_attention_backward.  Initialise with
+ * mha_backward_params_init() (it sets struct_size; every output NULL).
+ */
+typedef struct mha_backward_params {
+  uint32_t struct_size; /* sizeof(mha_backward_params) as the caller was compiled */
+  /* The gradient of params->sinks, F32 [H] (strided); only with sinks.  NULL:
+   * not wanted. */
+  mha_tensor* dsinks;
+  /* The gradient of an additive params->mask, F32 of the mask's own shape:
+   * dL/dlogit, summed over the axes the mask broadcasts (0 where a key does
+   * not take part).  NULL: not wanted. */
+  mha_tensor* dmask;
+} mha_backward_params;
+
+MHA_API void mha_backward_params_init(mha_backward_params* backward);
+
+/*
+ * The gradients of mha_attention (FlashAttention-2's backward: the weights
+ * are recomputed tile by tile from q, k and the LSE, so memory does not grow
+ * with Lq·Lk).
+ *   q, k, v, params  the forward call's (params->lse is ignored: pass the LSE
+ *                    as lse)
+ *   out   [B, H, Lq, Dv]  the forward's output
+ *   lse   F32 [B, H, Lq]  the forward's LSE (params->lse of that call)
+ *   dout  [B, H, Lq, Dv]  dL/dout
+ *   dq    F32 [B, H, Lq, D]     written: dL/dq
+ *   dk    F32 [B, Hkv, Lk, D]   written: dL/dk (summed over each group's query heads)
+ *   dv    F32 [B, Hkv, Lk, Dv]  written: dL/dv
+ * Every option of the forward is taken: causal (both alignments), valid
+ * lengths, bool and additive masks, dropout (the same weights dropped: the
+ * counter-based rule is regenerated, never stored), the sliding window,
+ * softcap (through tanh's derivative), ALiBi and sinks.  q, k, v, out and
+ * dout are F32 for now; int8 K and V are refused.  The results are the same
+ * bits for any thread count.  A row in which no key takes part gets zero
+ * gradients.  The outputs must not overlap each other or any input.
+ * backward may be NULL.
+ */
+MHA_API mha_status mha_attention_backward(const mha_tensor* q, const mha_tensor* k,
+                                          const mha_tensor* v, const mha_tensor* out,
+                                          const mha_tensor* lse, const mha_tensor* dout,
+                                          mha_tensor* dq, mha_tensor* dk, mha_tensor* dv,
+                                          const mha_attention_params* params,
+                                          const mha_backward_params* backward);
+
 /*
  * Quantises rows to int8 with one scale per row, as mha_attention's int8 KV
  * cache wants them:

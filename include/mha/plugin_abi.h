@@ -33,8 +33,10 @@ extern "C" {
  *    sinks.
  * 7: mha_kernel_problem ends with the paged KV cache: block_table,
  *    block_table_stride, block_size; a decode-layout item may span several
- *    KV heads. */
-#define MHA_PLUGIN_ABI_VERSION 7
+ *    KV heads.
+ * 8: the backward pass: mha_backward_problem, mha_backward_item; mha_plugin
+ *    ends with backward_scratch_bytes and backward. */
+#define MHA_PLUGIN_ABI_VERSION 8
 #define MHA_PLUGIN_ENTRY_SYMBOL "mha_plugin_entry"
 
 /* CPU features, as the runtime detects them (OS support included). */
@@ -179,6 +181,54 @@ typedef struct mha_work_item {
   int32_t out_dtype; /* F32, BF16 or F16 (split-KV partials are always F32) */
 } mha_work_item;
 
+/*
+ * ABI 8: one validated backward call -- the forward's problem (its q, k, v,
+ * masks, variants, dropout and scale) plus what the gradients need.  Strides
+ * in elements: dout [batch, head, query, feature], lse and delta [batch,
+ * head, query].
+ */
+typedef struct mha_backward_problem {
+  uint32_t struct_size; /* sizeof(mha_backward_problem) as the runtime was built */
+  const mha_kernel_problem* forward;
+  const void* dout; /* dO, dout_dtype (F32, BF16, F16) [B, H, Lq, Dv] */
+  int64_t dout_strides[4];
+  int32_t dout_dtype;
+  const float* lse; /* the forward's natural-log LSE (sinks included); -inf: no key */
+  int64_t lse_strides[3];
+  const float* delta; /* rowsum(dO ∘ O) per row, in fp32 */
+  int64_t delta_strides[3];
+} mha_backward_problem;
+
+/*
+ * One unit of backward work: batch b, KV head kv_head (and every query head
+ * of its group), keys [k_begin, k_end), every query that sees one of them.
+ * The kernel
+ *   - writes (=) dK and dV of its keys, summed over the group's query heads:
+ *     key j's row at dk + (j - k_begin) * dk_strides[0] (+ feature *
+ *     dk_strides[1]), likewise dv;
+ *   - adds (+=) its keys' share of dQ to row (h, i) at dq + (h - h0) *
+ *     dq_strides[0] + i * dq_strides[1] (+ feature * dq_strides[2]), h0 the
+ *     group's first query head (dq holds what earlier key ranges added, or 0);
+ *   - when dmask is not NULL, writes (=) dL/dlogit of every pair (h, i, j) of
+ *     its keys to dmask + (h - h0) * dmask_strides[0] + i * dmask_strides[1]
+ *     + (j - k_begin) * dmask_strides[2] (0 where the key does not take part).
+ * Everything is fp32.  Items of the same batch and KV head with other key
+ * ranges run on other threads: a kernel writes nothing else.  Their order of
+ * summation is the kernel's own -- fixed, never dependent on the thread.
+ */
+typedef struct mha_backward_item {
+  int64_t b, kv_head;
+  int64_t k_begin, k_end;
+  float* dq;
+  int64_t dq_strides[3];
+  float* dk;
+  int64_t dk_strides[2];
+  float* dv;
+  int64_t dv_strides[2];
+  float* dmask;
+  int64_t dmask_strides[3];
+} mha_backward_item;
+
 typedef struct mha_plugin {
   uint32_t abi_version; /* MHA_PLUGIN_ABI_VERSION: read first, before anything else */
   uint32_t struct_size; /* sizeof(mha_plugin) */
@@ -213,6 +263,13 @@ typedef struct mha_plugin {
    * "widened-to-fp32", "bf16-dot" -- for MHA_VERBOSE=2's path= field.  NULL:
    * the runtime names it from the dtypes ("fp32" or "widened-to-fp32"). */
   const char* (*path)(const mha_kernel_problem* problem);
+
+  /* ABI 8: the backward pass (NULL: the plugin has none; the runtime then
+   * fails a backward call with MHA_ERR_UNSUPPORTED).  Bytes of scratch one
+   * thread needs for any item of the problem, and one item (returns 0). */
+  size_t (*backward_scratch_bytes)(const mha_backward_problem* problem);
+  int (*backward)(const mha_backward_problem* problem, const mha_backward_item* item,
+                  void* scratch);
 } mha_plugin;
 
 typedef const mha_plugin* (*mha_plugin_entry_fn)(void);

@@ -77,6 +77,8 @@ const mha_plugin kTable = {
 #endif
     nullptr,
     nullptr,
+    nullptr,  // no backward pass
+    nullptr,
 };
 
 }  // namespace

@@ -1,0 +1,212 @@
+// The float64 backward reference: for each row, the weights from scratch,
+// then dP = dO·Vᵀ, delta = Σ_j P_j Z_j dP_j, dS = P ∘ (Z ∘ dP - delta), and
+// the chain rule through the softcap to Q and K.  Rules (window, causal,
+// valid lengths, masks, ALiBi, sinks, dropout) as mha.h states them.
+#include "reference_backward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "reference_access.h"
+
+namespace mha_test {
+using namespace reference_access;
+
+namespace {
+
+// mha.h's dropout rule, written from its text.
+uint64_t splitmix(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+uint32_t murmur_finaliser(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x85EBCA6Bu;
+  x ^= x >> 13;
+  x *= 0xC2B2AE35u;
+  x ^= x >> 16;
+  return x;
+}
+bool dropped(uint64_t seed, double p, int64_t b, int64_t h, int64_t i, int64_t j, int64_t heads,
+             int64_t lq) {
+  const uint64_t row = splitmix(seed ^ splitmix(static_cast<uint64_t>((b * heads + h) * lq + i)));
+  const uint32_t key = static_cast<uint32_t>(row ^ (row >> 32));
+  const double limit = std::min(p * 4294967296.0, 4294967295.0);
+  return murmur_finaliser(key + static_cast<uint32_t>(j) * 0x9E3779B9u) <
+         static_cast<uint32_t>(limit);
+}
+
+}  // namespace
+
+BackwardReference reference_backward(const mha_tensor& q, const mha_tensor& k, const mha_tensor& v,
+                                     const mha_tensor& dout, const mha_attention_params* params,
+                                     bool want_dlogit) {
+  require_tensor(q, "q", 4, 4);
+  require_tensor(k, "k", 4, 4);
+  require_tensor(v, "v", 4, 4);
+  require_tensor(dout, "dout", 4, 4);
+  const int64_t batch = q.shape[0], heads = q.shape[1], lq = q.shape[2], d = q.shape[3];
+  const int64_t kv_heads = k.shape[1], lk = k.shape[2], dv = v.shape[3];
+  const int64_t group = heads / kv_heads;
+  mha_attention_params none{};  // the defaults, written out: no mha function is called
+  none.struct_size = sizeof none;
+  none.window_left = -1;
+  none.window_right = -1;
+  const mha_attention_params& p = params != nullptr ? *params : none;
+  const double scale =
+      p.has_scale != 0 ? static_cast<double>(p.scale) : 1.0 / std::sqrt(static_cast<double>(d));
+  const double softcap = static_cast<double>(p.softcap);
+  const int64_t full[4] = {batch, heads, lq, lk};
+  const MaskView mv = make_mask_view(p.mask, full);
+  const bool bool_mask = mv.t != nullptr && mv.t->dtype == MHA_DTYPE_BOOL;
+  const bool additive_mask = mv.t != nullptr && !bool_mask;
+  const double drop_p = static_cast<double>(p.dropout_p);
+  const double keep_scale = 1.0 / (1.0 - drop_p);
+
+  BackwardReference ref;
+  ref.dq.assign(static_cast<size_t>(batch * heads * lq * d), 0.0);
+  ref.dk.assign(static_cast<size_t>(batch * kv_heads * lk * d), 0.0);
+  ref.dv.assign(static_cast<size_t>(batch * kv_heads * lk * dv), 0.0);
+  if (p.sinks != nullptr) ref.dsinks.assign(static_cast<size_t>(heads), 0.0);
+  if (want_dlogit) ref.dlogit.assign(static_cast<size_t>(batch * heads * lq * lk), 0.0);
+
+  std::vector<double> logit(static_cast<size_t>(lk)), slope(static_cast<size_t>(lk));
+  std::vector<double> weight(static_cast<size_t>(lk)), factor(static_cast<size_t>(lk));
+  std::vector<double> dp(static_cast<size_t>(lk));
+  std::vector<char> takes_part(static_cast<size_t>(lk));
+  // Sums of the terms' magnitudes, per element of dq, dk, dv, dsinks.
+  std::vector<double> mq(ref.dq.size(), 0.0), mk(ref.dk.size(), 0.0), mv_(ref.dv.size(), 0.0);
+  std::vector<double> msinks(static_cast<size_t>(heads), 0.0);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t hk = h / group;
+      const double sink = p.sinks == nullptr ? -kInf
+                                             : static_cast<double>(static_cast<const float*>(
+                                                   p.sinks->data)[h * p.sinks->strides[0]]);
+      double alibi_slope = 0.0;
+      if (p.alibi_slopes != nullptr) {
+        const mha_tensor& s = *p.alibi_slopes;
+        alibi_slope = static_cast<double>(static_cast<const float*>(
+            s.data)[(s.ndim == 2 ? b * s.strides[0] : 0) + h * s.strides[s.ndim - 1]]);
+      }
+      for (int64_t i = 0; i < lq; ++i) {
+        // Which keys take part, and their logits.
+        const int64_t diagonal = i + lk - lq;
+        double row_max = sink;
+        for (int64_t j = 0; j < lk; ++j) {
+          bool part = true;
+          if (p.window_left >= 0) part = part && j >= diagonal - p.window_left;
+          if (p.window_right >= 0) part = part && j <= diagonal + p.window_right;
+          if (p.causal == MHA_CAUSAL_TOP_LEFT) part = part && j <= i;
+          if (p.causal == MHA_CAUSAL_BOTTOM_RIGHT) part = part && j <= diagonal;
+          if (p.valid_lens != nullptr) part = part && j < valid_length(p.valid_lens, b, i);
+          const int64_t m =
+              b * mv.strides[0] + h * mv.strides[1] + i * mv.strides[2] + j * mv.strides[3];
+          if (bool_mask) part = part && static_cast<const uint8_t*>(mv.t->data)[m] != 0;
+          double x = 0;
+          for (int64_t c = 0; c < d; ++c) x += at4(q, b, h, i, c) * at4(k, b, hk, j, c);
+          x *= scale;
+          double dx = scale;
+          if (softcap > 0) {
+            const double t = std::tanh(x / softcap);
+            x = softcap * t;
+            dx *= 1 - t * t;
+          }
+          x -= alibi_slope * static_cast<double>(std::llabs(diagonal - j));
+          if (additive_mask) x += value_at(*mv.t, m);
+          if (x == -kInf) part = false;
+          takes_part[static_cast<size_t>(j)] = part ? 1 : 0;
+          logit[static_cast<size_t>(j)] = x;
+          slope[static_cast<size_t>(j)] = dx;
+          if (part) {
+            row_max = std::max(row_max, x);
+            ref.max_abs_logit = std::max(ref.max_abs_logit, std::fabs(x));
+          }
+        }
+        if (row_max == -kInf) continue;  // no key, no sink: zero gradients
+        double sum = sink == -kInf ? 0.0 : std::exp(sink - row_max);
+        for (int64_t j = 0; j < lk; ++j) {
+          const auto u = static_cast<size_t>(j);
+          weight[u] = takes_part[u] != 0 ? std::exp(logit[u] - row_max) : 0.0;
+          sum += weight[u];
+        }
+        // delta = Σ_j P_j Z_j dP_j = dO · out.
+        double delta = 0, delta_terms = 0;
+        for (int64_t j = 0; j < lk; ++j) {
+          const auto u = static_cast<size_t>(j);
+          weight[u] /= sum;
+          factor[u] = drop_p > 0 && dropped(p.dropout_seed, drop_p, b, h, i, j, heads, lq)
+                          ? 0.0
+                          : (drop_p > 0 ? keep_scale : 1.0);
+          dp[u] = 0;
+          if (weight[u] == 0) continue;
+          for (int64_t c = 0; c < dv; ++c) dp[u] += at4(dout, b, h, i, c) * at4(v, b, hk, j, c);
+          delta += weight[u] * factor[u] * dp[u];
+          delta_terms += std::fabs(weight[u] * factor[u] * dp[u]);
+        }
+        if (!ref.dsinks.empty() && sink != -kInf) {
+          ref.dsinks[static_cast<size_t>(h)] -= std::exp(sink - row_max) / sum * delta;
+          msinks[static_cast<size_t>(h)] += std::exp(sink - row_max) / sum * delta_terms;
+        }
+        for (int64_t j = 0; j < lk; ++j) {
+          const auto u = static_cast<size_t>(j);
+          if (weight[u] == 0) continue;
+          const double ds = weight[u] * (factor[u] * dp[u] - delta);
+          const double ds_terms = weight[u] * (std::fabs(factor[u] * dp[u]) + delta_terms);
+          if (want_dlogit)
+            ref.dlogit[static_cast<size_t>(((b * heads + h) * lq + i) * lk + j)] = ds;
+          ref.terms_dlogit = std::max(ref.terms_dlogit, ds_terms);
+          const double dscore = ds * slope[u];
+          const double dscore_terms = ds_terms * std::fabs(slope[u]);
+          for (int64_t c = 0; c < d; ++c) {
+            const auto qi = static_cast<size_t>(((b * heads + h) * lq + i) * d + c);
+            const auto kj = static_cast<size_t>(((b * kv_heads + hk) * lk + j) * d + c);
+            ref.dq[qi] += dscore * at4(k, b, hk, j, c);
+            mq[qi] += dscore_terms * std::fabs(at4(k, b, hk, j, c));
+            ref.dk[kj] += dscore * at4(q, b, h, i, c);
+            mk[kj] += dscore_terms * std::fabs(at4(q, b, h, i, c));
+          }
+          for (int64_t c = 0; c < dv; ++c) {
+            const auto vj = static_cast<size_t>(((b * kv_heads + hk) * lk + j) * dv + c);
+            ref.dv[vj] += weight[u] * factor[u] * at4(dout, b, h, i, c);
+            mv_[vj] += std::fabs(weight[u] * factor[u] * at4(dout, b, h, i, c));
+          }
+        }
+      }
+    }
+  }
+  ref.terms_dq = max_abs(mq);
+  ref.terms_dk = max_abs(mk);
+  ref.terms_dv = max_abs(mv_);
+  ref.terms_dsinks = max_abs(msinks);
+  return ref;
+}
+
+double max_abs(const std::vector<double>& values) {
+  double m = 0;
+  for (double x : values) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+double max_abs_diff(const mha_tensor& got, const std::vector<double>& want) {
+  double worst = 0;
+  int64_t n = 0;
+  for (int64_t a = 0; a < got.shape[0]; ++a) {
+    for (int64_t b = 0; b < got.shape[1]; ++b) {
+      for (int64_t c = 0; c < got.shape[2]; ++c) {
+        for (int64_t e = 0; e < got.shape[3]; ++e, ++n) {
+          const double x = at4(got, a, b, c, e);
+          const double diff = std::fabs(x - want[static_cast<size_t>(n)]);
+          worst = std::isnan(diff) ? kInf : std::max(worst, diff);
+        }
+      }
+    }
+  }
+  return worst;
+}
+
+}  // namespace mha_test
