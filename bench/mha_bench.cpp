@@ -54,6 +54,10 @@
 
 // bench/module_bench.cpp
 void register_module_benchmarks(double (*fma_peak)(const std::string& isa, int threads));
+// bench/backward_bench.cpp
+void register_backward_benchmarks(const std::vector<std::string>& backends,
+                                  const std::vector<int>& threads,
+                                  double (*fma_peak)(const std::string& isa, int threads));
 // bench/paged_bench.cpp
 void register_paged_benchmarks(const std::vector<std::string>& backends,
                                const std::vector<int>& threads, double (*read_bw)(int threads));
@@ -830,6 +834,7 @@ int main(int argc, char** argv) {
   register_paged_benchmarks(backends, threads, read_bw);
   register_varlen_benchmarks(backends, threads);
   register_blis_benchmarks(threads);
+  register_backward_benchmarks(backends, threads, fma_peak);
   // The whole module (projections + attention), module/<backend>/<shape>/threads:<n>.
   register_module_benchmarks(fma_peak);
 

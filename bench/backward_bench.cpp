@@ -1,0 +1,134 @@
+// The backward pass in mha_bench:
+//
+//   attention_backward/<backend>/S1|S2|S6/threads:<n>
+//
+// One call is mha_attention_backward on the shape (fp32; S2 and S6 causal),
+// given the forward's output and LSE (computed once, untimed).  FLOPs are
+// counted as FlashAttention-2 counts them: 2.5 times the forward's useful
+// FLOPs (five products of the size of the forward's two), so a figure reads
+// against the forward's.  pct_peak: against the FMA peak of the backend's own
+// ISA at the same thread count, measured by mha_bench in the same run.
+//
+// mha_bench registers these by calling register_backward_benchmarks.
+#include <benchmark/benchmark.h>
+#include <mha/mha.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bench_inputs.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct BackwardShape {
+  const char* name;
+  int64_t b, h, lq, lk, d;
+  mha_causal causal;
+};
+
+const BackwardShape kBackwardShapes[] = {
+    {"S1", 8, 12, 512, 512, 64, MHA_CAUSAL_NONE},
+    {"S2", 1, 32, 2048, 2048, 128, MHA_CAUSAL_TOP_LEFT},
+    {"S6", 1, 8, 8192, 8192, 64, MHA_CAUSAL_TOP_LEFT},
+};
+
+// 2.5 x the forward's 4 · B · H · D · pairs (bench-shapes.md's counting).
+double backward_flops(const BackwardShape& s) {
+  const double pairs = s.causal == MHA_CAUSAL_NONE
+                           ? static_cast<double>(s.lq) * static_cast<double>(s.lk)
+                           : static_cast<double>(s.lq) * static_cast<double>(s.lq + 1) / 2.0;
+  return 2.5 * 4.0 * static_cast<double>(s.b * s.h * s.d) * pairs;
+}
+
+struct BackwardCall {
+  std::vector<float> q, k, v, dout, out, lse, dq, dk, dv;
+  mha_tensor tq{}, tk{}, tv{}, tdout{}, tout{}, tlse{}, tdq{}, tdk{}, tdv{};
+  mha_attention_params params{};
+
+  explicit BackwardCall(const BackwardShape& s) {
+    const int64_t qn = s.b * s.h * s.lq * s.d, kn = s.b * s.h * s.lk * s.d;
+    for (auto* x : {&q, &dout, &out, &dq}) x->resize(static_cast<size_t>(qn));
+    for (auto* x : {&k, &v, &dk, &dv}) x->resize(static_cast<size_t>(kn));
+    lse.resize(static_cast<size_t>(s.b * s.h * s.lq));
+    mha_bench::fill_uniform(q, 1);
+    mha_bench::fill_uniform(k, 2);
+    mha_bench::fill_uniform(v, 3);
+    mha_bench::fill_uniform(dout, 4);
+    const int64_t qs[4] = {s.b, s.h, s.lq, s.d}, ks[4] = {s.b, s.h, s.lk, s.d},
+                  ls[3] = {s.b, s.h, s.lq};
+    const auto f32 = MHA_DTYPE_F32;
+    mha_tensor_init(&tq, q.data(), f32, 4, qs, nullptr);
+    mha_tensor_init(&tk, k.data(), f32, 4, ks, nullptr);
+    mha_tensor_init(&tv, v.data(), f32, 4, ks, nullptr);
+    mha_tensor_init(&tdout, dout.data(), f32, 4, qs, nullptr);
+    mha_tensor_init(&tout, out.data(), f32, 4, qs, nullptr);
+    mha_tensor_init(&tlse, lse.data(), f32, 3, ls, nullptr);
+    mha_tensor_init(&tdq, dq.data(), f32, 4, qs, nullptr);
+    mha_tensor_init(&tdk, dk.data(), f32, 4, ks, nullptr);
+    mha_tensor_init(&tdv, dv.data(), f32, 4, ks, nullptr);
+    mha_attention_params_init(&params);
+    params.causal = s.causal;
+  }
+  mha_status forward() {
+    params.lse = &tlse;
+    const mha_status status = mha_attention(&tq, &tk, &tv, &tout, &params);
+    params.lse = nullptr;
+    return status;
+  }
+  mha_status backward() {
+    return mha_attention_backward(&tq, &tk, &tv, &tout, &tlse, &tdout, &tdq, &tdk, &tdv, &params,
+                                  nullptr);
+  }
+};
+
+void bm_backward(benchmark::State& st, const std::string& backend, const BackwardShape& s, int n,
+                 double (*fma_peak)(const std::string& isa, int threads)) {
+  if (mha_select_backend(backend.c_str()) != MHA_OK || mha_set_num_threads(n) != MHA_OK) {
+    st.SkipWithError(mha_last_error());
+    return;
+  }
+  BackwardCall call(s);
+  if (call.forward() != MHA_OK || call.backward() != MHA_OK) {  // untimed: threads, scratch
+    st.SkipWithError(mha_last_error());
+    return;
+  }
+  const auto t0 = Clock::now();
+  for (auto _ : st) {  // NOLINT(clang-analyzer-deadcode.DeadStores): the idiom
+    if (call.backward() != MHA_OK) {
+      st.SkipWithError(mha_last_error());
+      break;
+    }
+  }
+  const double sec = std::chrono::duration<double>(Clock::now() - t0).count() /
+                     static_cast<double>(st.iterations());
+  mha_set_num_threads(0);
+  if (st.error_occurred()) return;
+  const double gflops = backward_flops(s) / sec * 1e-9;
+  st.counters["GFLOPS"] = gflops;
+  if (const double peak = fma_peak(backend, n); peak > 0.0) {
+    st.counters["pct_peak"] = gflops / peak * 100;
+  }
+}
+
+}  // namespace
+
+void register_backward_benchmarks(const std::vector<std::string>& backends,
+                                  const std::vector<int>& threads,
+                                  double (*fma_peak)(const std::string& isa, int threads)) {
+  for (const std::string& b : backends) {
+    if (b == "scalar") continue;  // minutes per call on S2 and S6
+    for (const BackwardShape& s : kBackwardShapes) {
+      for (int n : threads) {
+        const std::string name =
+            "attention_backward/" + b + "/" + s.name + "/threads:" + std::to_string(n);
+        benchmark::RegisterBenchmark(name.c_str(), bm_backward, b, s, n, fma_peak)
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond);
+      }
+    }
+  }
+}
