@@ -8,6 +8,7 @@
 #include <string>
 
 #include "attention_run.h"
+#include "backward_run.h"
 #include "module_run.h"
 #include "tool_main.h"
 #include "tool_util.h"
@@ -37,6 +38,15 @@ int run(int argc, const char* const* argv) {
   module->set_version_flag("--version", version, "print the version of the mha library and exit");
   module->footer(kRunExitStatusHelp);
 
+  BackwardOptions backward_options;
+  CLI::App* backward = app.add_subcommand(
+      "backward",
+      "The gradients of attention (mha_attention_backward) on .npy files: --dq, --dk, --dv from "
+      "--dout, for the call the attention flags describe");
+  add_backward_options(*backward, backward_options);
+  backward->set_version_flag("--version", version, "print the version of the mha library and exit");
+  backward->footer(kRunExitStatusHelp);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -61,6 +71,7 @@ int run(int argc, const char* const* argv) {
     }
     return run_module_command(module_options);
   }
+  if (backward->parsed()) return run_backward_command(backward_options);
   return run_attention_command(attention);
 }
 

@@ -13,6 +13,10 @@
 //                                         that differ at most by leading 1s
 //   mha_tools_case write-module DIR       weight directories and inputs for
 //                                         `mha-run module`
+//   mha_tools_case write-dout DIR         a random dout.npy for DIR's q.npy, v.npy
+//   mha_tools_case check-backward <mha-run backward flags>
+//                                         compares --dq --dk --dv (and --dsinks)
+//                                         with the float64 backward reference
 #include <mha/mha.h>
 
 #include <sys/stat.h>
@@ -37,9 +41,11 @@
 #include <vector>
 
 #include "attention_run.h"
+#include "backward_run.h"
 #include "common/dtype.h"
 #include "npy.h"
 #include "reference.h"
+#include "reference_backward.h"
 #include "test_util.h"
 
 namespace {
@@ -843,6 +849,57 @@ int write_module(const std::string& dir) {
   return 0;
 }
 
+// ------------------------------------------------------ write-dout, check-backward
+
+int write_dout(const std::string& dir) {
+  const NpyArray q = load_c(dir + "/q.npy"), v = load_c(dir + "/v.npy");
+  std::vector<int64_t> shape = q.shape();
+  shape.back() = v.shape().back();
+  Random rng(77);
+  mha_tools::write_npy(dir + "/dout.npy", random_floats(rng, shape));
+  return 0;
+}
+
+// The gradients mha-run wrote against reference_backward on the same call
+// (the tool's own loading builds the descriptors; the reference is
+// independent), with test_backward's tolerance.
+int check_backward(const mha_tools::BackwardOptions& o) {
+  mha_tools::AttentionInputs in = mha_tools::load_attention_inputs(o);
+  mha_tools::AttentionCall call = mha_tools::prepare_attention_call(in, o);
+  NpyArray dout = as_f32(load_c(o.dout));
+  const mha_tensor tdout = c_order_tensor(dout, MHA_DTYPE_F32, 4);
+  const mha_attention_params params = call.params();
+  const mha_test::BackwardReference ref =
+      mha_test::reference_backward(call.q, call.k, call.v, tdout, &params);
+  int failures = 0;
+  const auto compare = [&](const std::string& path, const std::vector<double>& want, double terms,
+                           const char* name) {
+    NpyArray got = as_f32(load_c(path));
+    const mha_tensor t = c_order_tensor(got, MHA_DTYPE_F32, 4);
+    const double error = mha_test::max_abs_diff(t, want);
+    const double tol = 2e-5 * mha_test::max_abs(want) + std::ldexp(terms, -18) +
+                       8.0 * std::ldexp(ref.max_abs_logit, -24) * terms;
+    std::printf("%s: max error %.3g, tolerance %.3g\n", name, error, tol);
+    if (!(error <= tol)) ++failures;
+  };
+  compare(o.dq, ref.dq, ref.terms_dq, "dq");
+  compare(o.dk, ref.dk, ref.terms_dk, "dk");
+  compare(o.dv, ref.dv, ref.terms_dv, "dv");
+  if (!o.dsinks.empty()) {
+    NpyArray got = as_f32(load_c(o.dsinks));
+    const double tol = 2e-5 * mha_test::max_abs(ref.dsinks) + std::ldexp(ref.terms_dsinks, -18);
+    for (int64_t h = 0; h < got.size(); ++h) {
+      const double error = std::fabs(got.value_as_double(h) - ref.dsinks[static_cast<size_t>(h)]);
+      if (!(error <= tol)) {
+        std::printf("dsinks[%lld]: error %.3g, tolerance %.3g\n", static_cast<long long>(h), error,
+                    tol);
+        ++failures;
+      }
+    }
+  }
+  return failures == 0 ? 0 : 1;
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"Ends of the mha-run / mha-info test chains.", "mha_tools_case"};
   app.require_subcommand(1);
@@ -870,12 +927,22 @@ int run(int argc, char** argv) {
   CLI::App* module = app.add_subcommand("write-module", "write the cases of mha-run module");
   module->add_option("dir", module_dir)->required();
 
+  std::string dout_dir;
+  CLI::App* dout_cmd = app.add_subcommand("write-dout", "write a random dout.npy for a case");
+  dout_cmd->add_option("dir", dout_dir)->required();
+  mha_tools::BackwardOptions backward;
+  CLI::App* check_bw = app.add_subcommand(
+      "check-backward", "compare mha-run backward's gradients with the reference");
+  mha_tools::add_backward_options(*check_bw, backward);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
   if (write->parsed()) return write_case(case_name, dir);
+  if (dout_cmd->parsed()) return write_dout(dout_dir);
+  if (check_bw->parsed()) return check_backward(backward);
   if (check->parsed()) return check_case(attention);
   if (same_cmd->parsed()) return same(same_a, same_b);
   if (module->parsed()) return write_module(module_dir);

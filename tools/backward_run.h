@@ -1,0 +1,32 @@
+// `mha-run backward`: the gradients of attention on .npy files.  It takes the
+// attention mode's flags (the forward call it differentiates: --q --k --v,
+// masks, causal, window, variants, --scale, --backend, --threads, --repeat),
+// computes the forward (whose --out and --lse it writes when named), then
+// mha_attention_backward with --dout, and writes --dq --dk --dv (and
+// --dsinks, --dmask when named).  Every output is replaced only once all are
+// written.
+#pragma once
+
+#include <string>
+
+#include "attention_run.h"
+
+namespace CLI {
+class App;
+}  // namespace CLI
+
+namespace mha_tools {
+
+struct BackwardOptions : AttentionOptions {
+  std::string dout;                       // the loss's gradient by the output, [B,H,Lq,Dv]
+  std::string dq, dk, dv, dsinks, dmask;  // outputs (dsinks, dmask: when named)
+};
+
+// Registers the attention flags and --dout, --dq, --dk, --dv, --dsinks, --dmask.
+void add_backward_options(CLI::App& app, BackwardOptions& options);
+
+// The whole `mha-run backward` command: prints errors as "mha-run: ..." on
+// stderr and returns the exit status.
+int run_backward_command(const BackwardOptions& options);
+
+}  // namespace mha_tools
