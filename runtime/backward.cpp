@@ -250,13 +250,13 @@ void compute_dsinks(const BackwardCall& call, const float* delta) {
   const mha_backward_problem& bp = call.problem;
   auto* dsinks = static_cast<float*>(call.dsinks->data);
   for (int64_t h = 0; h < p.heads; ++h) {
-    const double sink = p.sinks[h * p.sinks_stride];
+    const double sink = static_cast<double>(p.sinks[h * p.sinks_stride]);
     double sum = 0.0;
     if (sink != -std::numeric_limits<double>::infinity()) {
       for (int64_t b = 0; b < p.batch; ++b) {
         for (int64_t i = 0; i < p.lq; ++i) {
-          const double lse =
-              bp.lse[b * bp.lse_strides[0] + h * bp.lse_strides[1] + i * bp.lse_strides[2]];
+          const double lse = static_cast<double>(
+              bp.lse[b * bp.lse_strides[0] + h * bp.lse_strides[1] + i * bp.lse_strides[2]]);
           sum += std::exp(sink - lse) * static_cast<double>(delta[(b * p.heads + h) * p.lq + i]);
         }
       }
