@@ -53,9 +53,13 @@ inline Logit logit_of(float dot, float scale, float softcap, float alibi_bias, f
   float x = dot * scale;
   float slope = scale;
   if (softcap > 0.0f) {
-    const float t = std::tanh(x / softcap);
+    const float y = x / softcap;
+    const float t = std::tanh(y);
     x = softcap * t;
-    slope *= 1.0f - t * t;
+    // 1 - tanh², as 4e / (1 + e)² with e = e^(-2|y|) where 1 - t² would
+    // cancel (t near ±1): a saturated cap's gradient stays accurate.
+    const float e = std::exp(-2.0f * std::fabs(y));
+    slope *= std::fabs(y) < 0.625f ? 1.0f - t * t : 4.0f * e / ((1.0f + e) * (1.0f + e));
   }
   return Logit{x + alibi_bias + mask_add, slope};
 }

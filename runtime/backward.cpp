@@ -38,8 +38,11 @@ namespace mha::rt {
 namespace {
 
 // Split the keys while fewer (batch, KV head) items than this exist, with
-// chunks of at least kMinBackwardChunk keys (multiples of kChunkAlign).
+// chunks of at least kMinBackwardChunk keys (multiples of kChunkAlign), into
+// at most kMaxBackwardChunks (each chunk past the first costs an fp32 copy of
+// dQ: the memory stays linear in L and small beside the inputs).
 constexpr int64_t kBackwardTargetItems = 16;
+constexpr int64_t kMaxBackwardChunks = 4;
 constexpr int64_t kMinBackwardChunk = 512;
 constexpr int64_t kChunkAlign = 64;
 constexpr double kSerialFlops = 4.0e5;
@@ -69,7 +72,8 @@ BackwardPlan plan_backward(const mha_kernel_problem& p) {
   BackwardPlan plan{p.lk, 1};
   const int64_t base = p.batch * p.kv_heads;
   if (base < kBackwardTargetItems && p.lk >= 2 * kMinBackwardChunk) {
-    const int64_t want = std::min(ceil_div(kBackwardTargetItems, base), p.lk / kMinBackwardChunk);
+    const int64_t want = std::min(
+        {ceil_div(kBackwardTargetItems, base), p.lk / kMinBackwardChunk, kMaxBackwardChunks});
     plan.chunk_len = ceil_div(ceil_div(p.lk, want), kChunkAlign) * kChunkAlign;
     plan.chunks = ceil_div(p.lk, plan.chunk_len);
   }

@@ -112,9 +112,9 @@ BackwardReference reference_backward(const mha_tensor& q, const mha_tensor& k, c
           x *= scale;
           double dx = scale;
           if (softcap > 0) {
-            const double t = std::tanh(x / softcap);
-            x = softcap * t;
-            dx *= 1 - t * t;
+            const double c = std::cosh(x / softcap);
+            x = softcap * std::tanh(x / softcap);
+            dx /= c * c;  // 1 - tanh² without its cancellation near saturation
           }
           x -= alibi_slope * static_cast<double>(std::llabs(diagonal - j));
           if (additive_mask) x += value_at(*mv.t, m);

@@ -8,9 +8,11 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -142,6 +144,58 @@ TEST(Memory, PeakOfA32kTokenCallDoesNotGrowWithLength) {
     mha_tensor rout = describe(out.data() + i * kD, MHA_DTYPE_F32, {1, 1, 1, kD});
     const Reference ref = reference_attention(rq, rk, rv, nullptr);
     EXPECT_LE(max_abs_error(rout, ref), tolerance(ref)) << "row " << i;
+  }
+}
+
+TEST(Memory, BackwardOfA32kTokenCallDoesNotGrowWithLength) {
+  // The backward pass recomputes the weights tile by tile: beyond its inputs
+  // and gradients (8 x 8 MiB, touched before measuring) it keeps per-row
+  // deltas and at most three extra fp32 copies of dQ (its key chunks' shares:
+  // runtime/backward.cpp), all linear in L -- never the 4 GiB score matrix.
+  std::vector<float> q(static_cast<size_t>(kL * kD)), k(q.size()), v(q.size()), out(q.size()),
+      dout(q.size()), dq(q.size()), dk(q.size()), dv(q.size()), lse(static_cast<size_t>(kL));
+  Rng rng(77);
+  for (auto* buf : {&q, &k, &v, &dout})
+    for (float& x : *buf) x = rng.uniform();
+  for (auto* buf : {&dq, &dk, &dv}) std::fill(buf->begin(), buf->end(), -1.0f);
+  const auto t4 = [](std::vector<float>& x) {
+    return describe(x.data(), MHA_DTYPE_F32, {1, 1, kL, kD});
+  };
+  mha_tensor tq = t4(q), tk = t4(k), tv = t4(v), tout = t4(out), tdout = t4(dout), tdq = t4(dq),
+             tdk = t4(dk), tdv = t4(dv);
+  mha_tensor tlse = describe(lse.data(), MHA_DTYPE_F32, {1, 1, kL});
+  mha_attention_params params;
+  mha_attention_params_init(&params);
+  params.causal = MHA_CAUSAL_TOP_LEFT;
+  params.lse = &tlse;
+  ASSERT_EQ(mha_attention(&tq, &tk, &tv, &tout, &params), MHA_OK) << mha_last_error();
+  params.lse = nullptr;
+
+  PeakMeter meter;
+  meter.begin();
+  ASSERT_EQ(mha_attention_backward(&tq, &tk, &tv, &tout, &tlse, &tdout, &tdq, &tdk, &tdv, &params,
+                                   nullptr),
+            MHA_OK)
+      << mha_last_error();
+  const int64_t growth = meter.growth();
+  std::printf(
+      "backend %s, %d threads: peak resident growth during the backward of a %lld x %lld "
+      "causal call: %lld KiB (%s; dQ alone: %lld MiB)\n",
+      mha_selected_backend(), mha_get_num_threads(), static_cast<long long>(kL),
+      static_cast<long long>(kL), static_cast<long long>(growth / 1024),
+      meter.exact ? "VmHWM after clear_refs" : "ru_maxrss, a lower bound",
+      static_cast<long long>(kL * kD * 4 / kMiB));
+  EXPECT_LT(growth, 4 * kL * kD * 4 + 16 * kMiB) << "the backward's memory grows with Lq x Lk";
+  // The last key is seen by the last query alone: dV's last row is that
+  // query's weight of it times its dO row.
+  const double p_last =
+      std::exp(static_cast<double>(std::inner_product(q.end() - kD, q.end(), k.end() - kD, 0.0f) /
+                                       std::sqrt(static_cast<float>(kD)) -
+                                   lse.back()));
+  for (int64_t c = 0; c < kD; ++c) {
+    const double want = p_last * static_cast<double>(dout[static_cast<size_t>((kL - 1) * kD + c)]);
+    EXPECT_NEAR(dv[static_cast<size_t>((kL - 1) * kD + c)], want,
+                1e-5 * std::max(1.0, std::fabs(want)));
   }
 }
 

@@ -196,6 +196,17 @@ class BackwardKernel {
     }
   }
 
+  // 1 - tanh²(y), tanh(y) = th: directly where th is far from ±1, else as
+  // 4e / (1 + e)² with e = e^(-2|y|), which keeps its relative accuracy where
+  // 1 - th² would cancel to fp32's resolution (a saturated softcap's
+  // gradient is then tiny, not 2^-23).
+  static V sech2(V y, V th) {
+    const V e = fast_exp2<Arch>(xsimd::abs(y) * V(-2.0f * kLog2e));
+    const V one_plus = V(1.0f) + e;
+    return xsimd::select(xsimd::abs(y) < V(0.625f), V(1.0f) - th * th,
+                         V(4.0f) * e / (one_plus * one_plus));
+  }
+
   // Row r (query i) of the tile: s <- P ∘ Z, ds <- dS · d(logit)/d(score),
   // both 0 where the key does not take part.  Returns whether any key did.
   static bool epilogue(const mha_backward_problem& bp, const mha_backward_item& item, int64_t h,
@@ -258,9 +269,10 @@ class BackwardKernel {
       V x = V::load_aligned(s + c) * scale;
       V dslope = scale;
       if (capped) {
-        const V th = fast_tanh<Arch>(x * inv_cap);
+        const V y = x * inv_cap;
+        const V th = fast_tanh<Arch>(y);
         x = cap * th;
-        dslope = scale * (V(1.0f) - th * th);
+        dslope = scale * sech2(y, th);
       }
       if (alibi) x -= V(slope) * xsimd::abs(V(alibi_base) - col);
       if (masked) x += V::load_aligned(t.row + c);
