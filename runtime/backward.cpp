@@ -103,15 +103,7 @@ mha_status validate_backward(const mha_tensor* q, const mha_tensor* k, const mha
                              const mha_attention_params* params,
                              const mha_backward_params* backward, BackwardCall* call) {
   mha_attention_params given;
-  mha_attention_params_init(&given);
-  if (params != nullptr) {
-    const mha_attention_params defaults = given;
-    if (mha_status s = read_versioned(params, defaults, kAttentionParamsSizes, "params",
-                                      "mha_attention_params_init", &given);
-        s != MHA_OK) {
-      return s;
-    }
-  }
+  if (mha_status s = read_attention_params(params, &given); s != MHA_OK) return s;
   mha_backward_params extra;
   mha_backward_params_init(&extra);
   if (backward != nullptr) {
@@ -340,7 +332,7 @@ mha_status run_backward(const Backend& backend, BackwardCall& call, int32_t thre
     return fail(MHA_ERR_OUT_OF_MEMORY,
                 "cannot allocate %lld bytes for the backward pass's buffers; the outputs are "
                 "untouched",
-                static_cast<long long>(4 * (rows + (plan.chunks - 1) * dq_floats + dmask_floats)));
+                static_cast<long long>(rows + (plan.chunks - 1) * dq_floats + dmask_floats) * 4);
   }
   bp.delta = delta.get();
   bp.delta_strides[0] = p.heads * p.lq;

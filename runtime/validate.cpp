@@ -547,19 +547,19 @@ void describe_attention(const mha_tensor& q, const mha_tensor& k, const mha_tens
   }
 }
 
+mha_status read_attention_params(const mha_attention_params* params, mha_attention_params* given) {
+  mha_attention_params_init(given);
+  if (params == nullptr) return MHA_OK;
+  const mha_attention_params defaults = *given;
+  return read_versioned(params, defaults, kAttentionParamsSizes, "params",
+                        "mha_attention_params_init", given);
+}
+
 mha_status validate_attention(const mha_tensor* q, const mha_tensor* k, const mha_tensor* v,
                               const mha_tensor* out, const mha_attention_params* params,
                               KernelCall* call) {
   mha_attention_params given;
-  mha_attention_params_init(&given);
-  if (params != nullptr) {
-    const mha_attention_params defaults = given;
-    if (mha_status s = read_versioned(params, defaults, kAttentionParamsSizes, "params",
-                                      "mha_attention_params_init", &given);
-        s != MHA_OK) {
-      return s;
-    }
-  }
+  if (mha_status s = read_attention_params(params, &given); s != MHA_OK) return s;
   if (mha_status s = check_attention(q, k, v, out, given); s != MHA_OK) return s;
   describe_attention(*q, *k, *v, *out, given, call);
   return MHA_OK;

@@ -31,6 +31,10 @@ mha_status validate_attention(const mha_tensor* q, const mha_tensor* k, const mh
                               const mha_tensor* out, const mha_attention_params* params,
                               KernelCall* call);
 
+// *given = the caller's params (NULL: the defaults) completed to this
+// version's struct; refuses a struct_size this library never had.
+mha_status read_attention_params(const mha_attention_params* params, mha_attention_params* given);
+
 // Fills *call from arguments known to be valid (params complete, of this
 // version): the second half of validate_attention, for callers inside the
 // library that built their tensors themselves (the module).

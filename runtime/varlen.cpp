@@ -373,15 +373,7 @@ mha_status attention_varlen(const mha_tensor* q, const mha_tensor* k, const mha_
     }
   }
   mha_attention_params params;
-  mha_attention_params_init(&params);
-  if (params_given != nullptr) {
-    const mha_attention_params defaults = params;
-    if (mha_status s = read_versioned(params_given, defaults, kAttentionParamsSizes, "params",
-                                      "mha_attention_params_init", &params);
-        s != MHA_OK) {
-      return s;
-    }
-  }
+  if (mha_status s = read_attention_params(params_given, &params); s != MHA_OK) return s;
   int64_t batch = 0;
   if (mha_status s = check_varlen(q, k, v, out, varlen, params, &batch); s != MHA_OK) return s;
 

@@ -36,24 +36,6 @@ double at3(const mha_tensor& t, int64_t i0, int64_t i1, int64_t i2) {
   return f32_at(t, i0 * t.strides[0] + i1 * t.strides[1] + i2 * t.strides[2]);
 }
 
-// ---- the documented dropout hash (mha.h), written from its description
-
-uint64_t splitmix64(uint64_t x) {
-  uint64_t z = x + 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-uint32_t fmix32(uint32_t h) {
-  h ^= h >> 16;
-  h *= 0x85EBCA6Bu;
-  h ^= h >> 13;
-  h *= 0xC2B2AE35u;
-  h ^= h >> 16;
-  return h;
-}
-
 // A projection: y[b, l, e] = Σ_k x[b, l, k]·w[e, k] + bias[e], with its bound.
 struct Projected {
   int64_t batch = 0, len = 0, width = 0;
@@ -124,15 +106,6 @@ bool pytorch_masks_allow(const ModuleInputs& in, int64_t heads, int64_t b, int64
 }
 
 }  // namespace
-
-bool reference_dropped(uint64_t seed, float p, int64_t b, int64_t h, int64_t i, int64_t j,
-                       int64_t heads, int64_t lq) {
-  const uint64_t row =
-      splitmix64(seed ^ splitmix64(static_cast<uint64_t>((b * heads + h) * lq + i)));
-  const auto key = static_cast<uint32_t>(row ^ (row >> 32));
-  const auto below = static_cast<uint32_t>(static_cast<double>(p) * 4294967296.0);
-  return fmix32(key + static_cast<uint32_t>(j) * 0x9E3779B9u) < below;
-}
 
 ModuleReference reference_module(const ModuleWeights& w, const ModuleInputs& in) {
   require(in.query != nullptr && in.key != nullptr && in.value != nullptr, "missing input");

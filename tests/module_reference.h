@@ -55,6 +55,8 @@
 
 #include <mha/mha.h>
 
+#include "dropout_rule.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -101,12 +103,6 @@ struct ModuleReference {
 
 // Throws std::invalid_argument when the inputs do not fit the weights.
 ModuleReference reference_module(const ModuleWeights& weights, const ModuleInputs& inputs);
-
-// The documented dropout decision (mha.h, mha_attention_params.dropout_p):
-// true when weight (b, h, i, j) of a problem with `heads` heads and `lq`
-// queries is dropped.
-bool reference_dropped(uint64_t seed, float p, int64_t b, int64_t h, int64_t i, int64_t j,
-                       int64_t heads, int64_t lq);
 
 // got (an F32 descriptor of the logical shape of `want`) against want ± bound:
 // the number of elements outside, the largest |got - want| / bound, and the

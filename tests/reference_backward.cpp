@@ -9,38 +9,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "dropout_rule.h"
 #include "reference_access.h"
 
 namespace mha_test {
 using namespace reference_access;
-
-namespace {
-
-// mha.h's dropout rule, written from its text.
-uint64_t splitmix(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-uint32_t murmur_finaliser(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x85EBCA6Bu;
-  x ^= x >> 13;
-  x *= 0xC2B2AE35u;
-  x ^= x >> 16;
-  return x;
-}
-bool dropped(uint64_t seed, double p, int64_t b, int64_t h, int64_t i, int64_t j, int64_t heads,
-             int64_t lq) {
-  const uint64_t row = splitmix(seed ^ splitmix(static_cast<uint64_t>((b * heads + h) * lq + i)));
-  const uint32_t key = static_cast<uint32_t>(row ^ (row >> 32));
-  const double limit = std::min(p * 4294967296.0, 4294967295.0);
-  return murmur_finaliser(key + static_cast<uint32_t>(j) * 0x9E3779B9u) <
-         static_cast<uint32_t>(limit);
-}
-
-}  // namespace
 
 BackwardReference reference_backward(const mha_tensor& q, const mha_tensor& k, const mha_tensor& v,
                                      const mha_tensor& dout, const mha_attention_params* params,
@@ -139,9 +112,10 @@ BackwardReference reference_backward(const mha_tensor& q, const mha_tensor& k, c
         for (int64_t j = 0; j < lk; ++j) {
           const auto u = static_cast<size_t>(j);
           weight[u] /= sum;
-          factor[u] = drop_p > 0 && dropped(p.dropout_seed, drop_p, b, h, i, j, heads, lq)
-                          ? 0.0
-                          : (drop_p > 0 ? keep_scale : 1.0);
+          factor[u] =
+              drop_p > 0 && reference_dropped(p.dropout_seed, p.dropout_p, b, h, i, j, heads, lq)
+                  ? 0.0
+                  : (drop_p > 0 ? keep_scale : 1.0);
           dp[u] = 0;
           if (weight[u] == 0) continue;
           for (int64_t c = 0; c < dv; ++c) dp[u] += at4(dout, b, h, i, c) * at4(v, b, hk, j, c);
