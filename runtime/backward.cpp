@@ -29,6 +29,7 @@
 #include "env.h"
 #include "error.h"
 #include "registry.h"
+#include "scheduler.h"
 #include "scratch.h"
 #include "threads.h"
 #include "validate.h"
@@ -45,11 +46,6 @@ constexpr int64_t kBackwardTargetItems = 16;
 constexpr int64_t kMaxBackwardChunks = 4;
 constexpr int64_t kMinBackwardChunk = 512;
 constexpr int64_t kChunkAlign = 64;
-constexpr double kSerialFlops = 4.0e5;
-
-int64_t ceil_div(int64_t a, int64_t b) {
-  return a / b + (a % b != 0 ? 1 : 0);
-}
 
 // A validated backward call.
 struct BackwardCall {

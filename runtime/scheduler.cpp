@@ -16,9 +16,6 @@
 namespace mha::rt {
 namespace {
 
-// Below this many multiply-adds a call runs on the calling thread: waking the
-// pool costs more than it saves.
-constexpr double kSerialFlops = 4.0e5;
 // Split-KV aims for at least this many items (fixed, so the split does not
 // depend on the thread count) with chunks of at least kMinChunk keys.
 constexpr int64_t kTargetItems = 64;
@@ -30,12 +27,6 @@ constexpr int64_t kWidenedQueryTiles = 4;
 // layout serves.
 using mha_kernel::kMaxDecodeRows;
 static_assert(kTargetItems <= kMaxChunks, "a row never has more chunks than kTargetItems");
-
-// Every size here is at most MHA_MAX_EXTENT (2^40, checked by validation),
-// so no sum or quotient below can overflow; a - 1 + b never wraps.
-int64_t ceil_div(int64_t a, int64_t b) {
-  return a / b + (a % b != 0 ? 1 : 0);
-}
 
 // Short sequences (one query tile per head) leave an item too little work to
 // hide the misses on its inputs: an item then takes several heads, and the

@@ -54,4 +54,14 @@ void merge_row(int64_t n, const float* const* outs, const int64_t* strides, cons
 // The most key chunks the scheduler splits a row into.
 constexpr int64_t kMaxChunks = 64;
 
+// Below this many multiply-adds a call runs on the calling thread: waking the
+// pool costs more than it saves.
+constexpr double kSerialFlops = 4.0e5;
+
+// a / b rounded up.  Every size the planners divide is at most MHA_MAX_EXTENT
+// (2^40, checked by validation), so nothing overflows.
+inline int64_t ceil_div(int64_t a, int64_t b) {
+  return a / b + (a % b != 0 ? 1 : 0);
+}
+
 }  // namespace mha::rt

@@ -867,16 +867,25 @@ void call_attention(AttentionCall& call) {
   if (status != MHA_OK) library_error("mha_attention", status);
 }
 
-Timing time_attention(AttentionCall& call, int repeat) {
+Timing time_calls(const std::function<void()>& call, int repeat) {
   std::vector<double> ms;
   ms.reserve(static_cast<std::size_t>(repeat));
   for (int r = 0; r < repeat; ++r) {
     const auto start = std::chrono::steady_clock::now();
-    call_attention(call);
+    call();
     const auto stop = std::chrono::steady_clock::now();
     ms.push_back(std::chrono::duration<double, std::milli>(stop - start).count());
   }
   return {median_of(ms), *std::min_element(ms.begin(), ms.end())};
+}
+
+Timing time_attention(AttentionCall& call, int repeat) {
+  return time_calls([&call] { call_attention(call); }, repeat);
+}
+
+mha_tensor describe_array(NpyArray& array, mha_dtype dtype, const std::string& what,
+                          bool add_batch) {
+  return describe(array, dtype, what, add_batch);
 }
 
 // ---------------------------------------------------------------- counting

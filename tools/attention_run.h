@@ -150,8 +150,15 @@ void call_attention(AttentionCall& call);
 struct Timing {
   double median_ms = 0, min_ms = 0;
 };
-// `repeat` timed calls (after the caller's first, untimed one).
+// `repeat` timed calls of `call` (after the caller's first, untimed one).
+Timing time_calls(const std::function<void()>& call, int repeat);
 Timing time_attention(AttentionCall& call, int repeat);
+
+// A descriptor over an array in its own layout (C or Fortran order), of
+// `dtype`; with add_batch a leading dimension of 1 ([H,L,D] as [1,H,L,D]).
+// Throws ToolError naming `what`.
+mha_tensor describe_array(NpyArray& array, mha_dtype dtype, const std::string& what,
+                          bool add_batch = false);
 
 // The number of (batch, head, query, key) tuples that take part: the pairs
 // left by the causal mode, the window, the valid lengths, a bool mask (true) and an

@@ -1,9 +1,6 @@
 #include "backward_run.h"
 
 #include <CLI/CLI.hpp>
-#include <algorithm>
-#include <chrono>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <vector>
 
@@ -19,20 +16,6 @@ struct Gradients {
   mha_tensor tdq{}, tdk{}, tdv{};
   std::optional<mha_tensor> tdsinks, tdmask;
 };
-
-mha_tensor describe_f32(NpyArray& array, bool add_batch, const char* what) {
-  std::vector<int64_t> shape = array.shape(), strides = array.strides();
-  if (add_batch) {
-    shape.insert(shape.begin(), 1);
-    strides.insert(strides.begin(), std::max<int64_t>(array.size(), 1));
-  }
-  mha_tensor t{};
-  if (mha_tensor_init(&t, array.data(), MHA_DTYPE_F32, static_cast<int32_t>(shape.size()),
-                      shape.data(), strides.data()) != MHA_OK) {
-    throw ToolError(std::string(what) + ": " + mha_last_error());
-  }
-  return t;
-}
 
 std::vector<int64_t> shape_of(const mha_tensor& t, bool drop_batch) {
   std::vector<int64_t> shape(t.shape + (drop_batch ? 1 : 0), t.shape + t.ndim);
@@ -114,29 +97,29 @@ int run_backward_command(const BackwardOptions& o) {
       std::vector<int64_t> lse_shape = in.q.shape;
       lse_shape.pop_back();
       call.lse_array = NpyArray(NpyDtype::F32, lse_shape);
-      call.lse = describe_f32(call.lse_array, b1, "the LSE");
+      call.lse = describe_array(call.lse_array, MHA_DTYPE_F32, "the LSE", b1);
     }
     call_attention(call);
 
     NpyArray dout = read_float_input("--dout", o.dout);
-    const mha_tensor tdout = describe_f32(dout, b1, "--dout");
+    const mha_tensor tdout = describe_array(dout, MHA_DTYPE_F32, "--dout", b1);
     Gradients g;
     g.dq = NpyArray(NpyDtype::F32, shape_of(call.q, b1));
     g.dk = NpyArray(NpyDtype::F32, shape_of(call.k, b1));
     g.dv = NpyArray(NpyDtype::F32, shape_of(call.v, b1));
-    g.tdq = describe_f32(g.dq, b1, "--dq");
-    g.tdk = describe_f32(g.dk, b1, "--dk");
-    g.tdv = describe_f32(g.dv, b1, "--dv");
+    g.tdq = describe_array(g.dq, MHA_DTYPE_F32, "--dq", b1);
+    g.tdk = describe_array(g.dk, MHA_DTYPE_F32, "--dk", b1);
+    g.tdv = describe_array(g.dv, MHA_DTYPE_F32, "--dv", b1);
     mha_backward_params backward;
     mha_backward_params_init(&backward);
     if (!o.dsinks.empty() && call.sinks) {
       g.dsinks = NpyArray(NpyDtype::F32, shape_of(*call.sinks, false));
-      g.tdsinks = describe_f32(g.dsinks, false, "--dsinks");
+      g.tdsinks = describe_array(g.dsinks, MHA_DTYPE_F32, "--dsinks", false);
       backward.dsinks = &*g.tdsinks;
     }
     if (!o.dmask.empty() && call.mask) {
       g.dmask = NpyArray(NpyDtype::F32, shape_of(*call.mask, false));
-      g.tdmask = describe_f32(g.dmask, false, "--dmask");
+      g.tdmask = describe_array(g.dmask, MHA_DTYPE_F32, "--dmask", false);
       backward.dmask = &*g.tdmask;
     }
     mha_attention_params params = call.params();
@@ -161,16 +144,7 @@ int run_backward_command(const BackwardOptions& o) {
     arrays.push_back(&g.dq);
     outputs.commit(arrays);
     if (o.repeat > 0) {
-      std::vector<double> ms;
-      for (int r = 0; r < o.repeat; ++r) {
-        const auto start = std::chrono::steady_clock::now();
-        run();
-        ms.push_back(
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-                .count());
-      }
-      std::sort(ms.begin(), ms.end());
-      const Timing timing{ms[ms.size() / 2], ms.front()};
+      const Timing timing = time_calls(run, o.repeat);
       // FlashAttention-2's count: 2.5 times the forward's useful FLOPs.
       print_stdout_line(timing_json(timing, 2.5 * attention_flops(call)));
     }
