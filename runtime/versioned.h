@@ -22,12 +22,15 @@ constexpr uint32_t kAttentionParamsSizes[] = {56, 72, 88, 112};
 constexpr uint32_t kModuleConfigSizes[] = {56};  // 0.1
 // 0.1, 0.3 (window, sinks, softcap, ALiBi)
 constexpr uint32_t kModuleForwardParamsSizes[] = {64, 104};
-constexpr uint32_t kVarlenParamsSizes[] = {40};    // 0.4
-constexpr uint32_t kBackwardParamsSizes[] = {24};  // 0.4
+constexpr uint32_t kVarlenParamsSizes[] = {40};      // 0.4
+constexpr uint32_t kBackwardParamsSizes[] = {24};    // 0.4
+constexpr uint32_t kModuleGradientsSizes[] = {104};  // 0.4
 static_assert(kAttentionParamsSizes[std::size(kAttentionParamsSizes) - 1] ==
               sizeof(mha_attention_params));
 static_assert(kBackwardParamsSizes[std::size(kBackwardParamsSizes) - 1] ==
               sizeof(mha_backward_params));
+static_assert(kModuleGradientsSizes[std::size(kModuleGradientsSizes) - 1] ==
+              sizeof(mha_module_gradients));
 static_assert(kModuleConfigSizes[std::size(kModuleConfigSizes) - 1] == sizeof(mha_module_config));
 static_assert(kVarlenParamsSizes[std::size(kVarlenParamsSizes) - 1] == sizeof(mha_varlen_params));
 static_assert(kModuleForwardParamsSizes[std::size(kModuleForwardParamsSizes) - 1] ==

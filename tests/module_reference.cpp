@@ -2,6 +2,8 @@
 // It calls no mha function: only the header's types.
 #include "module_reference.h"
 
+#include "reference_access.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -9,9 +11,12 @@
 #include <limits>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
 
 namespace mha_test {
 namespace {
+
+using reference_access::at3;
 
 constexpr double kU = 1.0 / 16777216.0;  // 2^-24: fp32's unit roundoff
 constexpr double kLambda = 4.0;
@@ -29,11 +34,6 @@ void require(bool condition, const std::string& what) {
 
 double f32_at(const mha_tensor& t, int64_t offset) {
   return static_cast<double>(static_cast<const float*>(t.data)[offset]);
-}
-
-// Element [i0][i1][i2] of a rank-3 F32 descriptor.
-double at3(const mha_tensor& t, int64_t i0, int64_t i1, int64_t i2) {
-  return f32_at(t, i0 * t.strides[0] + i1 * t.strides[1] + i2 * t.strides[2]);
 }
 
 // A projection: y[b, l, e] = Σ_k x[b, l, k]·w[e, k] + bias[e], with its bound.
@@ -79,6 +79,8 @@ int64_t valid_length(const mha_tensor* vl, int64_t b, int64_t i) {
   return static_cast<const int32_t*>(vl->data)[offset];
 }
 
+}  // namespace
+
 // PyTorch's masks at (b, h, i, j): false when a bool mask says "not allowed";
 // *add gets the f32 masks' sum.
 bool pytorch_masks_allow(const ModuleInputs& in, int64_t heads, int64_t b, int64_t h, int64_t i,
@@ -104,8 +106,6 @@ bool pytorch_masks_allow(const ModuleInputs& in, int64_t heads, int64_t b, int64
   }
   return true;
 }
-
-}  // namespace
 
 ModuleReference reference_module(const ModuleWeights& w, const ModuleInputs& in) {
   require(in.query != nullptr && in.key != nullptr && in.value != nullptr, "missing input");
@@ -328,6 +328,8 @@ ModuleReference reference_module(const ModuleWeights& w, const ModuleInputs& in)
         ref.average_bound[at] = err / static_cast<double>(heads) +
                                 dot_bound(heads) * ref.average[at] + kU * ref.average[at];
       }
+  ref.concat = std::move(concat);
+  ref.concat_bound = std::move(concat_bound);
   return ref;
 }
 

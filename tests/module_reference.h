@@ -94,12 +94,18 @@ struct ModuleInputs {
 struct ModuleReference {
   int64_t batch = 0, heads = 0, lq = 0, lk = 0, embed_dim = 0;
   std::vector<double> out, out_bound;          // [B, Lq, E]
+  std::vector<double> concat, concat_bound;    // [B, Lq, E]: the heads' attention outputs
   std::vector<double> weights, weights_bound;  // [B, H, Lq, Lk], after dropout
   std::vector<double> average, average_bound;  // [B, Lq, Lk], the mean over heads
   std::vector<double> weights_before_dropout;  // [B, H, Lq, Lk]
   std::vector<double> sink_share;              // [B, H, Lq]: the sink's probability (0 without)
   int64_t dead_rows = 0;                       // (b, h, i) rows in which no key takes part
 };
+
+// PyTorch's masks of `in` at (b, h, i, j): false when a bool mask says "not
+// allowed"; *add gets the f32 masks' sum.
+bool pytorch_masks_allow(const ModuleInputs& in, int64_t heads, int64_t b, int64_t h, int64_t i,
+                         int64_t j, double* add);
 
 // Throws std::invalid_argument when the inputs do not fit the weights.
 ModuleReference reference_module(const ModuleWeights& weights, const ModuleInputs& inputs);

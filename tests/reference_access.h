@@ -69,6 +69,11 @@ inline double at4(const mha_tensor& t, int64_t i0, int64_t i1, int64_t i2, int64
   return value_at(t, i0 * t.strides[0] + i1 * t.strides[1] + i2 * t.strides[2] + i3 * t.strides[3]);
 }
 
+// Element (i0, i1, i2) of a rank-3 descriptor.
+inline double at3(const mha_tensor& t, int64_t i0, int64_t i1, int64_t i2) {
+  return value_at(t, i0 * t.strides[0] + i1 * t.strides[1] + i2 * t.strides[2]);
+}
+
 inline bool floating(int32_t dtype) {
   return dtype == MHA_DTYPE_F32 || dtype == MHA_DTYPE_BF16 || dtype == MHA_DTYPE_F16;
 }

@@ -160,6 +160,11 @@ BackwardReference reference_backward(const mha_tensor& q, const mha_tensor& k, c
   return ref;
 }
 
+double backward_tolerance(const std::vector<double>& ref, double terms, double max_abs_logit) {
+  return 2e-5 * max_abs(ref) + std::ldexp(terms, -18) +
+         8.0 * std::ldexp(max_abs_logit, -24) * terms;
+}
+
 double max_abs(const std::vector<double>& values) {
   double m = 0;
   for (double x : values) m = std::max(m, std::fabs(x));

@@ -34,6 +34,13 @@ BackwardReference reference_backward(const mha_tensor& q, const mha_tensor& k, c
                                      const mha_tensor& dout, const mha_attention_params* params,
                                      bool want_dlogit = false);
 
+// A gradient's tolerance: 2e-5 of its largest value, plus 2^-18 (64 fp32
+// ulps) of the largest sum of its terms' magnitudes -- where terms cancel
+// (dS = P ∘ (dP - delta) of one key is exactly 0) fp32 leaves that much --
+// and what rounding the logits to fp32 costs the weights, relatively
+// (decisions.md's 4 · 2^-24 · max|logit|, twice: P and dS).
+double backward_tolerance(const std::vector<double>& ref, double terms, double max_abs_logit);
+
 // Largest |got - want| over a 4-d F32 descriptor against C-ordered values.
 double max_abs_diff(const mha_tensor& got, const std::vector<double>& want);
 double max_abs(const std::vector<double>& values);

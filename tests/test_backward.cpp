@@ -136,16 +136,6 @@ struct BackwardRun {
   mha_tensor tmask{}, tdmask{}, tlens{}, tslopes{}, tsinks{}, tdsinks{};
 };
 
-// A gradient's tolerance: 2e-5 of its largest value, plus 2^-18 (64 fp32
-// ulps) of the largest sum of its terms' magnitudes -- where terms cancel
-// (dS = P ∘ (dP - delta) of one key is exactly 0) fp32 leaves that much --
-// and what rounding the logits to fp32 costs the weights, relatively
-// (decisions.md's 4 · 2^-24 · max|logit|, twice: P and dS).
-double grad_tolerance(const std::vector<double>& ref, double terms, double max_abs_logit) {
-  return 2e-5 * max_abs(ref) + std::ldexp(terms, -18) +
-         8.0 * std::ldexp(max_abs_logit, -24) * terms;
-}
-
 std::string describe_case(const BackwardCase& c) {
   return std::string(c.what) + ": B" + std::to_string(c.B) + " H" + std::to_string(c.H) + "/" +
          std::to_string(c.Hkv) + " Lq" + std::to_string(c.Lq) + " Lk" + std::to_string(c.Lk) +
@@ -165,14 +155,17 @@ void check_case(const BackwardCase& c) {
 
   const BackwardReference ref =
       reference_backward(run.tq, run.tk, run.tv, run.tdout, &run.params, c.want_dmask);
-  EXPECT_LE(max_abs_diff(run.tdq, ref.dq), grad_tolerance(ref.dq, ref.terms_dq, ref.max_abs_logit))
+  EXPECT_LE(max_abs_diff(run.tdq, ref.dq),
+            backward_tolerance(ref.dq, ref.terms_dq, ref.max_abs_logit))
       << "dq";
-  EXPECT_LE(max_abs_diff(run.tdk, ref.dk), grad_tolerance(ref.dk, ref.terms_dk, ref.max_abs_logit))
+  EXPECT_LE(max_abs_diff(run.tdk, ref.dk),
+            backward_tolerance(ref.dk, ref.terms_dk, ref.max_abs_logit))
       << "dk";
-  EXPECT_LE(max_abs_diff(run.tdv, ref.dv), grad_tolerance(ref.dv, ref.terms_dv, ref.max_abs_logit))
+  EXPECT_LE(max_abs_diff(run.tdv, ref.dv),
+            backward_tolerance(ref.dv, ref.terms_dv, ref.max_abs_logit))
       << "dv";
   if (c.want_dsinks) {
-    const double tol = grad_tolerance(ref.dsinks, ref.terms_dsinks, ref.max_abs_logit);
+    const double tol = backward_tolerance(ref.dsinks, ref.terms_dsinks, ref.max_abs_logit);
     for (size_t h = 0; h < ref.dsinks.size(); ++h) {
       EXPECT_NEAR(run.dsinks[h], ref.dsinks[h], tol) << "dsinks[" << h << "]";
     }
@@ -190,8 +183,9 @@ void check_case(const BackwardCase& c) {
       }
     }
     const mha_tensor got = describe(run.dmask.data(), MHA_DTYPE_F32, {c.B, heads, c.Lq, c.Lk});
-    EXPECT_LE(max_abs_diff(got, want),
-              grad_tolerance(want, ref.terms_dlogit * static_cast<double>(c.H), ref.max_abs_logit))
+    EXPECT_LE(
+        max_abs_diff(got, want),
+        backward_tolerance(want, ref.terms_dlogit * static_cast<double>(c.H), ref.max_abs_logit))
         << "dmask";
   }
 }

@@ -10,11 +10,10 @@
  * outputs' contents are unspecified.
  *
  * Versioned structs (mha_attention_params, mha_module_config,
- * mha_module_forward_params) start with struct_size, which their *_init()
- * sets to the size the program was compiled with.  They only grow at their
- * end: a program built against an older mha passes its smaller size and the
- * fields it does not know take their defaults; a size this library never had
- * is refused (MHA_ERR_INVALID_PARAMS).
+ * mha_module_forward_params, mha_module_gradients, ...) start with struct_size, which their
+ * *_init() sets to the size the program was compiled with.  They only grow at their end: a program
+ * built against an older mha passes its smaller size and the fields it does not know take their
+ * defaults; a size this library never had is refused (MHA_ERR_INVALID_PARAMS).
  *
  * Size limits, checked by every entry point (MHA_ERR_INVALID_SIZE): the head
  * sizes D and Dv at most MHA_MAX_HEAD_DIM, every other dimension of every
@@ -467,6 +466,53 @@ MHA_API void mha_module_forward_params_init(mha_module_forward_params* params);
 MHA_API mha_status mha_module_forward(mha_module* module, const mha_tensor* query,
                                       const mha_tensor* key, const mha_tensor* value,
                                       mha_tensor* out, const mha_module_forward_params* params);
+
+/*
+ * The module's backward pass (training): the gradients of
+ *   L = sum(dout * mha_module_forward(query, key, value, params))
+ * with respect to the inputs, every weight and bias, and the sinks.
+ *
+ * query, key, value and params are the forward call's (the same masks, causal
+ * rule, variants, and for dropout the same training flag and dropout_seed:
+ * the counter-based mask is regenerated, never stored); params->attn_weights
+ * must be NULL.  dout F32 [B, Lq, E] is dL/d(out).  The backward recomputes
+ * the forward (the projections and the attention with its LSE) -- activation
+ * checkpointing: nothing is kept between the two calls, and the memory is
+ * O((Lq + Lk)·E), never O(Lq·Lk).  Deterministic: the same bits for any thread
+ * count (mha_attention_backward's rule; BLIS never splits a product's inner
+ * dimension).
+ *
+ * Every gradient is optional (NULL: not wanted), F32, any strides, and
+ * OVERWRITTEN (not accumulated into).  The weights' gradients are named as in
+ * PyTorch's state_dict; for in_proj_weight [3E, E] and in_proj_bias [3E] pass
+ * views of its rows (q: rows 0..E-1, k: E..2E-1, v: 2E..3E-1).  When grads->
+ * query, key and value are the same tensor (same data, shape and strides --
+ * self-attention), it receives their sum; otherwise no gradient may overlap
+ * another or any input.  The bias gradients need a module with biases; sinks
+ * needs params->sinks.  Fails, writing nothing, on bad input.
+ */
+typedef struct mha_module_gradients {
+  uint32_t struct_size;        /* set by mha_module_gradients_init */
+  mha_tensor* query;           /* [B, Lq, Eq] */
+  mha_tensor* key;             /* [B, Lk, Ek] */
+  mha_tensor* value;           /* [B, Lk, Ev] */
+  mha_tensor* q_proj_weight;   /* [E, Eq] */
+  mha_tensor* k_proj_weight;   /* [E, Ek] */
+  mha_tensor* v_proj_weight;   /* [E, Ev] */
+  mha_tensor* q_proj_bias;     /* [E] */
+  mha_tensor* k_proj_bias;     /* [E] */
+  mha_tensor* v_proj_bias;     /* [E] */
+  mha_tensor* out_proj_weight; /* [E, E] */
+  mha_tensor* out_proj_bias;   /* [E] */
+  mha_tensor* sinks;           /* [H] */
+} mha_module_gradients;
+
+MHA_API void mha_module_gradients_init(mha_module_gradients* grads);
+MHA_API mha_status mha_module_backward(mha_module* module, const mha_tensor* query,
+                                       const mha_tensor* key, const mha_tensor* value,
+                                       const mha_tensor* dout,
+                                       const mha_module_forward_params* params,
+                                       const mha_module_gradients* grads);
 
 /* Adds the sinusoidal positional encoding of "Attention is all you need" in
  * place to x F32 [B, L, d] (any strides, any d, odd too):

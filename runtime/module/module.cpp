@@ -13,6 +13,7 @@
 
 #include "error.h"
 #include "module.h"
+#include "projections.h"
 #include "registry.h"
 #include "validate.h"
 #include "versioned.h"
@@ -164,9 +165,14 @@ mha_status check_mask_dtype(const mha_tensor* t, const char* name) {
               dtype_name(t->dtype));
 }
 
+// The checks of a forward call, and of the backward's, which takes the same
+// arguments with dout ([B, Lq, E], read) in out's place.
+enum class OutRole { kWritten, kRead };
+
 mha_status check_forward(mha_module* module, const mha_tensor* query, const mha_tensor* key,
-                         const mha_tensor* value, const mha_tensor* out,
-                         const mha_module_forward_params* params, ModuleCall* call) {
+                         const mha_tensor* value, const mha_tensor* out, const char* out_name,
+                         OutRole out_role, const mha_module_forward_params* params,
+                         ModuleCall* call) {
   if (module == nullptr) return fail(MHA_ERR_NULL_POINTER, "module is NULL");
   mha_module_forward_params defaults;
   mha_module_forward_params_init(&defaults);
@@ -182,7 +188,7 @@ mha_status check_forward(mha_module* module, const mha_tensor* query, const mha_
     params = &given;
   }
   const mha_tensor* tensors[4] = {query, key, value, out};
-  const char* names[4] = {"query", "key", "value", "out"};
+  const char* names[4] = {"query", "key", "value", out_name};
   for (int i = 0; i < 4; ++i) {
     if (mha_status s = check_tensor(tensors[i], names[i], 3, 3); s != MHA_OK) return s;
   }
@@ -219,7 +225,7 @@ mha_status check_forward(mha_module* module, const mha_tensor* query, const mha_
   }
   if (out->shape[0] != batch || out->shape[1] != lq || out->shape[2] != e) {
     return fail(MHA_ERR_SHAPE_MISMATCH,
-                "out has shape %s; it must be [B, Lq, E] = [%lld, %lld, %lld]",
+                "%s has shape %s; it must be [B, Lq, E] = [%lld, %lld, %lld]", out_name,
                 shape_text(*out).c_str(), ll(batch), ll(lq), ll(e));
   }
 
@@ -310,8 +316,11 @@ mha_status check_forward(mha_module* module, const mha_tensor* query, const mha_
                                "params->alibi_slopes",
                                "params->attn_weights"};
   constexpr int kInputs = static_cast<int>(std::size(inputs));
-  if (mha_status s = check_no_overlap(*out, "out", inputs, input_names, kInputs); s != MHA_OK) {
-    return s;
+  if (out_role == OutRole::kWritten) {
+    if (mha_status s = check_no_overlap(*out, out_name, inputs, input_names, kInputs);
+        s != MHA_OK) {
+      return s;
+    }
   }
   if (weights != nullptr) {
     if (mha_status s =
@@ -342,6 +351,103 @@ mha_status check_forward(mha_module* module, const mha_tensor* query, const mha_
   call->sinks = params->sinks;
   call->softcap = params->softcap;
   call->alibi_slopes = params->alibi_slopes;
+  return MHA_OK;
+}
+
+// ---------------------------------------------------------------- backward checks
+
+// The gradients of a backward call: each shaped like what it differentiates,
+// F32, and written only where no input or other gradient is -- except that
+// identical query, key and value gradients (self-attention) receive a sum.
+mha_status check_gradients(const mha_module& m, const ModuleCall& call, const mha_tensor* dout,
+                           const mha_module_gradients& g) {
+  const int64_t e = m.embed_dim;
+  const struct {
+    mha_tensor* t;
+    const char* name;
+    int64_t rows, cols;  // cols = 0: a vector; rows = -1: like the input
+    const mha_tensor* like;
+    bool bias;
+  } grads[] = {
+      {g.query, "grads->query", -1, 0, call.query, false},
+      {g.key, "grads->key", -1, 0, call.key, false},
+      {g.value, "grads->value", -1, 0, call.value, false},
+      {g.q_proj_weight, "grads->q_proj_weight", e, m.query_dim, nullptr, false},
+      {g.k_proj_weight, "grads->k_proj_weight", e, m.key_dim, nullptr, false},
+      {g.v_proj_weight, "grads->v_proj_weight", e, m.value_dim, nullptr, false},
+      {g.q_proj_bias, "grads->q_proj_bias", e, 0, nullptr, true},
+      {g.k_proj_bias, "grads->k_proj_bias", e, 0, nullptr, true},
+      {g.v_proj_bias, "grads->v_proj_bias", e, 0, nullptr, true},
+      {g.out_proj_weight, "grads->out_proj_weight", e, e, nullptr, false},
+      {g.out_proj_bias, "grads->out_proj_bias", e, 0, nullptr, true},
+      {g.sinks, "grads->sinks", m.num_heads, 0, nullptr, false},
+  };
+  constexpr int kGrads = static_cast<int>(std::size(grads));
+  for (const auto& grad : grads) {
+    if (grad.t == nullptr) continue;
+    const int32_t rank = grad.like != nullptr ? 3 : (grad.cols == 0 ? 1 : 2);
+    if (mha_status s = check_tensor(grad.t, grad.name, rank, rank); s != MHA_OK) return s;
+    if (mha_status s = check_f32(grad.t, grad.name); s != MHA_OK) return s;
+    if (grad.bias && !m.bias) {
+      return fail(MHA_ERR_INVALID_VALUE,
+                  "%s is given but this module has no biases (config.bias = 0)", grad.name);
+    }
+    if (grad.t == g.sinks && call.sinks == nullptr) {
+      return fail(MHA_ERR_INVALID_VALUE,
+                  "grads->sinks is given but params->sinks is NULL: there is no sink to "
+                  "differentiate");
+    }
+    bool ok = true;
+    if (grad.like != nullptr) {
+      for (int32_t axis = 0; axis < 3; ++axis)
+        ok = ok && grad.t->shape[axis] == grad.like->shape[axis];
+      if (!ok) {
+        return fail(MHA_ERR_SHAPE_MISMATCH, "%s has shape %s; it must have the input's shape %s",
+                    grad.name, shape_text(*grad.t).c_str(), shape_text(*grad.like).c_str());
+      }
+      continue;
+    }
+    ok = grad.t->shape[0] == grad.rows && (rank == 1 || grad.t->shape[1] == grad.cols);
+    if (!ok) {
+      if (rank == 1) {
+        return fail(MHA_ERR_SHAPE_MISMATCH, "%s has shape %s; it must be [%lld]", grad.name,
+                    shape_text(*grad.t).c_str(), ll(grad.rows));
+      }
+      return fail(MHA_ERR_SHAPE_MISMATCH, "%s has shape %s; it must be [%lld, %lld]", grad.name,
+                  shape_text(*grad.t).c_str(), ll(grad.rows), ll(grad.cols));
+    }
+  }
+  const mha_tensor* inputs[] = {call.query,     call.key,        call.value,
+                                dout,           call.valid_lens, call.key_padding_mask,
+                                call.attn_mask, call.sinks,      call.alibi_slopes};
+  const char* input_names[] = {"query",
+                               "key",
+                               "value",
+                               "dout",
+                               "params->valid_lens",
+                               "params->key_padding_mask",
+                               "params->attn_mask",
+                               "params->sinks",
+                               "params->alibi_slopes"};
+  constexpr int kInputs = static_cast<int>(std::size(inputs));
+  for (int a = 0; a < kGrads; ++a) {
+    if (grads[a].t == nullptr) continue;
+    if (mha_status s = check_no_overlap(*grads[a].t, grads[a].name, inputs, input_names, kInputs);
+        s != MHA_OK) {
+      return s;
+    }
+    for (int b = a + 1; b < kGrads; ++b) {
+      if (grads[b].t == nullptr) continue;
+      const bool summed = a < 3 && b < 3 && same_tensor(*grads[a].t, *grads[b].t);
+      if (summed) continue;
+      const mha_tensor* other[] = {grads[b].t};
+      const char* other_name[] = {grads[b].name};
+      if (mha_status s = check_no_overlap(*grads[a].t, grads[a].name, other, other_name, 1);
+          s != MHA_OK) {
+        return s;
+      }
+    }
+  }
   return MHA_OK;
 }
 
@@ -467,7 +573,9 @@ mha_status mha_module_forward(mha_module* module, const mha_tensor* query, const
   clear_error();
   return guarded([&] {
     ModuleCall call;
-    if (mha_status s = check_forward(module, query, key, value, out, params, &call); s != MHA_OK) {
+    if (mha_status s =
+            check_forward(module, query, key, value, out, "out", OutRole::kWritten, params, &call);
+        s != MHA_OK) {
       return s;
     }
     const char* why = nullptr;
@@ -475,6 +583,47 @@ mha_status mha_module_forward(mha_module* module, const mha_tensor* query, const
       return fail(MHA_ERR_BACKEND_UNAVAILABLE, "%s", why);
     }
     return run_module_forward(call);
+  });
+}
+
+void mha_module_gradients_init(mha_module_gradients* grads) {
+  if (grads == nullptr) return;
+  std::memset(grads, 0, sizeof *grads);
+  grads->struct_size = sizeof *grads;
+}
+
+mha_status mha_module_backward(mha_module* module, const mha_tensor* query, const mha_tensor* key,
+                               const mha_tensor* value, const mha_tensor* dout,
+                               const mha_module_forward_params* params,
+                               const mha_module_gradients* grads) {
+  clear_error();
+  return guarded([&] {
+    ModuleCall call;
+    if (mha_status s =
+            check_forward(module, query, key, value, dout, "dout", OutRole::kRead, params, &call);
+        s != MHA_OK) {
+      return s;
+    }
+    if (call.attn_weights != nullptr) {
+      return fail(MHA_ERR_INVALID_VALUE,
+                  "params->attn_weights is given: the backward pass returns no attention weights "
+                  "(pass NULL)");
+    }
+    if (grads == nullptr) return fail(MHA_ERR_NULL_POINTER, "grads is NULL");
+    mha_module_gradients given;
+    mha_module_gradients_init(&given);
+    const mha_module_gradients defaults = given;
+    if (mha_status s = read_versioned(grads, defaults, kModuleGradientsSizes, "grads",
+                                      "mha_module_gradients_init", &given);
+        s != MHA_OK) {
+      return s;
+    }
+    if (mha_status s = check_gradients(*module, call, dout, given); s != MHA_OK) return s;
+    const char* why = nullptr;
+    if (Registry::instance().selected(&why) == nullptr) {
+      return fail(MHA_ERR_BACKEND_UNAVAILABLE, "%s", why);
+    }
+    return run_module_backward(call, dout, given);
   });
 }
 

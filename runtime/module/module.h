@@ -76,4 +76,10 @@ struct ModuleCall {
 // message is its own); nothing has then been written to the outputs.
 mha_status run_module_forward(const ModuleCall& call);
 
+// Runs a validated backward call (call.out unused; dout [B, Lq, E] read).
+// Returns mha_attention_backward's status if that fails; nothing has then been
+// written to the gradients.
+mha_status run_module_backward(const ModuleCall& call, const mha_tensor* dout,
+                               const mha_module_gradients& grads);
+
 }  // namespace mha::rt

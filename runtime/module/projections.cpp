@@ -1,0 +1,135 @@
+// The module's input projections: one BLIS sgemm over all B·L rows of an
+// input, in the input's own row order, with the biases preset in the rows.
+#include "projections.h"
+
+#include <cmath>
+#include <cstring>
+#include <new>
+
+#include "blis.h"
+
+namespace mha::rt {
+namespace {
+
+// dst rows (in `order`, `width` wide, columns [0, n)) = x · wt + bias, with wt
+// the transposed weights [K, n] (row stride ld) and x [B, L, K].
+void project(const mha_tensor& x, const RowOrder& order, const float* wt, int64_t ld, int64_t n,
+             const float* bias, float* dst, int64_t width, int32_t threads) {
+  const int64_t k = x.shape[2];
+  const int64_t total_rows = x.shape[0] * x.shape[1];
+  if (bias != nullptr) {
+    for (int64_t r = 0; r < total_rows; ++r) std::memcpy(dst + r * width, bias, float_bytes(n));
+  }
+  const auto* src = static_cast<const float*>(x.data);
+  const int32_t t = sgemm_threads(order.rows, n, k, threads);
+  for (int64_t g = 0; g < order.gemms; ++g) {
+    sgemm(order.rows, n, k, 1.0f, src + g * order.gemm_stride, order.row_stride, x.strides[2], wt,
+          ld, 1, bias != nullptr ? 1.0f : 0.0f, dst + g * order.rows * width, width, 1, t);
+  }
+}
+
+}  // namespace
+
+void* take(AlignedBuffer& buffer, size_t bytes) {
+  void* memory = buffer.get(bytes);
+  if (memory == nullptr) throw std::bad_alloc();
+  return memory;
+}
+
+RowOrder row_order(const mha_tensor& t) {
+  const int64_t batch = t.shape[0], len = t.shape[1], s0 = t.strides[0], s1 = t.strides[1];
+  if (batch == 1) return {false, 1, len, s1, 0};
+  if (len == 1) return {false, 1, batch, s0, 0};  // one row per batch: either order
+  if (s0 == len * s1) return {false, 1, batch * len, s1, 0};
+  if (s1 == batch * s0) return {true, 1, batch * len, s0, 0};
+  return {false, batch, len, s1, s0};
+}
+
+void head_view(float* base, int64_t batch, int64_t heads, int64_t len, int64_t d, int64_t width,
+               bool seq_major, int64_t offset, mha_tensor* view) {
+  std::memset(view, 0, sizeof *view);
+  view->data = base + offset;
+  view->dtype = MHA_DTYPE_F32;
+  view->ndim = 4;
+  view->shape[0] = batch;
+  view->shape[1] = heads;
+  view->shape[2] = len;
+  view->shape[3] = d;
+  view->strides[0] = seq_major ? width : len * width;
+  view->strides[1] = d;
+  view->strides[2] = seq_major ? batch * width : width;
+  view->strides[3] = 1;
+}
+
+bool same_tensor(const mha_tensor& a, const mha_tensor& b) {
+  if (a.data != b.data || a.dtype != b.dtype || a.ndim != b.ndim) return false;
+  for (int32_t d = 0; d < a.ndim; ++d) {
+    if (a.shape[d] != b.shape[d] || a.strides[d] != b.strides[d]) return false;
+  }
+  return true;
+}
+
+Projections project_inputs(const ModuleCall& call, AlignedBuffer& scratch, int32_t threads) {
+  const mha_module& m = *call.module;
+  const int64_t batch = call.batch, lq = call.lq, lk = call.lk;
+  const int64_t e = m.embed_dim, heads = m.num_heads, d = m.head_dim;
+  const mha_tensor& query = *call.query;
+  const mha_tensor& key = *call.key;
+  const mha_tensor& value = *call.value;
+  Projections p;
+  p.q_order = row_order(query);
+  p.k_order = row_order(key);
+  p.v_order = row_order(value);
+  p.qkv_packed = same_tensor(query, key) && same_tensor(key, value);
+  p.kv_packed = !p.qkv_packed && same_tensor(key, value);
+  const int64_t q_width = p.qkv_packed ? 3 * e : e;
+  const int64_t kv_width = p.kv_packed ? 2 * e : e;
+  const int64_t q_rows = batch * lq, kv_rows = batch * lk;
+  int64_t floats = q_rows * q_width;
+  if (!p.qkv_packed) floats += p.kv_packed ? kv_rows * kv_width : 2 * kv_rows * e;
+  float* proj = static_cast<float*>(take(scratch, float_bytes(floats)));
+  float* q_buf = proj;
+  float* k_buf = p.qkv_packed ? proj : q_buf + q_rows * q_width;
+  float* v_buf = p.qkv_packed || p.kv_packed ? k_buf : k_buf + kv_rows * e;
+  const int64_t k_width = p.qkv_packed ? q_width : kv_width;
+  const int64_t k_offset = p.qkv_packed ? e : 0;
+  const int64_t v_offset = p.qkv_packed ? 2 * e : (p.kv_packed ? e : 0);
+
+  if (p.qkv_packed) {
+    project(query, p.q_order, m.w_q(), m.wq_t.ld, 3 * e, m.b_q(), q_buf, q_width, threads);
+  } else {
+    project(query, p.q_order, m.w_q(), m.wq_t.ld, e, m.b_q(), q_buf, q_width, threads);
+    if (p.kv_packed) {
+      project(key, p.k_order, m.w_k(), m.wk_t.ld, 2 * e, m.b_k(), k_buf, kv_width, threads);
+    } else {
+      project(key, p.k_order, m.w_k(), m.wk_t.ld, e, m.b_k(), k_buf, e, threads);
+      project(value, p.v_order, m.w_v(), m.wv_t.ld, e, m.b_v(), v_buf, e, threads);
+    }
+  }
+  head_view(q_buf, batch, heads, lq, d, q_width, p.q_order.seq_major, 0, &p.q);
+  head_view(k_buf, batch, heads, lk, d, k_width, p.k_order.seq_major, k_offset, &p.k);
+  head_view(v_buf, batch, heads, lk, d, p.qkv_packed || p.kv_packed ? k_width : e,
+            p.v_order.seq_major, v_offset, &p.v);
+  return p;
+}
+
+mha_attention_params module_attention_params(const ModuleCall& call, const mha_tensor* mask) {
+  const int64_t d = call.module->head_dim;
+  mha_attention_params ap;
+  mha_attention_params_init(&ap);
+  ap.has_scale = 1;
+  ap.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  ap.causal = call.causal;
+  ap.valid_lens = call.valid_lens;
+  ap.mask = mask;
+  ap.dropout_p = call.dropout_p;
+  ap.dropout_seed = call.dropout_seed;
+  ap.window_left = call.window_left;
+  ap.window_right = call.window_right;
+  ap.sinks = call.sinks;
+  ap.softcap = call.softcap;
+  ap.alibi_slopes = call.alibi_slopes;
+  return ap;
+}
+
+}  // namespace mha::rt

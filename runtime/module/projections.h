@@ -1,0 +1,61 @@
+// The module's input projections and the [B, H, L, D] views of their heads,
+// shared by the forward and the backward pass.
+//
+// The row order of the scratch buffers follows the caller's tensors, so that
+// every product is one sgemm with one row stride: a sequence-first input
+// ([L, B, E] memory, strides {E, B·E, 1}) gives projections in [L, B, ·] order;
+// inputs whose rows cannot be walked with one stride take one sgemm per batch.
+#pragma once
+
+#include <mha/mha.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "module.h"
+#include "scratch.h"
+
+namespace mha::rt {
+
+// A buffer of scratch memory, or std::bad_alloc (which the entry points turn
+// into a status before any output is written).
+void* take(AlignedBuffer& buffer, size_t bytes);
+
+inline size_t float_bytes(int64_t count) {
+  return static_cast<size_t>(count) * sizeof(float);
+}
+
+// How the B x L rows of a [B, L, F] tensor are walked by sgemm calls.
+struct RowOrder {
+  bool seq_major = false;   // rows in (position, batch) order: a sequence-first tensor
+  int64_t gemms = 1;        // 1, or B (one product per batch)
+  int64_t rows = 0;         // rows per product
+  int64_t row_stride = 0;   // elements between consecutive rows of one product
+  int64_t gemm_stride = 0;  // elements between the products' first rows (batch stride)
+};
+RowOrder row_order(const mha_tensor& t);
+
+// The [B, H, L, D] view of head columns `offset` + h·D of a buffer of rows
+// `width` wide in the given order.
+void head_view(float* base, int64_t batch, int64_t heads, int64_t len, int64_t d, int64_t width,
+               bool seq_major, int64_t offset, mha_tensor* view);
+
+// Same data, dtype, shape and strides.
+bool same_tensor(const mha_tensor& a, const mha_tensor& b);
+
+// The projections of one call: self-attention (query, key and value the same
+// tensor) is one product against the stacked W_qkvᵀ [E, 3E] into rows 3E
+// wide; key = value is one product against W_kvᵀ into rows 2E wide.
+struct Projections {
+  bool qkv_packed = false, kv_packed = false;
+  RowOrder q_order, k_order, v_order;  // of the inputs, and so of the buffers
+  mha_tensor q, k, v;                  // [B, H, L, D] views
+};
+Projections project_inputs(const ModuleCall& call, AlignedBuffer& scratch, int32_t threads);
+
+// The attention call of the module on its heads: scale 1/sqrt(D), the
+// masks in mha_attention's form (`mask`, or nullptr), and the call's
+// causal rule, valid lengths, dropout and variants.
+mha_attention_params module_attention_params(const ModuleCall& call, const mha_tensor* mask);
+
+}  // namespace mha::rt
