@@ -432,5 +432,86 @@ TEST_F(Concurrency, ErrorMessagesBelongToTheirThread) {
   EXPECT_EQ(wrong.load(), 0) << first;
 }
 
+// The backward passes from several caller threads at once, on one shared
+// module: mha_module_backward runs the forward, the attention's backward
+// (its plan, its per-thread scratch) and the BLIS products; every caller's
+// gradients must be the single-threaded call's bits.
+TEST(ConcurrentBackward, CallersShareOneModule) {
+  const int64_t B = 2, Lq = 40, Lk = 70, E = 32, H = 4;
+  mha_module_config config;
+  mha_module_config_init(&config);
+  config.embed_dim = E;
+  config.num_heads = H;
+  config.dropout = 0.2f;
+  mha_module* module = nullptr;
+  ASSERT_EQ(mha_module_create(&config, &module), MHA_OK) << mha_last_error();
+  Rng rng(5);
+  const auto random = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = rng.uniform(-0.5f, 0.5f);
+    return v;
+  };
+  std::vector<float> w_in = random(3 * E * E), w_out = random(E * E), b_in = random(3 * E);
+  mha_tensor tw_in = describe(w_in.data(), MHA_DTYPE_F32, {3 * E, E});
+  mha_tensor tw_out = describe(w_out.data(), MHA_DTYPE_F32, {E, E});
+  mha_tensor tb_in = describe(b_in.data(), MHA_DTYPE_F32, {3 * E});
+  ASSERT_EQ(mha_module_set_weight(module, "in_proj_weight", &tw_in), MHA_OK);
+  ASSERT_EQ(mha_module_set_weight(module, "out_proj.weight", &tw_out), MHA_OK);
+  ASSERT_EQ(mha_module_set_weight(module, "in_proj_bias", &tb_in), MHA_OK);
+  std::vector<float> q = random(B * Lq * E), kv = random(B * Lk * E), dout = random(B * Lq * E);
+  mha_tensor tq = describe(q.data(), MHA_DTYPE_F32, {B, Lq, E});
+  mha_tensor tkv = describe(kv.data(), MHA_DTYPE_F32, {B, Lk, E});
+  mha_tensor tdout = describe(dout.data(), MHA_DTYPE_F32, {B, Lq, E});
+  mha_module_forward_params params;
+  mha_module_forward_params_init(&params);
+  params.causal = MHA_CAUSAL_BOTTOM_RIGHT;
+  params.training = 1;
+  params.dropout_seed = 3;
+
+  // One caller's gradients: the inputs' and in_proj's, in one vector.
+  const auto backward = [&](std::vector<float>& all) {
+    all.assign(static_cast<size_t>(B * Lq * E + B * Lk * E + 3 * E * E + E * E), 0.0f);
+    float* at = all.data();
+    mha_tensor dq = describe(at, MHA_DTYPE_F32, {B, Lq, E});
+    mha_tensor dkv = describe(at += B * Lq * E, MHA_DTYPE_F32, {B, Lk, E});
+    mha_tensor dwq = describe(at += B * Lk * E, MHA_DTYPE_F32, {E, E});
+    mha_tensor dwk = describe(at += E * E, MHA_DTYPE_F32, {E, E});
+    mha_tensor dwv = describe(at += E * E, MHA_DTYPE_F32, {E, E});
+    mha_tensor dwo = describe(at += E * E, MHA_DTYPE_F32, {E, E});
+    mha_module_gradients grads;
+    mha_module_gradients_init(&grads);
+    grads.query = &dq;
+    grads.key = grads.value = &dkv;
+    grads.q_proj_weight = &dwq;
+    grads.k_proj_weight = &dwk;
+    grads.v_proj_weight = &dwv;
+    grads.out_proj_weight = &dwo;
+    return mha_module_backward(module, &tq, &tkv, &tkv, &tdout, &params, &grads);
+  };
+  std::vector<float> expected;
+  ASSERT_EQ(mha_set_num_threads(1), MHA_OK);
+  ASSERT_EQ(backward(expected), MHA_OK) << mha_last_error();
+  ASSERT_EQ(mha_set_num_threads(2), MHA_OK);
+  std::atomic<int> failed{0}, mismatched{0};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 3; ++t) {
+    callers.emplace_back([&] {
+      for (int n = 0; n < 3; ++n) {
+        std::vector<float> got;
+        if (backward(got) != MHA_OK) {
+          ++failed;
+        } else if (std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)) != 0) {
+          ++mismatched;
+        }
+      }
+    });
+  }
+  for (auto& th : callers) th.join();
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(mismatched.load(), 0);
+  mha_set_num_threads(0);
+  mha_module_destroy(module);
+}
+
 }  // namespace
 }  // namespace mha_test
