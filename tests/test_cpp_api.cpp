@@ -225,6 +225,98 @@ TEST(CppApi, AttentionOverConstInputsMatchesTheCApi) {
   EXPECT_LE(max_abs_error(mine, ref), tolerance(ref));
 }
 
+TEST(CppApi, AttentionBackwardMatchesTheCApi) {
+  Problem p;
+  std::vector<float> out(p.out_size()), lse(p.lse_size()), dout = random_values(p.out_size(), 4);
+  std::vector<float> sinks = random_values(static_cast<size_t>(p.H), 5);
+  const mha::AttentionParams params = mha::AttentionParams()
+                                          .causal(MHA_CAUSAL_BOTTOM_RIGHT)
+                                          .sinks(mha::Tensor(sinks.data(), {p.H}));
+  mha::attention(mha::Tensor(p.q.data(), {p.B, p.H, p.Lq, p.D}),
+                 mha::Tensor(p.k.data(), {p.B, p.Hkv, p.Lk, p.D}),
+                 mha::Tensor(p.v.data(), {p.B, p.Hkv, p.Lk, p.Dv}),
+                 mha::Tensor(out.data(), {p.B, p.H, p.Lq, p.Dv}),
+                 mha::AttentionParams(params).lse(mha::Tensor(lse.data(), {p.B, p.H, p.Lq})));
+  // Twice: through mha.hpp (one buffer, [dq | dk | dv | dsinks]) and the C API.
+  const size_t nq = p.q.size(), nk = p.k.size(), nv = p.v.size(), ns = sinks.size();
+  std::vector<float> mine(nq + nk + nv + ns, -1.0f), theirs(mine.size(), -2.0f);
+  mha::attention_backward(
+      mha::Tensor(p.q.data(), {p.B, p.H, p.Lq, p.D}),
+      mha::Tensor(p.k.data(), {p.B, p.Hkv, p.Lk, p.D}),
+      mha::Tensor(p.v.data(), {p.B, p.Hkv, p.Lk, p.Dv}),
+      mha::Tensor(out.data(), {p.B, p.H, p.Lq, p.Dv}), mha::Tensor(lse.data(), {p.B, p.H, p.Lq}),
+      mha::Tensor(dout.data(), {p.B, p.H, p.Lq, p.Dv}),
+      mha::Tensor(mine.data(), {p.B, p.H, p.Lq, p.D}),
+      mha::Tensor(mine.data() + nq, {p.B, p.Hkv, p.Lk, p.D}),
+      mha::Tensor(mine.data() + nq + nk, {p.B, p.Hkv, p.Lk, p.Dv}), params,
+      mha::BackwardParams().dsinks(mha::Tensor(mine.data() + nq + nk + nv, {p.H})));
+  mha_tensor q = p.cq(), k = p.ck(), v = p.cv();
+  mha_tensor to = describe(out.data(), MHA_DTYPE_F32, {p.B, p.H, p.Lq, p.Dv});
+  mha_tensor tl = describe(lse.data(), MHA_DTYPE_F32, {p.B, p.H, p.Lq});
+  mha_tensor td = describe(dout.data(), MHA_DTYPE_F32, {p.B, p.H, p.Lq, p.Dv});
+  mha_tensor dq = describe(theirs.data(), MHA_DTYPE_F32, {p.B, p.H, p.Lq, p.D});
+  mha_tensor dk = describe(theirs.data() + nq, MHA_DTYPE_F32, {p.B, p.Hkv, p.Lk, p.D});
+  mha_tensor dv = describe(theirs.data() + nq + nk, MHA_DTYPE_F32, {p.B, p.Hkv, p.Lk, p.Dv});
+  mha_tensor ds = describe(theirs.data() + nq + nk + nv, MHA_DTYPE_F32, {p.H});
+  mha_backward_params backward;
+  mha_backward_params_init(&backward);
+  backward.dsinks = &ds;
+  ASSERT_EQ(
+      mha_attention_backward(&q, &k, &v, &to, &tl, &td, &dq, &dk, &dv, params.get(), &backward),
+      MHA_OK)
+      << mha_last_error();
+  EXPECT_TRUE(same_bits(mine, theirs));
+  EXPECT_THROW(
+      mha::attention_backward(mha::Tensor(p.q.data(), {p.B, p.H, p.Lq, p.D}),
+                              mha::Tensor(p.k.data(), {p.B, p.Hkv, p.Lk, p.D}),
+                              mha::Tensor(p.v.data(), {p.B, p.Hkv, p.Lk, p.Dv}),
+                              mha::Tensor(out.data(), {p.B, p.H, p.Lq, p.Dv}),
+                              mha::Tensor(lse.data(), {p.B, p.H, p.Lq}),
+                              mha::Tensor(dout.data(), {p.B, p.H, p.Lq, p.Dv}),
+                              mha::Tensor(mine.data(), {p.B, p.H, p.Lq, p.D + 1}),
+                              mha::Tensor(mine.data() + nq, {p.B, p.Hkv, p.Lk, p.D}),
+                              mha::Tensor(mine.data() + nq + nk, {p.B, p.Hkv, p.Lk, p.Dv})),
+      mha::Error);
+}
+
+TEST(CppApi, ModuleBackwardMatchesTheCApi) {
+  const int64_t B = 2, L = 6, E = 8, H = 2;
+  mha::Module module(E, H);
+  std::vector<float> w_in = random_values(static_cast<size_t>(3 * E * E), 6),
+                     w_out = random_values(static_cast<size_t>(E * E), 7);
+  module.set_weight("in_proj_weight", mha::Tensor(w_in.data(), {3 * E, E}));
+  module.set_weight("out_proj.weight", mha::Tensor(w_out.data(), {E, E}));
+  std::vector<float> x = random_values(static_cast<size_t>(B * L * E), 8),
+                     dout = random_values(static_cast<size_t>(B * L * E), 9);
+  const mha::ModuleForwardParams params = mha::ModuleForwardParams().causal(MHA_CAUSAL_TOP_LEFT);
+  // Self-attention: one gradient for the three inputs (their sum), and
+  // in_proj_weight's gradient as three row views of one [3E, E] buffer.
+  const size_t nx = x.size(), nw = w_in.size();
+  std::vector<float> mine(nx + nw + w_out.size(), -1.0f), theirs(mine.size(), -2.0f);
+  const auto grads_in = [&](std::vector<float>& g) {
+    return mha::ModuleGradients()
+        .query(mha::Tensor(g.data(), {B, L, E}))
+        .key(mha::Tensor(g.data(), {B, L, E}))
+        .value(mha::Tensor(g.data(), {B, L, E}))
+        .q_proj_weight(mha::Tensor(g.data() + nx, {E, E}))
+        .k_proj_weight(mha::Tensor(g.data() + nx + E * E, {E, E}))
+        .v_proj_weight(mha::Tensor(g.data() + nx + 2 * E * E, {E, E}))
+        .out_proj_weight(mha::Tensor(g.data() + nx + nw, {E, E}));
+  };
+  const mha::ConstTensor input = mha::Tensor(x.data(), {B, L, E});
+  module.backward(input, input, input, mha::Tensor(dout.data(), {B, L, E}), grads_in(mine), params);
+  const mha::ModuleGradients copied = grads_in(theirs);  // the C struct through a copy
+  mha_tensor tx = describe(x.data(), MHA_DTYPE_F32, {B, L, E});
+  mha_tensor td = describe(dout.data(), MHA_DTYPE_F32, {B, L, E});
+  ASSERT_EQ(mha_module_backward(module.get(), &tx, &tx, &tx, &td, params.get(), copied.get()),
+            MHA_OK)
+      << mha_last_error();
+  EXPECT_TRUE(same_bits(mine, theirs));
+  EXPECT_THROW(
+      module.backward(input, input, input, mha::Tensor(dout.data(), {B, L, E - 1}), grads_in(mine)),
+      mha::Error);
+}
+
 TEST(CppApi, ErrorsCarryTheStatusAndTheCMessage) {
   Problem p;
   std::vector<float> out(p.out_size(), -1.0f);

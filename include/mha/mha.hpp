@@ -366,6 +366,62 @@ inline void attention(const ConstTensor& q, const ConstTensor& k, const ConstTen
   check(mha_attention(q.get(), k.get(), v.get(), out.get(), params.get()));
 }
 
+// The optional outputs of attention_backward (mha_backward_params): the sinks'
+// gradient [H] and an additive mask's, of the mask's own shape.  Descriptors
+// are copied (temporaries are fine); their data are borrowed until the call.
+class BackwardParams {
+ public:
+  BackwardParams() noexcept { mha_backward_params_init(&params_); }
+  BackwardParams(const BackwardParams& other) noexcept { assign(other); }
+  BackwardParams& operator=(const BackwardParams& other) noexcept {
+    if (this != &other) assign(other);
+    return *this;
+  }
+  BackwardParams(BackwardParams&& other) noexcept { assign(other); }
+  BackwardParams& operator=(BackwardParams&& other) noexcept {
+    if (this != &other) assign(other);
+    return *this;
+  }
+  ~BackwardParams() = default;
+
+  BackwardParams& dsinks(const MutableTensor& t) noexcept {
+    dsinks_ = *t.get();
+    params_.dsinks = &dsinks_;
+    return *this;
+  }
+  BackwardParams& dmask(const MutableTensor& t) noexcept {
+    dmask_ = *t.get();
+    params_.dmask = &dmask_;
+    return *this;
+  }
+  const mha_backward_params* get() const noexcept { return &params_; }
+
+ private:
+  void assign(const BackwardParams& other) noexcept {
+    params_ = other.params_;
+    dsinks_ = other.dsinks_;
+    dmask_ = other.dmask_;
+    params_.dsinks = other.params_.dsinks != nullptr ? &dsinks_ : nullptr;
+    params_.dmask = other.params_.dmask != nullptr ? &dmask_ : nullptr;
+  }
+
+  mha_backward_params params_{};
+  mha_tensor dsinks_{};
+  mha_tensor dmask_{};
+};
+
+// The gradients of attention(q, k, v, out, params) for dout = dL/d(out):
+// dq, dk, dv (overwritten), from the forward's out and its lse [B, H, Lq]
+// (params.lse of the forward call; ignored here).  Throws mha::Error.
+inline void attention_backward(const ConstTensor& q, const ConstTensor& k, const ConstTensor& v,
+                               const ConstTensor& out, const ConstTensor& lse,
+                               const ConstTensor& dout, MutableTensor dq, MutableTensor dk,
+                               MutableTensor dv, const AttentionParams& params = AttentionParams(),
+                               const BackwardParams& backward = BackwardParams()) {
+  check(mha_attention_backward(q.get(), k.get(), v.get(), out.get(), lse.get(), dout.get(),
+                               dq.get(), dk.get(), dv.get(), params.get(), backward.get()));
+}
+
 // A packed batch of sequences of different lengths (mha_attention_varlen,
 // FlashAttention-2's varlen layout): sequence b's queries are rows
 // cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 of q and out, its keys rows
@@ -684,6 +740,75 @@ class ModuleForwardParams {
   mha_tensor alibi_slopes_{};
 };
 
+// The gradients Module::backward writes (mha_module_gradients): each optional
+// and overwritten; named as in PyTorch's state_dict.  Descriptors are copied,
+// data borrowed until the call.
+class ModuleGradients {
+ public:
+  ModuleGradients() noexcept { mha_module_gradients_init(&grads_); }
+  ModuleGradients(const ModuleGradients& other) noexcept { assign(other); }
+  ModuleGradients& operator=(const ModuleGradients& other) noexcept {
+    if (this != &other) assign(other);
+    return *this;
+  }
+  ModuleGradients(ModuleGradients&& other) noexcept { assign(other); }
+  ModuleGradients& operator=(ModuleGradients&& other) noexcept {
+    if (this != &other) assign(other);
+    return *this;
+  }
+  ~ModuleGradients() = default;
+
+  // The inputs' gradients; one tensor given for several inputs gets their sum.
+  ModuleGradients& query(const MutableTensor& t) noexcept { return set(kQuery, t); }
+  ModuleGradients& key(const MutableTensor& t) noexcept { return set(kKey, t); }
+  ModuleGradients& value(const MutableTensor& t) noexcept { return set(kValue, t); }
+  ModuleGradients& q_proj_weight(const MutableTensor& t) noexcept { return set(kWq, t); }
+  ModuleGradients& k_proj_weight(const MutableTensor& t) noexcept { return set(kWk, t); }
+  ModuleGradients& v_proj_weight(const MutableTensor& t) noexcept { return set(kWv, t); }
+  ModuleGradients& q_proj_bias(const MutableTensor& t) noexcept { return set(kBq, t); }
+  ModuleGradients& k_proj_bias(const MutableTensor& t) noexcept { return set(kBk, t); }
+  ModuleGradients& v_proj_bias(const MutableTensor& t) noexcept { return set(kBv, t); }
+  ModuleGradients& out_proj_weight(const MutableTensor& t) noexcept { return set(kWo, t); }
+  ModuleGradients& out_proj_bias(const MutableTensor& t) noexcept { return set(kBo, t); }
+  ModuleGradients& sinks(const MutableTensor& t) noexcept { return set(kSinks, t); }
+
+  // The C struct; its tensor pointers point into this object.
+  const mha_module_gradients* get() const noexcept { return &grads_; }
+
+ private:
+  enum Slot { kQuery, kKey, kValue, kWq, kWk, kWv, kBq, kBk, kBv, kWo, kBo, kSinks, kSlots };
+
+  static mha_tensor* mha_module_gradients::*field(int slot) noexcept {
+    static constexpr mha_tensor* mha_module_gradients::*fields[kSlots] = {
+        &mha_module_gradients::query,         &mha_module_gradients::key,
+        &mha_module_gradients::value,         &mha_module_gradients::q_proj_weight,
+        &mha_module_gradients::k_proj_weight, &mha_module_gradients::v_proj_weight,
+        &mha_module_gradients::q_proj_bias,   &mha_module_gradients::k_proj_bias,
+        &mha_module_gradients::v_proj_bias,   &mha_module_gradients::out_proj_weight,
+        &mha_module_gradients::out_proj_bias, &mha_module_gradients::sinks};
+    return fields[slot];
+  }
+
+  ModuleGradients& set(int slot, const MutableTensor& t) noexcept {
+    tensors_[slot] = *t.get();
+    // A tensor already given for another input is pointed to again: the
+    // library sums into one tensor only when it is the same descriptor.
+    grads_.*field(slot) = &tensors_[slot];
+    return *this;
+  }
+
+  void assign(const ModuleGradients& other) noexcept {
+    grads_ = other.grads_;
+    for (int slot = 0; slot < kSlots; ++slot) {
+      tensors_[slot] = other.tensors_[slot];
+      grads_.*field(slot) = other.grads_.*field(slot) != nullptr ? &tensors_[slot] : nullptr;
+    }
+  }
+
+  mha_module_gradients grads_{};
+  mha_tensor tensors_[kSlots]{};
+};
+
 // An mha_module owned by this object: destroyed with it; movable, not copyable.
 class Module {
  public:
@@ -725,6 +850,16 @@ class Module {
                MutableTensor out, const ModuleForwardParams& params = ModuleForwardParams()) const {
     check(
         mha_module_forward(module_, query.get(), key.get(), value.get(), out.get(), params.get()));
+  }
+
+  // The gradients of forward(query, key, value, out, params) for dout
+  // [B, Lq, E] = dL/d(out), into those `grads` names (the forward is
+  // recomputed: pass the forward call's params).
+  void backward(const ConstTensor& query, const ConstTensor& key, const ConstTensor& value,
+                const ConstTensor& dout, const ModuleGradients& grads,
+                const ModuleForwardParams& params = ModuleForwardParams()) const {
+    check(mha_module_backward(module_, query.get(), key.get(), value.get(), dout.get(),
+                              params.get(), grads.get()));
   }
 
   mha_module* get() const noexcept { return module_; }
