@@ -43,17 +43,17 @@ def attention_with_grad(query, key, value, attn_mask, valid_lens, k_scale, v_sca
         raise ValueError(f"out cannot be given while {culprit} requires grad (PyTorch's functions "
                          "with out= do not support autograd either): leave out=None, or call "
                          "under torch.no_grad()")
+    if not isinstance(query, torch.Tensor):  # the result follows query's framework
+        raise TypeError(f"query must be a torch tensor when {culprit} requires grad (the "
+                        f"gradients flow through torch's autograd), not {type(query).__name__}")
     for name in ("query", "key", "value"):
-        x = inputs[name]
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch tensor when {culprit} requires grad (the "
-                            f"gradients flow through torch's autograd), not {type(x).__name__}")
-        if x.dtype != torch.float32:
+        dtype = str(getattr(inputs[name], "dtype", "")).replace("torch.", "")
+        if dtype != "float32":
             because = "requires grad" if name == culprit else f"{culprit} requires grad"
             raise TypeError(
-                f"{name} is {str(x.dtype).replace('torch.', '')} and {because}: mha's "
-                "gradients take float32 query, key and value only, for now; convert them to "
-                "float32, or call under torch.no_grad()")
+                f"{name} is {dtype} and {because}: mha's gradients take float32 query, key "
+                "and value only, for now; convert them to float32, or call under "
+                "torch.no_grad()")
     options = _Options(valid_lens=valid_lens, k_scale=k_scale, v_scale=v_scale, scale=scale,
                        causal=causal, enable_gqa=enable_gqa, dropout_p=dropout_p,
                        dropout_seed=dropout_seed, window_left=window_left,

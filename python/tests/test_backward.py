@@ -545,6 +545,36 @@ def test_a_numpy_query_with_a_tensor_that_requires_grad(rng):
         mha.scaled_dot_product_attention(q, torch.from_numpy(k).requires_grad_(), v)
 
 
+def test_numpy_key_value_and_mask_beside_a_query_that_requires_grad(rng):
+    """Arrays of other frameworks are kept as they are for the backward: the query's grad."""
+    q, k, v = random_qkv(rng)
+    mask = rng.standard_normal((9, 13)).astype(np.float32)
+    grad_out = rng.standard_normal(q.shape).astype(np.float32)
+    tq = torch.from_numpy(q).requires_grad_()
+    mha.scaled_dot_product_attention(tq, k, v, mask).backward(torch.from_numpy(grad_out))
+    want, tolerance = reference_gradients(q, k, v, grad_out, mask)
+    assert np.abs(tq.grad.numpy() - want["query"]).max() <= tolerance["query"]
+    with pytest.raises(TypeError, match="key is float64 and query requires grad"):
+        mha.scaled_dot_product_attention(tq, k.astype(np.float64), v)
+
+
+def test_half_precision_mask_gets_a_gradient_of_its_dtype(rng):
+    """An additive bfloat16 mask: mha's float32 dmask rounded to bfloat16 (the mask's own
+    values are the reference's input)."""
+    q, k, v = random_qkv(rng)
+    mask = torch.from_numpy(rng.standard_normal((9, 13)).astype(np.float32)).bfloat16()
+    grad_out = rng.standard_normal(q.shape).astype(np.float32)
+    leaves = [torch.from_numpy(x).requires_grad_() for x in (q, k, v)]
+    mask.requires_grad_()
+    mha.scaled_dot_product_attention(*leaves, mask).backward(torch.from_numpy(grad_out))
+    assert mask.grad.dtype == torch.bfloat16
+    want, tolerance = reference_gradients(q, k, v, grad_out, mask.detach().float().numpy(),
+                                          mask_grad=True)
+    got = mask.grad.float().numpy()
+    bound = tolerance["attn_mask"] + 2.0**-8 * np.abs(want["attn_mask"])  # bfloat16's rounding
+    assert np.all(np.abs(got - want["attn_mask"]) <= bound)
+
+
 def test_second_derivatives_are_refused(rng):
     q, k, v = (torch.from_numpy(x).requires_grad_() for x in random_qkv(rng))
     out = mha.scaled_dot_product_attention(q, k, v)
