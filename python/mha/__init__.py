@@ -1,7 +1,7 @@
 """mha: multi-head attention on the CPU, with SIMD kernels chosen for the CPU at hand.
 
     import mha
-    out = mha.scaled_dot_product_attention(q, k, v, is_causal=True)  # as torch's
+    out = mha.scaled_dot_product_attention(q, k, v, is_causal=True)  # as torch's (autograd too)
     out = mha.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k)  # FlashAttention-2's varlen
     mha.kv_cache_write(k, v, k_cache, v_cache, slot_mapping)          # vLLM's reshape_and_cache
     out = mha.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
@@ -19,6 +19,7 @@ from there, never from elsewhere (unless MHA_PLUGIN_DIR says otherwise).
 from ._mha import Error, backends, get_num_threads, info, set_backend, set_num_threads
 from ._mha import version as _library_version
 from ._attention import scaled_dot_product_attention
+from ._backward import scaled_dot_product_attention_backward
 from ._merge import merge_partials
 from ._module import MultiheadAttention
 from ._paged import flash_attn_with_kvcache, kv_cache_write
@@ -39,6 +40,7 @@ __all__ = [
     "merge_partials",
     "quantize_kv",
     "scaled_dot_product_attention",
+    "scaled_dot_product_attention_backward",
     "set_backend",
     "set_num_threads",
     "varlen_attention",

@@ -34,9 +34,10 @@ def array_argument(x, name):
     """x checked to be an array: TypeError naming the argument when it is not.
 
     The extension reads it (src/array_view.cpp) and applies PyTorch's rules
-    there: a tensor that requires grad is refused while autograd is on (mha
-    computes no gradients, and a result silently cut from the graph would
-    train nothing; under torch.no_grad() it is read as it is).  Every call of
+    there: a tensor that requires grad is refused while autograd is on (the
+    function has no gradient, and a result silently cut from the graph would
+    train nothing; under torch.no_grad() it is read as it is --
+    scaled_dot_product_attention's autograd.Function calls mha there).  Every call of
     every function checks its arrays here, so the common cases are recognised
     first and cheaply.
     """

@@ -92,6 +92,21 @@ def scaled_dot_product_attention(
 
     A row in which no key takes part is zeros (its LSE -inf), never NaN.
 
+    Gradients: on torch tensors, while autograd is on, the call is recorded
+    for torch's autograd when query, key, value, a float attn_mask or sinks
+    requires grad; backward() computes their gradients with mha's backward
+    (FlashAttention-2's: the weights are recomputed from the saved LSE),
+    regenerating dropout's mask from the seed the forward used (drawn here
+    when dropout_seed is None).  The gradients have the inputs' shapes and
+    dtypes; with enable_gqa, key's and value's are summed over each head's
+    group.  The LSE of return_lse has no gradient.  For now the backward takes
+    float32 query, key and value (bfloat16, float16 and int8 are refused with
+    TypeError while a tensor requires grad); out= is refused then (ValueError,
+    as PyTorch's out= functions have no autograd), and so are alibi_slopes,
+    k_scale and v_scale that require grad (they have no gradient).  Second
+    derivatives are not computed.  scaled_dot_product_attention_backward is
+    the same backward on arrays, NumPy ones included.
+
     Returns the result in query's framework and dtype (NumPy in, NumPy out;
     torch in, torch out) -- or `out` -- and `(result, lse)` with return_lse.
     Raises mha.Error (a RuntimeError) when the library refuses the call, with
@@ -103,7 +118,8 @@ def scaled_dot_product_attention(
     # example, costs a few microseconds in C, and a Python function call about
     # 0.1 (python/bench/overhead.py measures the whole binding).
     ndarray = np.ndarray
-    if type(query) is not ndarray or type(key) is not ndarray or type(value) is not ndarray:
+    numpy_qkv = type(query) is ndarray and type(key) is ndarray and type(value) is ndarray
+    if not numpy_qkv:
         query, key, value = _qkv_arguments(query, key, value)
     if attn_mask is not None:
         attn_mask = array_argument(attn_mask, "attn_mask")
@@ -139,6 +155,17 @@ def scaled_dot_product_attention(
             (threads is None or (type(threads) is int and 1 <= threads <= 4096))):
         backend, threads = call_settings(backend, threads)
 
+    # Training: a tensor that requires grad while autograd is on goes through mha's
+    # torch.autograd.Function (mha/_autograd.py), whose backward is the library's.
+    if (not numpy_qkv or attn_mask is not None or sinks is not None or alibi_slopes is not None
+            or k_scale is not None or v_scale is not None) and _grad_wanted(
+                query, key, value, attn_mask, sinks, alibi_slopes, k_scale, v_scale):
+        from ._autograd import attention_with_grad
+        return attention_with_grad(
+            query, key, value, attn_mask, valid_lens, k_scale, v_scale, scale, causal,
+            enable_gqa, dropout_p, dropout_seed, window_left, window_right, sinks, softcap,
+            alibi_slopes, backend, threads, out, return_lse)
+
     if out is None:
         out = empty_like_framework(query, shape_of(query)[:-1] + shape_of(value)[-1:])
     elif type(out) is not ndarray:
@@ -149,6 +176,18 @@ def scaled_dot_product_attention(
                    causal, enable_gqa, dropout_p, dropout_seed, window_left, window_right, sinks,
                    softcap, alibi_slopes, backend, threads)
     return (out, lse) if return_lse else out
+
+
+def _grad_wanted(*arrays):
+    """True when torch's autograd is on and one of the arrays is a tensor that requires grad."""
+    torch = torch_module()
+    if torch is None or not torch.is_grad_enabled():
+        return False
+    tensor = torch.Tensor
+    for x in arrays:
+        if x is not None and isinstance(x, tensor) and x.requires_grad:
+            return True
+    return False
 
 
 def _qkv_arguments(query, key, value):

@@ -6,13 +6,17 @@
 
 with torch.nn.functional.scaled_dot_product_attention's arguments and meaning
 (see mha.scaled_dot_product_attention; sdpa_with_lse also returns the float32
-log-sum-exp [..., L] of each row).  Each has a CPU implementation (mha's
-kernels) and a fake one for meta tensors, which gives the outputs' shapes and
-dtypes without computing, as tracing (torch.compile, torch.export) needs.
+log-sum-exp [..., L] of each row, which has no gradient).  Each has a CPU
+implementation (mha's kernels) and a fake one for meta tensors, which gives
+the outputs' shapes and dtypes without computing, as tracing (torch.compile,
+torch.export) needs.
 
 On PyTorch 2.4 and later the operators are made with torch.library.custom_op
-and register_fake; on older versions with torch.library.Library's define and
-impl (CPU, and Meta as the fake implementation).  The module exists only where
+and register_fake, without a gradient yet (torch refuses their backward; use
+mha.scaled_dot_product_attention to train); on older versions with
+torch.library.Library's define and impl: CPU, Meta as the fake
+implementation, and Autograd, through which the operators have
+mha.scaled_dot_product_attention's gradients.  The module exists only where
 torch can be imported; importing it twice registers once (Python imports a
 module once).
 """
@@ -75,6 +79,12 @@ def _register(library):
     for name, (implementation, fake) in IMPLEMENTATIONS.items():
         namespace.define(name + SCHEMAS[name])
         namespace.impl(name, implementation, "CPU")
+        # The gradient: the Autograd kernel is the same function, which records the
+        # call with mha's autograd.Function when an input requires grad (and calls
+        # the library directly otherwise); the CPU kernel runs only below autograd.
+        # Without it, 1.13's fallthrough would reach the CPU kernel with autograd on
+        # (which happens to work); later versions' fallback warns or refuses there.
+        namespace.impl(name, implementation, "Autograd")
         # AutogradMeta too: before 2.0 it has no fallthrough to Meta.
         for key in ("Meta", "AutogradMeta"):
             namespace.impl(name, fake, key)

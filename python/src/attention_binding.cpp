@@ -20,23 +20,7 @@ namespace nb = nanobind;
 namespace mha_python {
 namespace {
 
-// Q, K, V and the output are [B, H, L, D]; fewer dimensions are leading ones left out.
-constexpr RankRule kHeads{2, 4, 4};
-constexpr RankRule kLse{1, 3, 3};        // [B, H, Lq]
-constexpr RankRule kMask{1, 4, 2};       // broadcast like NumPy against [B, H, Lq, Lk]
-constexpr RankRule kValidLens{1, 2, 1};  // [B] or [B, Lq]
-constexpr RankRule kRowScales{1, 3, 3};  // an int8 cache's [B, Hkv, Lk]
-
-// PyTorch's rule: query heads may differ from key/value heads only with
-// enable_gqa (shapes as the library sees them, [B, H, L, D]).
-void check_heads(const mha_tensor& q, const mha_tensor& kv, const char* name, bool enable_gqa) {
-  if (enable_gqa || q.shape[1] == kv.shape[1]) return;
-  throw nb::value_error(("query has " + std::to_string(q.shape[1]) + " heads but " + name +
-                         " has " + std::to_string(kv.shape[1]) +
-                         ": pass enable_gqa=True for grouped-query attention (as PyTorch "
-                         "requires)")
-                            .c_str());
-}
+using namespace padded_batch;
 
 void attention(nb::handle query, nb::handle key, nb::handle value, nb::handle out,
                nb::handle attn_mask, nb::handle valid_lens, nb::handle lse, nb::handle k_scale,

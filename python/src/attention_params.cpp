@@ -1,16 +1,24 @@
 #include "attention_params.h"
 
+#include <string>
+
 namespace mha_python {
 namespace {
-
-constexpr RankRule kSinks{1, 1, 1};   // [H]
-constexpr RankRule kSlopes{1, 2, 1};  // [H] or [B, H]
 
 const mha_tensor* tensor_of(const std::optional<ArrayView>& view) {
   return view ? &view->tensor() : nullptr;
 }
 
 }  // namespace
+
+void check_heads(const mha_tensor& q, const mha_tensor& kv, const char* name, bool enable_gqa) {
+  if (enable_gqa || q.shape[1] == kv.shape[1]) return;
+  throw nanobind::value_error(("query has " + std::to_string(q.shape[1]) + " heads but " + name +
+                               " has " + std::to_string(kv.shape[1]) +
+                               ": pass enable_gqa=True for grouped-query attention (as PyTorch "
+                               "requires)")
+                                  .c_str());
+}
 
 AttentionParamViews::AttentionParamViews(const AttentionArguments& args,
                                          const AttentionArrayRules& rules)

@@ -1,6 +1,7 @@
-// What _mha.attention and _mha.varlen_attention take alike: the arguments
-// that become mha_attention_params (the LSE output, an int8 cache's scales,
-// the variants, scale, causal, dropout), viewed while the call runs.
+// What _mha.attention, _mha.attention_backward and _mha.varlen_attention take
+// alike: the arguments that become mha_attention_params (the LSE output, an
+// int8 cache's scales, the variants, scale, causal, dropout), viewed while the
+// call runs, and PyTorch's rule on head counts.
 #pragma once
 
 #include <mha/mha.h>
@@ -12,6 +13,22 @@
 #include "array_view.h"
 
 namespace mha_python {
+
+// The arrays of a padded batch as _mha.attention and _mha.attention_backward
+// take them.
+namespace padded_batch {
+// Q, K, V, the output and their gradients are [B, H, L, D]; fewer dimensions
+// are leading ones left out.
+constexpr RankRule kHeads{2, 4, 4};
+constexpr RankRule kLse{1, 3, 3};        // [B, H, Lq]
+constexpr RankRule kMask{1, 4, 2};       // broadcast like NumPy against [B, H, Lq, Lk]
+constexpr RankRule kValidLens{1, 2, 1};  // [B] or [B, Lq]
+constexpr RankRule kRowScales{1, 3, 3};  // an int8 cache's [B, Hkv, Lk]
+}  // namespace padded_batch
+
+// The per-head arrays, alike in both layouts.
+constexpr RankRule kSinks{1, 1, 1};   // [H]
+constexpr RankRule kSlopes{1, 2, 1};  // [H] or [B, H]
 
 struct AttentionArguments {
   nanobind::handle lse, k_scale, v_scale, sinks, alibi_slopes;
@@ -43,5 +60,10 @@ class AttentionParamViews {
   std::optional<ArrayView> lse_, k_scale_, v_scale_, sinks_, alibi_slopes_;
   mha_attention_params params_{};
 };
+
+// PyTorch's rule: query heads may differ from key/value heads only with
+// enable_gqa (shapes as the library sees them, [B, H, L, D]).  Throws
+// ValueError naming `name` (key or value).
+void check_heads(const mha_tensor& q, const mha_tensor& kv, const char* name, bool enable_gqa);
 
 }  // namespace mha_python

@@ -6,6 +6,7 @@
 namespace mha_python {
 
 void register_attention(nanobind::module_& module);
+void register_backward(nanobind::module_& module);
 void register_kv_cache(nanobind::module_& module);
 void register_merge(nanobind::module_& module);
 void register_module(nanobind::module_& module);

@@ -10,6 +10,7 @@ NB_MODULE(_mha, module) {
   module.doc() = "The compiled part of mha: library calls over NumPy, PyTorch and DLPack arrays.";
   mha_python::register_errors(module);
   mha_python::register_attention(module);
+  mha_python::register_backward(module);
   mha_python::register_kv_cache(module);
   mha_python::register_merge(module);
   mha_python::register_module(module);

@@ -27,9 +27,11 @@ struct TorchArray {
 // True, with *array filled, when `object` is a torch.Tensor on the CPU (torch
 // being imported); false, with no Python error, for anything else (the
 // caller's other ways word the error if there is one).  Throws ValueError
-// naming `name` for a tensor that requires grad while autograd is on: mha
-// computes no gradients, and a result silently cut from the graph would
-// train nothing (under torch.no_grad() such tensors are read as they are).
+// naming `name` for a tensor that requires grad while autograd is on: the
+// functions that reach here compute no gradients, and a result silently cut
+// from the graph would train nothing (under torch.no_grad() such tensors are
+// read as they are; mha.scaled_dot_product_attention's autograd.Function
+// calls the library there).
 // The tensor's memory lives as long as the object, which the caller holds.
 bool read_torch(nanobind::handle object, const char* name, TorchArray* array);
 

@@ -171,10 +171,15 @@ def test_runtime_functions_refuse_bad_arguments():
         mha.set_backend(None)
 
 
-def test_torch_tensor_requiring_grad(qkv):
+def test_torch_tensor_requiring_grad_without_a_gradient(qkv):
+    """Query, key, value, a float mask and sinks have gradients (test_backward.py); the ALiBi
+    slopes do not: refused by name while autograd is on, read as they are under no_grad."""
     q, k, v = (torch.from_numpy(x) for x in qkv)
-    with pytest.raises(ValueError, match="query requires grad"):
-        sdpa(q.requires_grad_(), k, v)
+    slopes = torch.tensor([0.5, 0.25, 0.125], requires_grad=True)
+    with pytest.raises(ValueError, match="alibi_slopes requires grad"):
+        sdpa(q, k, v, alibi_slopes=slopes)
+    with torch.no_grad():
+        sdpa(q, k, v, alibi_slopes=slopes)
 
 
 def test_merge_partials_bad_arguments(rng):

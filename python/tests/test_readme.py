@@ -1,5 +1,6 @@
-"""The README's Python example runs as printed, and computes what its comments say it
-replaces (PyTorch's module, within the module tests' tolerance)."""
+"""The README's Python examples run as printed: the first computes what its comments say it
+replaces (PyTorch's module, within the module tests' tolerance); the training examples (README.md
+and python/README.md) fill the gradients they say they fill."""
 import os
 import re
 
@@ -9,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
+PYTHON_README = os.path.join(os.path.dirname(__file__), "..", "README.md")
 
 
 def python_example():
@@ -26,3 +28,26 @@ def test_readme_example_runs_and_matches_torch():
     assert names["weights"] is None and names["out"].shape == want.shape
     scale = max(1.0, want.abs().max().item())
     assert np.abs((names["out"] - want).numpy()).max() <= 1e-5 * scale
+
+
+def training_example(path, heading):
+    with open(path, encoding="utf-8") as f:
+        section = f.read().split(f"\n{heading}\n", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+@pytest.mark.parametrize("path, heading", [(README, "### Training"),
+                                           (PYTHON_README, "## Training")])
+def test_training_examples_fill_the_gradients(path, heading):
+    import mha
+    torch.manual_seed(0)
+    names = {"torch": torch, "mha": mha}
+    exec(compile(training_example(path, heading), path, "exec"), names)  # noqa: S102
+    for name in ("q", "k", "v", "bias"):
+        if name not in names:
+            continue
+        leaf = names[name]
+        assert leaf.grad is not None and leaf.grad.shape == leaf.shape, name
+        assert torch.isfinite(leaf.grad).all() and leaf.grad.abs().max() > 0, name
+    if "bias" in names:  # is_causal: the keys after each query have no gradient
+        assert torch.all(torch.triu(names["bias"].grad, diagonal=1) == 0)

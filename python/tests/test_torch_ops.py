@@ -13,6 +13,7 @@ import reference
 
 torch = pytest.importorskip("torch")
 import mha.torch  # noqa: E402  (registers the operators)
+from mha.torch import IMPLEMENTATIONS  # noqa: E402
 
 
 def test_the_api_that_registered_matches_this_torch():
@@ -68,8 +69,38 @@ def test_errors_come_through_the_operator(rng):
     tq, tk, tv = (torch.from_numpy(x) for x in random_qkv(rng))
     with pytest.raises(mha.Error, match="MHA_ERR_SHAPE_MISMATCH"):
         torch.ops.mha.sdpa(tq, tk[..., :8], tv)
-    with pytest.raises(ValueError, match="query requires grad"):
-        torch.ops.mha.sdpa(tq.requires_grad_(), tk, tv)
+    with pytest.raises(TypeError, match="query is bfloat16 and requires grad"):
+        torch.ops.mha.sdpa(tq.bfloat16().requires_grad_(), tk.bfloat16(), tv.bfloat16())
+
+
+@pytest.mark.skipif(mha.torch.API != "Library", reason="the custom_op operators have no "
+                    "autograd formula yet")
+def test_gradients_through_the_operators(rng):
+    """The operators' Autograd kernel records mha's autograd.Function: the same gradients,
+    bit for bit, as mha.scaled_dot_product_attention's (test_backward.py checks those against
+    the float64 reference); sdpa_with_lse's LSE has no gradient."""
+    for name in IMPLEMENTATIONS:  # its own kernel, not the Autograd key's fallthrough
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"mha::{name}", "Autograd")
+    q, k, v = random_qkv(rng, H=4, Hkv=2)
+    mask = rng.standard_normal((9, 13)).astype(np.float32)
+    grad_out = torch.from_numpy(rng.standard_normal((2, 4, 9, 16)).astype(np.float32))
+    grads = []
+    for call in (torch.ops.mha.sdpa,
+                 lambda *args: torch.ops.mha.sdpa_with_lse(*args)[0],
+                 mha.scaled_dot_product_attention):
+        leaves = [torch.from_numpy(x).requires_grad_() for x in (q, k, v, mask)]
+        out = call(*leaves, 0.0, True, 0.5, True)
+        assert out.grad_fn is not None
+        out.backward(grad_out)
+        grads.append([x.grad for x in leaves])
+    for got in grads[:2]:
+        for a, b in zip(got, grads[2]):
+            assert torch.equal(a, b)
+    leaves = [torch.from_numpy(x).requires_grad_() for x in (q, k[:, :1], v[:, :1])]
+    out, lse = torch.ops.mha.sdpa_with_lse(*leaves, enable_gqa=True)
+    assert out.requires_grad and not lse.requires_grad
+    with torch.no_grad():
+        assert not torch.ops.mha.sdpa(*leaves, enable_gqa=True).requires_grad
 
 
 def test_registration_through_custom_op_on_newer_torch(rng):

@@ -1,0 +1,112 @@
+"""scaled_dot_product_attention under torch's autograd: a torch.autograd.Function whose
+forward is mha_attention (with the LSE kept) and whose backward is mha_attention_backward.
+
+Imported by mha._attention only when a tensor that requires grad reaches it while
+autograd is on, so torch is imported only where the caller already has.
+"""
+import torch
+from torch.autograd.function import once_differentiable
+
+from . import _mha
+
+# The arguments that have a gradient, in the order _Attention.apply takes them.
+_DIFFERENTIABLE = ("query", "key", "value", "attn_mask", "sinks")
+
+
+class _Options:
+    """The forward's other arguments, as the extension takes them (kept for the backward)."""
+
+    __slots__ = ("valid_lens", "k_scale", "v_scale", "scale", "causal", "enable_gqa",
+                 "dropout_p", "dropout_seed", "window_left", "window_right", "softcap",
+                 "alibi_slopes", "backend", "threads")
+
+    def __init__(self, **values):
+        for name, value in values.items():
+            setattr(self, name, value)
+
+
+def attention_with_grad(query, key, value, attn_mask, valid_lens, k_scale, v_scale, scale, causal,
+                        enable_gqa, dropout_p, dropout_seed, window_left, window_right, sinks,
+                        softcap, alibi_slopes, backend, threads, out, return_lse):
+    """scaled_dot_product_attention's arguments, checked and resolved (dropout_seed drawn), on
+    the path that records the call for autograd; returns what it returns."""
+    inputs = dict(zip(_DIFFERENTIABLE, (query, key, value, attn_mask, sinks)))
+    requiring = [name for name, x in inputs.items()
+                 if isinstance(x, torch.Tensor) and x.requires_grad]
+    for name, x in (("alibi_slopes", alibi_slopes), ("k_scale", k_scale), ("v_scale", v_scale)):
+        if isinstance(x, torch.Tensor) and x.requires_grad:
+            raise ValueError(f"{name} requires grad, but mha has no gradient for it (only for "
+                             "query, key, value, a float attn_mask and sinks): detach it, or "
+                             "call under torch.no_grad()")
+    culprit = requiring[0]  # one of them does: mha._attention came here for it
+    if out is not None:
+        raise ValueError(f"out cannot be given while {culprit} requires grad (PyTorch's functions "
+                         "with out= do not support autograd either): leave out=None, or call "
+                         "under torch.no_grad()")
+    if not isinstance(query, torch.Tensor):  # the result follows query's framework
+        raise TypeError(f"query must be a torch tensor when {culprit} requires grad (the "
+                        f"gradients flow through torch's autograd), not {type(query).__name__}")
+    for name in ("query", "key", "value"):
+        dtype = str(getattr(inputs[name], "dtype", "")).replace("torch.", "")
+        if dtype != "float32":
+            because = "requires grad" if name == culprit else f"{culprit} requires grad"
+            raise TypeError(
+                f"{name} is {dtype} and {because}: mha's gradients take float32 query, key "
+                "and value only, for now; convert them to float32, or call under "
+                "torch.no_grad()")
+    options = _Options(valid_lens=valid_lens, k_scale=k_scale, v_scale=v_scale, scale=scale,
+                       causal=causal, enable_gqa=enable_gqa, dropout_p=dropout_p,
+                       dropout_seed=dropout_seed, window_left=window_left,
+                       window_right=window_right, softcap=softcap, alibi_slopes=alibi_slopes,
+                       backend=backend, threads=threads)
+    out, lse = _Attention.apply(query, key, value, attn_mask, sinks, options)
+    return (out, lse) if return_lse else out
+
+
+class _Attention(torch.autograd.Function):
+    """(out, lse) = attention(query, key, value, attn_mask, sinks; options); lse is not
+    differentiable.  The backward regenerates dropout's mask from the saved seed."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, attn_mask, sinks, options):
+        out = query.new_empty(query.shape[:-1] + value.shape[-1:])
+        lse = query.new_empty(query.shape[:-1], dtype=torch.float32)
+        o = options
+        _mha.attention(query, key, value, out, attn_mask, o.valid_lens, lse, o.k_scale,
+                       o.v_scale, o.scale, o.causal, o.enable_gqa, o.dropout_p, o.dropout_seed,
+                       o.window_left, o.window_right, sinks, o.softcap, o.alibi_slopes,
+                       o.backend, o.threads)
+        inputs = (query, key, value, attn_mask, sinks)
+        # Tensors through save_for_backward (it checks they are not changed in place
+        # before the backward); arrays of other frameworks as they are.
+        ctx.save_for_backward(out, lse, *(x if isinstance(x, torch.Tensor) else None
+                                          for x in inputs))
+        ctx.others = tuple(None if isinstance(x, torch.Tensor) else x for x in inputs)
+        ctx.options = options
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out, _grad_lse):
+        out, lse, *saved = ctx.saved_tensors
+        query, key, value, attn_mask, sinks = (
+            x if x is not None else other for x, other in zip(saved, ctx.others))
+        wants = ctx.needs_input_grad
+        o = ctx.options
+
+        def gradient(x):
+            return torch.empty(tuple(x.shape), dtype=torch.float32)
+
+        grad_query, grad_key, grad_value = gradient(query), gradient(key), gradient(value)
+        grad_mask = gradient(attn_mask) if wants[3] else None
+        grad_sinks = gradient(sinks) if wants[4] else None
+        _mha.attention_backward(grad_out, query, key, value, out, lse, grad_query, grad_key,
+                                grad_value, attn_mask, o.valid_lens, grad_mask, sinks,
+                                grad_sinks, o.scale, o.causal, o.enable_gqa, o.dropout_p,
+                                o.dropout_seed, o.window_left, o.window_right, o.softcap,
+                                o.alibi_slopes, o.backend, o.threads)
+        if grad_mask is not None and grad_mask.dtype != attn_mask.dtype:
+            grad_mask = grad_mask.to(attn_mask.dtype)  # a half-precision mask's own dtype
+        return (grad_query if wants[0] else None, grad_key if wants[1] else None,
+                grad_value if wants[2] else None, grad_mask, grad_sinks, None)
