@@ -219,15 +219,13 @@ class _Call:
         weights = {}
         if separate:
             kdim, vdim = k[-1] if k else 0, v[-1] if v else 0
-            expected = {"q_proj_weight": (e, e), "k_proj_weight": (e, kdim),
-                        "v_proj_weight": (e, vdim)}
-            given = {"q_proj_weight": q_proj_weight, "k_proj_weight": k_proj_weight,
-                     "v_proj_weight": v_proj_weight}
-            for name, x in given.items():
+            given = {"q_proj_weight": (q_proj_weight, (e, e), "[E, E]"),
+                     "k_proj_weight": (k_proj_weight, (e, kdim), "[E, key's features]"),
+                     "v_proj_weight": (v_proj_weight, (e, vdim), "[E, value's features]")}
+            for name, (x, shape, what) in given.items():
                 if x is None:
                     raise ValueError(f"use_separate_proj_weight is True but {name} is None")
-                weights[name] = _weight(x, name, expected[name],
-                                        "(the projection of " + name[0] + ": [E, its features])")
+                weights[name] = _weight(x, name, shape, what)
         else:
             if shape_of(key) != shape_of(value):
                 raise ValueError(f"key shape {list(k)} does not match value shape {list(v)} "
