@@ -8,7 +8,9 @@
                                       block_table=table, causal=True)  # a paged KV cache
     attention = mha.MultiheadAttention.from_torch(torch_module)     # nn.MultiheadAttention
     out, weights = attention(x, x, x)
+    out, weights = mha.multi_head_attention_forward(x, x, x, 512, 8, ...)  # torch's F. one
     import mha.torch                                                 # torch.ops.mha.sdpa
+    layer = mha.torch.MultiheadAttention(512, 8)    # nn.MultiheadAttention, trainable (autograd)
 
 Arrays are NumPy arrays or PyTorch tensors (or any DLPack array) on the
 CPU, read in place with their strides; results come back in the caller's
@@ -20,6 +22,7 @@ from ._mha import Error, backends, get_num_threads, info, set_backend, set_num_t
 from ._mha import version as _library_version
 from ._attention import scaled_dot_product_attention
 from ._backward import scaled_dot_product_attention_backward
+from ._functional import multi_head_attention_backward, multi_head_attention_forward
 from ._merge import merge_partials
 from ._module import MultiheadAttention
 from ._paged import flash_attn_with_kvcache, kv_cache_write
@@ -38,6 +41,8 @@ __all__ = [
     "info",
     "kv_cache_write",
     "merge_partials",
+    "multi_head_attention_backward",
+    "multi_head_attention_forward",
     "quantize_kv",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_backward",

@@ -208,8 +208,8 @@ class MultiheadAttention:
                                            "float32")
         self._module.forward(query, key, value, out, key_padding_mask, attn_mask, weights,
                              average_attn_weights, is_causal,
-                             shapes.batched and not self.batch_first, window_left, window_right,
-                             sinks, softcap, alibi_slopes)
+                             shapes.batched and not self.batch_first, False, 0, window_left,
+                             window_right, sinks, softcap, alibi_slopes)
         return out, weights
 
     __call__ = forward

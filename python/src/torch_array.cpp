@@ -70,7 +70,8 @@ bool read_torch(nb::handle object, const char* name, TorchArray* array) {
         nb::cast<bool>(nb::handle(torch->is_grad_enabled)())) {
       throw nb::value_error((std::string(name) +
                              " requires grad, but this mha function has no gradient (only "
-                             "mha.scaled_dot_product_attention has): call it under "
+                             "mha.scaled_dot_product_attention, mha.multi_head_attention_forward "
+                             "and mha.torch.MultiheadAttention have): call it under "
                              "torch.no_grad() (or torch.inference_mode()), or pass tensors that "
                              "do not require grad")
                                 .c_str());

@@ -30,8 +30,8 @@ struct TorchArray {
 // naming `name` for a tensor that requires grad while autograd is on: the
 // functions that reach here compute no gradients, and a result silently cut
 // from the graph would train nothing (under torch.no_grad() such tensors are
-// read as they are; mha.scaled_dot_product_attention's autograd.Function
-// calls the library there).
+// read as they are; the autograd.Functions of mha.scaled_dot_product_attention
+// and mha.multi_head_attention_forward call the library there).
 // The tensor's memory lives as long as the object, which the caller holds.
 bool read_torch(nanobind::handle object, const char* name, TorchArray* array);
 

@@ -1,6 +1,6 @@
 """The README's Python examples run as printed: the first computes what its comments say it
 replaces (PyTorch's module, within the module tests' tolerance); the training examples (README.md
-and python/README.md) fill the gradients they say they fill."""
+and python/README.md, its module's too) fill the gradients they say they fill."""
 import os
 import re
 
@@ -51,3 +51,16 @@ def test_training_examples_fill_the_gradients(path, heading):
         assert torch.isfinite(leaf.grad).all() and leaf.grad.abs().max() > 0, name
     if "bias" in names:  # is_causal: the keys after each query have no gradient
         assert torch.all(torch.triu(names["bias"].grad, diagonal=1) == 0)
+
+
+def test_module_training_example_fills_every_gradient():
+    import mha.torch  # noqa: F401  (the example's import)
+    torch.manual_seed(0)
+    names = {}
+    exec(compile(training_example(PYTHON_README, "### The module"), PYTHON_README, "exec"),
+         names)  # noqa: S102
+    layer = names["layer"]
+    assert names["step"] == 2 and torch.isfinite(names["loss"])
+    for name, parameter in [("x", names["x"])] + list(layer.named_parameters()):
+        assert parameter.grad is not None and parameter.grad.shape == parameter.shape, name
+        assert torch.isfinite(parameter.grad).all() and parameter.grad.abs().max() > 0, name

@@ -60,7 +60,7 @@ def test_stub_declares_the_error_and_the_module_class():
                for node in error.body)
     methods = {node.name: node for node in stub["Module"].body
                if isinstance(node, ast.FunctionDef)}
-    for name in ("set_weights", "forward"):
+    for name in ("set_weights", "forward", "backward"):
         runtime = getattr(_mha.Module, name)
         assert argument_names(methods[name]) == runtime_argument_names(runtime), name
 
