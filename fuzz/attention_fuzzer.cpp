@@ -276,16 +276,10 @@ uint32_t bits_of(float x) {
   return b;
 }
 
+// (Bytes: t may be a half-precision tensor in the guarded floats.)
 int64_t changed_outside(const Guarded& g, const mha_tensor& t, const std::vector<float>& before) {
-  std::vector<char> reached(g.all.size(), 0);
-  const int64_t start = static_cast<const float*>(t.data) - g.all.data();
-  mha_test::for_each_offset(
-      t, [&](int64_t offset) { reached[static_cast<size_t>(start + offset)] = 1; });
-  int64_t changed = 0;
-  for (size_t n = 0; n < g.all.size(); ++n) {
-    if (!reached[n] && bits_of(g.all[n]) != bits_of(before[n])) ++changed;
-  }
-  return changed;
+  return mha_test::changed_bytes_outside(g.all.data(), before.data(), g.all.size() * sizeof(float),
+                                         t);
 }
 
 template <typename T>
