@@ -62,7 +62,8 @@ double gradient_tolerance(const std::vector<double>& ref, double terms, double m
 // is absolute: 2^-25 for f16 (subnormals 2^-24 apart), 2^-134 for bf16.  So
 // each element may be off by e + u · (|ref| + e) + that floor -- its own
 // |ref|, not the largest: a gradient rounded the wrong way (truncated, or
-// twice) fails.
+// twice) fails.  An infinity is right where |ref| + e reaches the dtype's
+// overflow threshold (rounding to nearest gives it there).
 double gradient_error(const mha_tensor& got, const std::vector<double>& want, double terms,
                       double max_abs_logit);
 

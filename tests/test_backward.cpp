@@ -198,11 +198,17 @@ std::string describe_case(const BackwardCase& c) {
          " D" + std::to_string(c.D) + " Dv" + std::to_string(c.Dv) + c.dt.describe();
 }
 
-// The reference of a run: of the stored inputs, and with a half-precision
-// out, of the delta the backward takes from it (reference_backward.h).
+// The reference of a run: of the stored inputs; unless every input is F32,
+// with the delta the backward takes from the out it is given
+// (reference_backward.h) -- a half-precision out is rounded, and half
+// inputs may take a forward that rounds P (avx512bf16's bf16 dot products:
+// 4 · 2^-9 · max|V| in out): the forward's errors, not the backward's.  An
+// all-F32 call keeps the exact delta: it checks the forward's out as well.
 BackwardReference reference_of(const BackwardRun& run, const BackwardCase& c) {
+  const bool all_f32 = c.dt.q == MHA_DTYPE_F32 && c.dt.kv == MHA_DTYPE_F32 &&
+                       c.dt.out == MHA_DTYPE_F32 && c.dt.dout == MHA_DTYPE_F32;
   return reference_backward(run.tq, run.tk, run.tv, run.tdout, &run.params, c.want_dmask,
-                            c.dt.out != MHA_DTYPE_F32 ? &run.tout : nullptr);
+                            all_f32 ? nullptr : &run.tout);
 }
 
 // Each gradient's worst error over its tolerance (gradient_error: <= 1
