@@ -269,8 +269,9 @@ F32View f32_view(const mha_tensor& t, float* buffer) {
   return {buffer, {n[1] * n[2] * n[3], n[2] * n[3], n[3], 1}};
 }
 
-// Rows [0, rows) of `cols` fp32 values (dense) rounded once into a half-precision
-// gradient: row r at element at + r · row_stride, columns col_stride apart.
+// Rows [0, rows) of `cols` fp32 values (dense) rounded once into a
+// half-precision gradient: row r at element at + r · row_stride, its columns
+// dst.strides[3] apart.
 void round_rows(const float* src, int64_t rows, int64_t cols, const mha_tensor& dst, int64_t at,
                 int64_t row_stride) {
   for (int64_t r = 0; r < rows; ++r) {
