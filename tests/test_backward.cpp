@@ -617,7 +617,7 @@ TEST_F(BackwardBadInput, DtypesRefusedByName) {
   std::vector<uint16_t> kv_half(static_cast<size_t>(8 * 8), 0x3C00);
   std::vector<int8_t> kv_i8(static_cast<size_t>(8 * 8), 1);
   std::vector<float> scales(8, 1.0f);
-  const auto t = [](void* data, int32_t dtype, std::vector<int64_t> shape) {
+  const auto t = [](void* data, int32_t dtype, const std::vector<int64_t>& shape) {
     return describe(data, static_cast<mha_dtype>(dtype), shape);
   };
   const mha_tensor q_f16 = t(half.data(), MHA_DTYPE_F16, {1, 2, 8, 8});
