@@ -1,9 +1,13 @@
 // The backward pass in mha_bench:
 //
 //   attention_backward/<backend>/S1|S2|S6/threads:<n>
+//   attention_backward/<backend>/S1:bf16|S1:f16/threads:<n>
 //
 // One call is mha_attention_backward on the shape (fp32; S2 and S6 causal),
-// given the forward's output and LSE (computed once, untimed).  FLOPs are
+// given the forward's output and LSE (computed once, untimed).  The dtype
+// variants (bench-shapes.md's suffixes) hold Q, K, V, the output, dO and
+// the gradients in bf16 or f16 (the same values rounded): what a
+// half-precision training step hands the backward and gets back.  FLOPs are
 // counted as FlashAttention-2 counts them: 2.5 times the forward's useful
 // FLOPs (five products of the size of the forward's two), so a figure reads
 // against the forward's.  pct_peak: against the FMA peak of the backend's own
@@ -14,11 +18,13 @@
 #include <mha/mha.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "bench_inputs.h"
+#include "common/dtype.h"
 
 namespace {
 
@@ -28,13 +34,25 @@ struct BackwardShape {
   const char* name;
   int64_t b, h, lq, lk, d;
   mha_causal causal;
+  mha_dtype dtype = MHA_DTYPE_F32;  // of every tensor but the LSE
 };
 
 const BackwardShape kBackwardShapes[] = {
     {"S1", 8, 12, 512, 512, 64, MHA_CAUSAL_NONE},
     {"S2", 1, 32, 2048, 2048, 128, MHA_CAUSAL_TOP_LEFT},
     {"S6", 1, 8, 8192, 8192, 64, MHA_CAUSAL_TOP_LEFT},
+    {"S1:bf16", 8, 12, 512, 512, 64, MHA_CAUSAL_NONE, MHA_DTYPE_BF16},
+    {"S1:f16", 8, 12, 512, 512, 64, MHA_CAUSAL_NONE, MHA_DTYPE_F16},
 };
+
+// x's values rounded to a half dtype (to nearest even).
+std::vector<uint16_t> rounded(const std::vector<float>& x, mha_dtype dtype) {
+  std::vector<uint16_t> bits(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    bits[i] = dtype == MHA_DTYPE_BF16 ? mha_types::f32_to_bf16(x[i]) : mha_types::f32_to_f16(x[i]);
+  }
+  return bits;
+}
 
 // 2.5 x the forward's 4 · B · H · D · pairs (bench-shapes.md's counting).
 double backward_flops(const BackwardShape& s) {
@@ -46,6 +64,7 @@ double backward_flops(const BackwardShape& s) {
 
 struct BackwardCall {
   std::vector<float> q, k, v, dout, out, lse, dq, dk, dv;
+  std::vector<uint16_t> q16, k16, v16, dout16;  // the half variants' inputs
   mha_tensor tq{}, tk{}, tv{}, tdout{}, tout{}, tlse{}, tdq{}, tdk{}, tdv{};
   mha_attention_params params{};
 
@@ -60,16 +79,27 @@ struct BackwardCall {
     mha_bench::fill_uniform(dout, 4);
     const int64_t qs[4] = {s.b, s.h, s.lq, s.d}, ks[4] = {s.b, s.h, s.lk, s.d},
                   ls[3] = {s.b, s.h, s.lq};
-    const auto f32 = MHA_DTYPE_F32;
-    mha_tensor_init(&tq, q.data(), f32, 4, qs, nullptr);
-    mha_tensor_init(&tk, k.data(), f32, 4, ks, nullptr);
-    mha_tensor_init(&tv, v.data(), f32, 4, ks, nullptr);
-    mha_tensor_init(&tdout, dout.data(), f32, 4, qs, nullptr);
-    mha_tensor_init(&tout, out.data(), f32, 4, qs, nullptr);
-    mha_tensor_init(&tlse, lse.data(), f32, 3, ls, nullptr);
-    mha_tensor_init(&tdq, dq.data(), f32, 4, qs, nullptr);
-    mha_tensor_init(&tdk, dk.data(), f32, 4, ks, nullptr);
-    mha_tensor_init(&tdv, dv.data(), f32, 4, ks, nullptr);
+    const mha_dtype dt = s.dtype;
+    const bool half = dt != MHA_DTYPE_F32;
+    if (half) {
+      q16 = rounded(q, dt);
+      k16 = rounded(k, dt);
+      v16 = rounded(v, dt);
+      dout16 = rounded(dout, dt);
+    }
+    const auto input = [half](std::vector<uint16_t>& h, std::vector<float>& f) -> void* {
+      return half ? static_cast<void*>(h.data()) : static_cast<void*>(f.data());
+    };
+    mha_tensor_init(&tq, input(q16, q), dt, 4, qs, nullptr);
+    mha_tensor_init(&tk, input(k16, k), dt, 4, ks, nullptr);
+    mha_tensor_init(&tv, input(v16, v), dt, 4, ks, nullptr);
+    mha_tensor_init(&tdout, input(dout16, dout), dt, 4, qs, nullptr);
+    // The outputs, half ones in their float buffers' first bytes.
+    mha_tensor_init(&tout, out.data(), dt, 4, qs, nullptr);
+    mha_tensor_init(&tlse, lse.data(), MHA_DTYPE_F32, 3, ls, nullptr);
+    mha_tensor_init(&tdq, dq.data(), dt, 4, qs, nullptr);
+    mha_tensor_init(&tdk, dk.data(), dt, 4, ks, nullptr);
+    mha_tensor_init(&tdv, dv.data(), dt, 4, ks, nullptr);
     mha_attention_params_init(&params);
     params.causal = s.causal;
   }

@@ -1,6 +1,16 @@
 // mha_attention_backward: validation, the plan, and the parts of the backward
 // pass that are not the kernels' -- delta = rowsum(dO ∘ O), the zeroing of dQ,
-// the fixed-order sums of split dQ, dmask and dsinks.
+// the fixed-order sums of split dQ, dmask and dsinks, and the one rounding of
+// half-precision gradients.
+//
+// Half precision.  q, k, v, out and dout may be BF16 or F16 (the forward's
+// rules); the kernels widen them to fp32 as they pack them, and every sum is
+// fp32.  A BF16 or F16 gradient is accumulated in an fp32 buffer and rounded
+// once, at the end (to nearest even, common/dtype.h): dQ in a buffer of its
+// own (its rows collect every key block's share), dK and dV of an item in the
+// thread's scratch, rounded into the output as soon as the item is done.  The
+// kernels never see a half-precision output; the memory stays linear in L
+// (one fp32 copy of dQ, a chunk of keys' dK and dV per thread).
 //
 // Determinism: work items are (key chunk, batch, KV head), and the chunks
 // are decided from the shape alone.  An item owns dK and dV of its keys and
@@ -87,10 +97,13 @@ mha_status check_same_shape(const mha_tensor& t, const char* name, const mha_ten
   return MHA_OK;
 }
 
-mha_status check_f32_for_now(const mha_tensor& t, const char* name) {
-  if (t.dtype == MHA_DTYPE_F32) return MHA_OK;
-  return fail(MHA_ERR_UNSUPPORTED, "%s is %s; the backward pass takes F32 tensors for now", name,
-              dtype_name(t.dtype));
+// A tensor that takes F32 or the dtype of `like` (a gradient: its input's
+// dtype, as PyTorch's autograd returns it; dout: out's dtypes).
+mha_status check_f32_or_like(const mha_tensor& t, const char* name, const mha_tensor& like,
+                             const char* like_name) {
+  if (t.dtype == MHA_DTYPE_F32 || t.dtype == like.dtype) return MHA_OK;
+  return fail(MHA_ERR_INVALID_DTYPE, "%s has dtype %s; it must be f32 or %s's dtype (%s)", name,
+              dtype_name(t.dtype), like_name, dtype_name(like.dtype));
 }
 
 mha_status validate_backward(const mha_tensor* q, const mha_tensor* k, const mha_tensor* v,
@@ -117,13 +130,10 @@ mha_status validate_backward(const mha_tensor* q, const mha_tensor* k, const mha
   if (k->dtype == MHA_DTYPE_I8) {
     return fail(MHA_ERR_UNSUPPORTED, "k and v are I8: an int8 KV cache has no backward pass");
   }
-  const mha_tensor* inputs4[] = {q, k, v, out};
-  const char* names4[] = {"q", "k", "v", "out"};
-  for (int t = 0; t < 4; ++t) {
-    if (mha_status s = check_f32_for_now(*inputs4[t], names4[t]); s != MHA_OK) return s;
-  }
+  // q, k, v and out passed the forward's dtype rules; dout takes out's
+  // (F32 or q's dtype).
   if (mha_status s = check_tensor(dout, "dout", 4, 4); s != MHA_OK) return s;
-  if (mha_status s = check_f32_for_now(*dout, "dout"); s != MHA_OK) return s;
+  if (mha_status s = check_f32_or_like(*dout, "dout", *q, "q"); s != MHA_OK) return s;
   if (mha_status s = check_same_shape(*dout, "dout", *out, "out"); s != MHA_OK) return s;
   if (mha_status s = check_tensor(lse, "lse", 3, 3); s != MHA_OK) return s;
   if (mha_status s = check_f32(lse, "lse"); s != MHA_OK) return s;
@@ -136,10 +146,14 @@ mha_status validate_backward(const mha_tensor* q, const mha_tensor* k, const mha
   mha_tensor* grads[3] = {dq, dk, dv};
   const mha_tensor* likes[3] = {q, k, v};
   const char* grad_names[3] = {"dq", "dk", "dv"};
+  const char* like_names[3] = {"q", "k", "v"};
   for (int g = 0; g < 3; ++g) {
     if (mha_status s = check_tensor(grads[g], grad_names[g], 4, 4); s != MHA_OK) return s;
-    if (mha_status s = check_f32(grads[g], grad_names[g]); s != MHA_OK) return s;
-    if (mha_status s = check_same_shape(*grads[g], grad_names[g], *likes[g], names4[g]);
+    if (mha_status s = check_f32_or_like(*grads[g], grad_names[g], *likes[g], like_names[g]);
+        s != MHA_OK) {
+      return s;
+    }
+    if (mha_status s = check_same_shape(*grads[g], grad_names[g], *likes[g], like_names[g]);
         s != MHA_OK) {
       return s;
     }
@@ -219,20 +233,53 @@ mha_status validate_backward(const mha_tensor* q, const mha_tensor* k, const mha
   return MHA_OK;
 }
 
-// delta[b, h, i] = Σ_x dO[b, h, i, x] · O[b, h, i, x], in fp32, x ascending.
+// Offset of element [b, h, i, 0] of a 4-d tensor.
+int64_t row_offset(const mha_tensor& t, int64_t b, int64_t h, int64_t i) {
+  return b * t.strides[0] + h * t.strides[1] + i * t.strides[2];
+}
+
+// delta[b, h, i] = Σ_x dO[b, h, i, x] · O[b, h, i, x], in fp32 from the
+// widened values (exact: a half is an fp32), x ascending.
 void compute_delta(const BackwardCall& call, float* delta, int64_t row) {
   const mha_kernel_problem& p = call.forward.problem;
   const int64_t i = row % p.lq;
   const int64_t bh = row / p.lq;
   const int64_t b = bh / p.heads, h = bh % p.heads;
-  const auto* o = static_cast<const float*>(call.out->data) + b * call.out->strides[0] +
-                  h * call.out->strides[1] + i * call.out->strides[2];
-  const auto* g = static_cast<const float*>(call.dout->data) + b * call.dout->strides[0] +
-                  h * call.dout->strides[1] + i * call.dout->strides[2];
+  const mha_tensor &out = *call.out, &dout = *call.dout;
+  const int64_t o = row_offset(out, b, h, i), g = row_offset(dout, b, h, i);
   float sum = 0.0f;
-  for (int64_t x = 0; x < p.dv; ++x)
-    sum += o[x * call.out->strides[3]] * g[x * call.dout->strides[3]];
+  for (int64_t x = 0; x < p.dv; ++x) {
+    sum += mha_types::load_float(out.data, out.dtype, o + x * out.strides[3]) *
+           mha_types::load_float(dout.data, dout.dtype, g + x * dout.strides[3]);
+  }
   delta[row] = sum;
+}
+
+// A 4-d fp32 view: the caller's F32 gradient, or the fp32 buffer a
+// half-precision one is accumulated in (C order).
+struct F32View {
+  float* data;
+  int64_t strides[4];
+};
+F32View f32_view(const mha_tensor& t, float* buffer) {
+  if (t.dtype == MHA_DTYPE_F32) {
+    return {static_cast<float*>(t.data), {t.strides[0], t.strides[1], t.strides[2], t.strides[3]}};
+  }
+  const int64_t* n = t.shape;
+  return {buffer, {n[1] * n[2] * n[3], n[2] * n[3], n[3], 1}};
+}
+
+// Rows [0, rows) of `cols` fp32 values (dense) rounded once into a
+// half-precision gradient: row r at element at + r · row_stride, its columns
+// dst.strides[3] apart.
+void round_rows(const float* src, int64_t rows, int64_t cols, const mha_tensor& dst, int64_t at,
+                int64_t row_stride) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t x = 0; x < cols; ++x) {
+      mha_types::store_float(dst.data, dst.dtype, at + r * row_stride + x * dst.strides[3],
+                             src[r * cols + x]);
+    }
+  }
 }
 
 // dsinks[h] = -Σ_{b, i} e^(sink_h - lse[b, h, i]) · delta[b, h, i], b then i
@@ -319,21 +366,39 @@ mha_status run_backward(const Backend& backend, BackwardCall& call, int32_t thre
   const int64_t dq_floats = rows * p.d;
   const bool dmask_in_place = call.dmask != nullptr && mask_is_full(*call.dmask, p);
   const int64_t dmask_floats = call.dmask != nullptr && !dmask_in_place ? rows * p.lk : 0;
+  // Half-precision gradients: dQ accumulated in an fp32 buffer; an item's
+  // dK and dV in the thread's scratch, after the kernel's own.
+  const bool dq_half = call.dq.dtype != MHA_DTYPE_F32;
+  const int64_t dk_stage = call.dk.dtype != MHA_DTYPE_F32 ? plan.chunk_len * p.d : 0;
+  const int64_t dv_stage = call.dv.dtype != MHA_DTYPE_F32 ? plan.chunk_len * p.dv : 0;
 
   auto delta = try_allocate<float>(rows);
   auto partials = try_allocate<float>((plan.chunks - 1) * dq_floats);
   auto dmask_full = try_allocate<float>(dmask_floats);
-  const size_t scratch_bytes = plugin.backward_scratch_bytes(&bp);
-  if (!delta || !partials || !dmask_full) {
+  auto dq_buffer = try_allocate<float>(dq_half ? dq_floats : 0);
+  const size_t kernel_bytes = plugin.backward_scratch_bytes(&bp);
+  const size_t stage_offset = (kernel_bytes + 63) / 64 * 64;  // 64-byte aligned floats
+  const size_t scratch_bytes =
+      stage_offset + static_cast<size_t>(dk_stage + dv_stage) * sizeof(float);
+  if (!delta || !partials || !dmask_full || !dq_buffer) {
     return fail(MHA_ERR_OUT_OF_MEMORY,
                 "cannot allocate %lld bytes for the backward pass's buffers; the outputs are "
                 "untouched",
-                static_cast<long long>(rows + (plan.chunks - 1) * dq_floats + dmask_floats) * 4);
+                static_cast<long long>(rows + (plan.chunks - 1) * dq_floats + dmask_floats +
+                                       (dq_half ? dq_floats : 0)) *
+                    4);
   }
   bp.delta = delta.get();
   bp.delta_strides[0] = p.heads * p.lq;
   bp.delta_strides[1] = p.lq;
   bp.delta_strides[2] = 1;
+  // Where the kernels add dQ: dq itself, or its fp32 buffer.
+  const F32View dq = f32_view(call.dq, dq_buffer.get());
+  const auto dq_row = [&](int64_t row) {
+    const int64_t i = row % p.lq, bh = row / p.lq;
+    return dq.data + (bh / p.heads) * dq.strides[0] + (bh % p.heads) * dq.strides[1] +
+           i * dq.strides[2];
+  };
 
   const double flops = 10.0 * static_cast<double>(rows) * static_cast<double>(p.lk) *
                        static_cast<double>(p.d + p.dv) / 2.0;
@@ -341,23 +406,20 @@ mha_status run_backward(const Backend& backend, BackwardCall& call, int32_t thre
   int32_t team = static_cast<int32_t>(std::min<int64_t>(threads, std::max<int64_t>(n_items, 1)));
   if (flops < kSerialFlops) team = 1;
 
-  // Every thread's kernel scratch first: a failure leaves the outputs untouched.
+  // Every thread's scratch first: a failure leaves the outputs untouched.
   bool scratch_ok = true;
   auto prepare = [&](int32_t) {
     return thread_scratch(ScratchSlot::kKernel, scratch_bytes) != nullptr;
   };
-  // 1. delta, zeroed dq and partials.
+  // 1. delta, zeroed dq (or its buffer) and partials.
   const int64_t per_row = std::max<int64_t>(1, 65536 / std::max<int64_t>(p.dv, 1));
   const int64_t row_blocks = ceil_div(rows, per_row);
-  float* dq = static_cast<float*>(call.dq.data);
   scratch_ok = run_team(row_blocks, team, prepare, [&](int64_t block, int32_t) {
     const int64_t end = std::min(rows, (block + 1) * per_row);
     for (int64_t row = block * per_row; row < end; ++row) {
       compute_delta(call, delta.get(), row);
-      const int64_t i = row % p.lq, bh = row / p.lq;
-      float* dq_row = dq + (bh / p.heads) * call.dq.strides[0] +
-                      (bh % p.heads) * call.dq.strides[1] + i * call.dq.strides[2];
-      for (int64_t x = 0; x < p.d; ++x) dq_row[x * call.dq.strides[3]] = 0.0f;
+      float* dq_at = dq_row(row);
+      for (int64_t x = 0; x < p.d; ++x) dq_at[x * dq.strides[3]] = 0.0f;
       for (int64_t c = 1; c < plan.chunks; ++c) {
         std::fill_n(partials.get() + (c - 1) * dq_floats + row * p.d, p.d, 0.0f);
       }
@@ -385,24 +447,40 @@ mha_status run_backward(const Backend& backend, BackwardCall& call, int32_t thre
     item.k_end = std::min(p.lk, item.k_begin + plan.chunk_len);
     const int64_t h0 = kvh * group;
     if (chunk == 0) {
-      item.dq = dq + b * call.dq.strides[0] + h0 * call.dq.strides[1];
-      item.dq_strides[0] = call.dq.strides[1];
-      item.dq_strides[1] = call.dq.strides[2];
-      item.dq_strides[2] = call.dq.strides[3];
+      item.dq = dq.data + b * dq.strides[0] + h0 * dq.strides[1];
+      item.dq_strides[0] = dq.strides[1];
+      item.dq_strides[1] = dq.strides[2];
+      item.dq_strides[2] = dq.strides[3];
     } else {
       item.dq = partials.get() + (chunk - 1) * dq_floats + (b * p.heads + h0) * p.lq * p.d;
       item.dq_strides[0] = p.lq * p.d;
       item.dq_strides[1] = p.d;
       item.dq_strides[2] = 1;
     }
-    item.dk = static_cast<float*>(call.dk.data) + b * call.dk.strides[0] +
-              kvh * call.dk.strides[1] + item.k_begin * call.dk.strides[2];
-    item.dk_strides[0] = call.dk.strides[2];
-    item.dk_strides[1] = call.dk.strides[3];
-    item.dv = static_cast<float*>(call.dv.data) + b * call.dv.strides[0] +
-              kvh * call.dv.strides[1] + item.k_begin * call.dv.strides[2];
-    item.dv_strides[0] = call.dv.strides[2];
-    item.dv_strides[1] = call.dv.strides[3];
+    void* scratch = thread_scratch(ScratchSlot::kKernel, scratch_bytes);
+    float* stage = reinterpret_cast<float*>(static_cast<char*>(scratch) + stage_offset);
+    const int64_t dk_at =
+        b * call.dk.strides[0] + kvh * call.dk.strides[1] + item.k_begin * call.dk.strides[2];
+    const int64_t dv_at =
+        b * call.dv.strides[0] + kvh * call.dv.strides[1] + item.k_begin * call.dv.strides[2];
+    if (dk_stage > 0) {
+      item.dk = stage;
+      item.dk_strides[0] = p.d;
+      item.dk_strides[1] = 1;
+    } else {
+      item.dk = static_cast<float*>(call.dk.data) + dk_at;
+      item.dk_strides[0] = call.dk.strides[2];
+      item.dk_strides[1] = call.dk.strides[3];
+    }
+    if (dv_stage > 0) {
+      item.dv = stage + dk_stage;
+      item.dv_strides[0] = p.dv;
+      item.dv_strides[1] = 1;
+    } else {
+      item.dv = static_cast<float*>(call.dv.data) + dv_at;
+      item.dv_strides[0] = call.dv.strides[2];
+      item.dv_strides[1] = call.dv.strides[3];
+    }
     if (dmask_in_place) {
       const mha_tensor& m = *call.dmask;
       item.dmask = static_cast<float*>(m.data) + b * m.strides[0] + h0 * m.strides[1] +
@@ -416,11 +494,15 @@ mha_status run_backward(const Backend& backend, BackwardCall& call, int32_t thre
       item.dmask_strides[1] = p.lk;
       item.dmask_strides[2] = 1;
     }
-    void* scratch = thread_scratch(ScratchSlot::kKernel, scratch_bytes);
     if (int code = plugin.backward(&bp, &item, scratch); code != 0) {
       int expected = 0;
       failed_code.compare_exchange_strong(expected, code);
+      return;
     }
+    // The item owns dK and dV of its keys: they are final, round them now.
+    const int64_t keys = item.k_end - item.k_begin;
+    if (dk_stage > 0) round_rows(item.dk, keys, p.d, call.dk, dk_at, call.dk.strides[2]);
+    if (dv_stage > 0) round_rows(item.dv, keys, p.dv, call.dv, dv_at, call.dv.strides[2]);
   });
   if (int code = failed_code.load(); code != 0) {
     return fail(MHA_ERR_INTERNAL,
@@ -429,19 +511,23 @@ mha_status run_backward(const Backend& backend, BackwardCall& call, int32_t thre
                 backend.name.c_str(), code);
   }
 
-  // 3. dq += the other chunks' shares, in chunk order.
-  if (plan.chunks > 1) {
+  // 3. dq += the other chunks' shares, in chunk order; a half-precision dq
+  // is that sum rounded once.
+  if (plan.chunks > 1 || dq_half) {
     run_team(
         row_blocks, team, [](int32_t) { return true; },
         [&](int64_t block, int32_t) {
           const int64_t end = std::min(rows, (block + 1) * per_row);
           for (int64_t row = block * per_row; row < end; ++row) {
-            const int64_t i = row % p.lq, bh = row / p.lq;
-            float* dq_row = dq + (bh / p.heads) * call.dq.strides[0] +
-                            (bh % p.heads) * call.dq.strides[1] + i * call.dq.strides[2];
+            float* sum = dq_row(row);
             for (int64_t c = 1; c < plan.chunks; ++c) {
               const float* part = partials.get() + (c - 1) * dq_floats + row * p.d;
-              for (int64_t x = 0; x < p.d; ++x) dq_row[x * call.dq.strides[3]] += part[x];
+              for (int64_t x = 0; x < p.d; ++x) sum[x * dq.strides[3]] += part[x];
+            }
+            if (dq_half) {
+              const int64_t i = row % p.lq, bh = row / p.lq;
+              round_rows(sum, 1, p.d, call.dq, row_offset(call.dq, bh / p.heads, bh % p.heads, i),
+                         0);
             }
           }
         });
@@ -480,11 +566,14 @@ mha_status attention_backward(const mha_tensor* q, const mha_tensor* k, const mh
     const BackwardPlan plan = plan_backward(p);
     std::fprintf(stderr,
                  "mha_verbose,exec,attention_backward,backend=%s,B=%lld,H=%lld,Hkv=%lld,Lq=%lld,"
-                 "Lk=%lld,D=%lld,Dv=%lld,variants=%s,chunks=%lld,items=%lld,threads=%d,ms=%.4f\n",
+                 "Lk=%lld,D=%lld,Dv=%lld,q=%s,kv=%s,out=%s,dout=%s,dq=%s,dk=%s,dv=%s,variants=%s,"
+                 "chunks=%lld,items=%lld,threads=%d,ms=%.4f\n",
                  backend->name.c_str(), static_cast<long long>(p.batch),
                  static_cast<long long>(p.heads), static_cast<long long>(p.kv_heads),
                  static_cast<long long>(p.lq), static_cast<long long>(p.lk),
-                 static_cast<long long>(p.d), static_cast<long long>(p.dv),
+                 static_cast<long long>(p.d), static_cast<long long>(p.dv), dtype_name(p.q_dtype),
+                 dtype_name(p.kv_dtype), dtype_name(call.out->dtype), dtype_name(call.dout->dtype),
+                 dtype_name(call.dq.dtype), dtype_name(call.dk.dtype), dtype_name(call.dv.dtype),
                  variants_of(call.forward).c_str(), static_cast<long long>(plan.chunks),
                  static_cast<long long>(plan.items(p)), threads, ms);
   }

@@ -188,7 +188,7 @@ ModuleBackwardReference reference_module_backward(const ModuleWeights& w, const 
   const int64_t widest = std::max({w.query_dim, w.key_dim, w.value_dim});
   const double rho = dot_bound(e) + dot_bound(widest);
   const auto eps = [&](const std::vector<double>& g, double terms) {
-    return backward_tolerance(g, terms, att.max_abs_logit) + 2.0 * rho * terms;
+    return gradient_tolerance(g, terms, att.max_abs_logit) + 2.0 * rho * terms;
   };
   const double eps_q = eps(att.dq, att.terms_dq), eps_k = eps(att.dk, att.terms_dk),
                eps_v = eps(att.dv, att.terms_dv);

@@ -6,6 +6,7 @@
 
 #include <mha/mha.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -40,8 +41,16 @@ inline double from_f16(uint16_t bits) {
   if (exponent == 0x1F) {
     return mantissa != 0 ? std::numeric_limits<double>::quiet_NaN() : sign * kInf;
   }
-  if (exponent == 0) return sign * std::ldexp(mantissa, -24);
-  return sign * std::ldexp(1024 + mantissa, exponent - 25);
+  // mantissa · 2^-24 (subnormal) or (1024 + mantissa) · 2^(exponent - 25),
+  // the power of two from a table (std::ldexp per element made the f16
+  // backward tests six times slower than bf16's); every product is exact.
+  static const auto kPowers = [] {
+    std::array<double, 31> powers{};
+    for (int e = 0; e < 31; ++e) powers[static_cast<size_t>(e)] = std::ldexp(1.0, e - 25);
+    return powers;
+  }();
+  if (exponent == 0) return sign * mantissa * kPowers[1];
+  return sign * (1024 + mantissa) * kPowers[static_cast<size_t>(exponent)];
 }
 inline double from_bf16(uint16_t bits) {
   const uint32_t wide = static_cast<uint32_t>(bits) << 16;

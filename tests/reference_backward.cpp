@@ -17,11 +17,12 @@ using namespace reference_access;
 
 BackwardReference reference_backward(const mha_tensor& q, const mha_tensor& k, const mha_tensor& v,
                                      const mha_tensor& dout, const mha_attention_params* params,
-                                     bool want_dlogit) {
+                                     bool want_dlogit, const mha_tensor* out) {
   require_tensor(q, "q", 4, 4);
   require_tensor(k, "k", 4, 4);
   require_tensor(v, "v", 4, 4);
   require_tensor(dout, "dout", 4, 4);
+  if (out != nullptr) require_tensor(*out, "out", 4, 4);
   const int64_t batch = q.shape[0], heads = q.shape[1], lq = q.shape[2], d = q.shape[3];
   const int64_t kv_heads = k.shape[1], lk = k.shape[2], dv = v.shape[3];
   const int64_t group = heads / kv_heads;
@@ -122,6 +123,15 @@ BackwardReference reference_backward(const mha_tensor& q, const mha_tensor& k, c
           delta += weight[u] * factor[u] * dp[u];
           delta_terms += std::fabs(weight[u] * factor[u] * dp[u]);
         }
+        if (out != nullptr) {  // the backward's delta: dout · the out it is given
+          double given = 0, given_terms = 0;
+          for (int64_t c = 0; c < dv; ++c) {
+            given += at4(dout, b, h, i, c) * at4(*out, b, h, i, c);
+            given_terms += std::fabs(at4(dout, b, h, i, c) * at4(*out, b, h, i, c));
+          }
+          delta = given;
+          delta_terms = std::max(delta_terms, given_terms);
+        }
         if (!ref.dsinks.empty() && sink != -kInf) {
           ref.dsinks[static_cast<size_t>(h)] -= std::exp(sink - row_max) / sum * delta;
           msinks[static_cast<size_t>(h)] += std::exp(sink - row_max) / sum * delta_terms;
@@ -160,9 +170,48 @@ BackwardReference reference_backward(const mha_tensor& q, const mha_tensor& k, c
   return ref;
 }
 
-double backward_tolerance(const std::vector<double>& ref, double terms, double max_abs_logit) {
+double gradient_tolerance(const std::vector<double>& ref, double terms, double max_abs_logit) {
   return 2e-5 * max_abs(ref) + std::ldexp(terms, -18) +
          8.0 * std::ldexp(max_abs_logit, -24) * terms;
+}
+
+double gradient_error(const mha_tensor& got, const std::vector<double>& want, double terms,
+                      double max_abs_logit) {
+  const double e = gradient_tolerance(want, terms, max_abs_logit);
+  const double u = got.dtype == MHA_DTYPE_BF16  ? std::ldexp(1.0, -8)
+                   : got.dtype == MHA_DTYPE_F16 ? std::ldexp(1.0, -11)
+                                                : 0.0;
+  const double floor = got.dtype == MHA_DTYPE_BF16  ? std::ldexp(1.0, -134)
+                       : got.dtype == MHA_DTYPE_F16 ? std::ldexp(1.0, -25)
+                                                    : 0.0;
+  // Where rounding to nearest gives infinity: the largest finite value plus
+  // half an ulp (65504 + 16 for f16, (2 - 2^-8) · 2^127 for bf16, 2^128 for f32).
+  const double overflow = got.dtype == MHA_DTYPE_BF16  ? std::ldexp(2.0 - std::ldexp(1.0, -8), 127)
+                          : got.dtype == MHA_DTYPE_F16 ? 65520.0
+                                                       : std::ldexp(1.0, 128);
+  double worst = 0;
+  int64_t n = 0;
+  for (int64_t a = 0; a < got.shape[0]; ++a) {
+    for (int64_t b = 0; b < got.shape[1]; ++b) {
+      for (int64_t c = 0; c < got.shape[2]; ++c) {
+        for (int64_t x = 0; x < got.shape[3]; ++x, ++n) {
+          const double ref = want[static_cast<size_t>(n)];
+          const double value = at4(got, a, b, c, x);
+          const double tolerance = e + u * (std::fabs(ref) + e) + floor;
+          // A value whose fp32 result may reach the dtype's overflow
+          // threshold rounds to an infinity of its sign.
+          if (std::isinf(value) && std::fabs(ref) + e >= overflow && (value > 0) == (ref > 0)) {
+            continue;
+          }
+          const double error = std::fabs(value - ref);
+          if (std::isnan(error)) return kInf;
+          // (0 / 0: an exact 0 where nothing may be off.)
+          if (error > 0) worst = std::max(worst, error / tolerance);
+        }
+      }
+    }
+  }
+  return worst;
 }
 
 double max_abs(const std::vector<double>& values) {

@@ -30,16 +30,42 @@ struct BackwardReference {
 // The gradients of L = Σ dout ∘ mha_attention(q, k, v, params) for F32, BF16
 // or F16 q, k, v and dout (params may be nullptr).  Dropout is modelled: the
 // weights mha.h's counter-based rule drops are the forward's.
+//
+// out: nullptr, or the forward's output as it is handed to the backward.
+// Each row's delta = Σ_j P_j Z_j dP_j equals dout · out for the exact out;
+// mha_attention_backward computes it from the out it is given (FlashAttention
+// -2's rule), so a half-precision out -- rounded by the forward, 2^-8 of
+// each value for bf16 -- moves delta by far more than fp32 does.  Given out,
+// delta is dout · out from those values, as the backward defines it, and
+// only the backward's own error is left to the tolerance.
 BackwardReference reference_backward(const mha_tensor& q, const mha_tensor& k, const mha_tensor& v,
                                      const mha_tensor& dout, const mha_attention_params* params,
-                                     bool want_dlogit = false);
+                                     bool want_dlogit = false, const mha_tensor* out = nullptr);
 
-// A gradient's tolerance: 2e-5 of its largest value, plus 2^-18 (64 fp32
-// ulps) of the largest sum of its terms' magnitudes -- where terms cancel
-// (dS = P ∘ (dP - delta) of one key is exactly 0) fp32 leaves that much --
-// and what rounding the logits to fp32 costs the weights, relatively
-// (decisions.md's 4 · 2^-24 · max|logit|, twice: P and dS).
-double backward_tolerance(const std::vector<double>& ref, double terms, double max_abs_logit);
+// The largest |gradient - reference| an fp32 backward may leave:
+//   2e-5 · max|ref| + 2^-18 · terms + 8 · 2^-24 · max|logit| · terms:
+// 2e-5 of the largest value; 64 fp32 ulps (2^-18) of the largest sum of the
+// terms' magnitudes (where terms cancel -- dS = P ∘ (dP - delta) of one key
+// is exactly 0 -- fp32 leaves that much); and what rounding the logits to
+// fp32 costs the weights (decisions.md's 4 · 2^-24 · max|logit|, twice: P
+// and dS).
+double gradient_tolerance(const std::vector<double>& ref, double terms, double max_abs_logit);
+
+// A gradient (4-d, F32, BF16 or F16) against the reference: the worst ratio
+// of an element's error to its tolerance (<= 1 passes; infinite for NaN).
+// An F32 element's tolerance is gradient_tolerance's fp32 bound e.  A BF16
+// or F16 element is the backward's fp32 value y rounded once to nearest:
+//   |round(y) - y| <= u · |y| <= u · (|ref| + e),
+// u = 2^-p for p significant bits (half an ulp relative to the value, the
+// worst just above a power of two): 2^-8 for bf16 (p = 8), 2^-11 for f16
+// (p = 11).  Below the smallest normal the spacing is fixed and half of it
+// is absolute: 2^-25 for f16 (subnormals 2^-24 apart), 2^-134 for bf16.  So
+// each element may be off by e + u · (|ref| + e) + that floor -- its own
+// |ref|, not the largest: a gradient rounded the wrong way (truncated, or
+// twice) fails.  An infinity is right where |ref| + e reaches the dtype's
+// overflow threshold (rounding to nearest gives it there).
+double gradient_error(const mha_tensor& got, const std::vector<double>& want, double terms,
+                      double max_abs_logit);
 
 // Largest |got - want| over a 4-d F32 descriptor against C-ordered values.
 double max_abs_diff(const mha_tensor& got, const std::vector<double>& want);

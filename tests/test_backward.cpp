@@ -3,22 +3,47 @@
 // variants with dsinks, dmask (in place and broadcast), split key chunks --
 // against the float64 analytic reference (itself checked against finite
 // differences in test_reference); the same bits for 1, 2, 3 and 7 threads;
-// nothing written outside the outputs; bad input refused by name.
+// nothing written outside the outputs; bad input refused by name.  Half
+// precision: BF16 and F16 q, k, v, out and dout with F32 or half-precision
+// gradients, against the reference of the same stored values (the inputs'
+// rounding is the caller's, not the kernel's error) at the fp32 tolerance
+// plus one rounding of a half-precision gradient (gradient_tolerance).
 #include <gtest/gtest.h>
 #include <mha/mha.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "backend_param.h"
+#include "common/dtype.h"
 #include "reference_backward.h"
 #include "test_util.h"
 
 namespace mha_test {
 namespace {
+
+// The dtypes of a call: the inputs (q, k and v, the forward's out, dout)
+// and the gradients.
+struct Dtypes {
+  int32_t q = MHA_DTYPE_F32, kv = MHA_DTYPE_F32, out = MHA_DTYPE_F32, dout = MHA_DTYPE_F32;
+  int32_t dq = MHA_DTYPE_F32, dk = MHA_DTYPE_F32, dv = MHA_DTYPE_F32;
+  std::string describe() const {
+    using mha_types::dtype_name;
+    return std::string(" q ") + dtype_name(q) + " kv " + dtype_name(kv) + " out " +
+           dtype_name(out) + " dout " + dtype_name(dout) + " dq " + dtype_name(dq) + " dk " +
+           dtype_name(dk) + " dv " + dtype_name(dv);
+  }
+};
+
+// Every input in `in`; the gradients F32, or each in its input's dtype.
+Dtypes all_of(int32_t in, bool half_grads) {
+  const int32_t g = half_grads ? in : MHA_DTYPE_F32;
+  return Dtypes{in, in, in, in, g, g, g};
+}
 
 struct BackwardCase {
   const char* what = "";
@@ -33,6 +58,23 @@ struct BackwardCase {
   bool want_dmask = false, want_dsinks = false;
   float qk = 1.5f;  // Q and K uniform in [-qk, qk)
   uint64_t seed = 7;
+  Dtypes dt{};
+  int32_t mask_dtype = MHA_DTYPE_F32;  // of an additive mask (its values rounded to it)
+};
+
+// A buffer of `dtype` (F32, BF16, F16) holding a float tensor's values
+// rounded to it; F32 keeps the float tensor itself.
+struct TypedInput {
+  TypedInput(const mha_tensor& values, int32_t dtype) {
+    if (dtype == MHA_DTYPE_F32) {
+      t = values;
+    } else {
+      copy.emplace_back(values, dtype);
+      t = copy[0].get();
+    }
+  }
+  std::vector<TypedCopy> copy;  // empty for F32
+  mha_tensor t{};
 };
 
 // The buffers of one case: inputs, the forward's results, the gradients.
@@ -48,19 +90,27 @@ struct BackwardRun {
         dk(c.B * c.Hkv * c.Lk * c.D),
         dv(c.B * c.Hkv * c.Lk * c.Dv) {
     Rng rng(c.seed);
-    tq = describe(q.base(), MHA_DTYPE_F32, {c.B, c.H, c.Lq, c.D});
-    tk = describe(k.base(), MHA_DTYPE_F32, {c.B, c.Hkv, c.Lk, c.D});
-    tv = describe(v.base(), MHA_DTYPE_F32, {c.B, c.Hkv, c.Lk, c.Dv});
-    tdout = describe(dout.base(), MHA_DTYPE_F32, {c.B, c.H, c.Lq, c.Dv});
-    tout = describe(out.base(), MHA_DTYPE_F32, {c.B, c.H, c.Lq, c.Dv});
+    const auto as = [](int32_t dtype) { return static_cast<mha_dtype>(dtype); };
+    mha_tensor q32 = describe(q.base(), MHA_DTYPE_F32, {c.B, c.H, c.Lq, c.D});
+    mha_tensor k32 = describe(k.base(), MHA_DTYPE_F32, {c.B, c.Hkv, c.Lk, c.D});
+    mha_tensor v32 = describe(v.base(), MHA_DTYPE_F32, {c.B, c.Hkv, c.Lk, c.Dv});
+    mha_tensor dout32 = describe(dout.base(), MHA_DTYPE_F32, {c.B, c.H, c.Lq, c.Dv});
+    fill_uniform(q32, rng, -c.qk, c.qk);
+    fill_uniform(k32, rng, -c.qk, c.qk);
+    fill_uniform(v32, rng);
+    fill_uniform(dout32, rng);
+    inputs.reserve(4);  // (the descriptors point into them)
+    tq = inputs.emplace_back(q32, c.dt.q).t;
+    tk = inputs.emplace_back(k32, c.dt.kv).t;
+    tv = inputs.emplace_back(v32, c.dt.kv).t;
+    tdout = inputs.emplace_back(dout32, c.dt.dout).t;
+    // The outputs live in guarded arenas in their own dtype (a half tensor
+    // takes the first half of its arena's bytes).
+    tout = describe(out.base(), as(c.dt.out), {c.B, c.H, c.Lq, c.Dv});
     tlse = describe(lse.base(), MHA_DTYPE_F32, {c.B, c.H, c.Lq});
-    tdq = describe(dq.base(), MHA_DTYPE_F32, {c.B, c.H, c.Lq, c.D});
-    tdk = describe(dk.base(), MHA_DTYPE_F32, {c.B, c.Hkv, c.Lk, c.D});
-    tdv = describe(dv.base(), MHA_DTYPE_F32, {c.B, c.Hkv, c.Lk, c.Dv});
-    fill_uniform(tq, rng, -c.qk, c.qk);
-    fill_uniform(tk, rng, -c.qk, c.qk);
-    fill_uniform(tv, rng);
-    fill_uniform(tdout, rng);
+    tdq = describe(dq.base(), as(c.dt.dq), {c.B, c.H, c.Lq, c.D});
+    tdk = describe(dk.base(), as(c.dt.dk), {c.B, c.Hkv, c.Lk, c.D});
+    tdv = describe(dv.base(), as(c.dt.dv), {c.B, c.Hkv, c.Lk, c.Dv});
 
     mha_attention_params_init(&params);
     params.causal = c.causal;
@@ -78,6 +128,10 @@ struct BackwardRun {
       mask_add.resize(static_cast<size_t>(c.B * heads * c.Lq * c.Lk));
       for (auto& m : mask_add) m = rng.chance(0.1) ? -INFINITY : rng.uniform(-2.0f, 2.0f);
       tmask = describe(mask_add.data(), MHA_DTYPE_F32, {c.B, heads, c.Lq, c.Lk});
+      if (c.mask_dtype != MHA_DTYPE_F32) {
+        mask_typed.emplace_back(tmask, c.mask_dtype);
+        tmask = mask_typed[0].get();
+      }
       dmask.assign(mask_add.size(), -5.0f);
       tdmask = describe(dmask.data(), MHA_DTYPE_F32, {c.B, heads, c.Lq, c.Lk});
     }
@@ -126,7 +180,9 @@ struct BackwardRun {
                                   &backward);
   }
 
-  Arena q, k, v, dout, out, lse, dq, dk, dv;
+  Arena q, k, v, dout, out, lse, dq, dk, dv;  // q, k, v, dout: the values, as floats
+  std::vector<TypedInput> inputs;             // q, k, v, dout as passed
+  std::vector<TypedCopy> mask_typed;
   mha_tensor tq{}, tk{}, tv{}, tdout{}, tout{}, tlse{}, tdq{}, tdk{}, tdv{};
   mha_attention_params params{};
   mha_backward_params backward{};
@@ -139,7 +195,31 @@ struct BackwardRun {
 std::string describe_case(const BackwardCase& c) {
   return std::string(c.what) + ": B" + std::to_string(c.B) + " H" + std::to_string(c.H) + "/" +
          std::to_string(c.Hkv) + " Lq" + std::to_string(c.Lq) + " Lk" + std::to_string(c.Lk) +
-         " D" + std::to_string(c.D) + " Dv" + std::to_string(c.Dv);
+         " D" + std::to_string(c.D) + " Dv" + std::to_string(c.Dv) + c.dt.describe();
+}
+
+// The reference of a run: of the stored inputs; unless every input is F32,
+// with the delta the backward takes from the out it is given
+// (reference_backward.h) -- a half-precision out is rounded, and half
+// inputs may take a forward that rounds P (avx512bf16's bf16 dot products:
+// 4 · 2^-9 · max|V| in out): the forward's errors, not the backward's.  An
+// all-F32 call keeps the exact delta: it checks the forward's out as well.
+BackwardReference reference_of(const BackwardRun& run, const BackwardCase& c) {
+  const bool all_f32 = c.dt.q == MHA_DTYPE_F32 && c.dt.kv == MHA_DTYPE_F32 &&
+                       c.dt.out == MHA_DTYPE_F32 && c.dt.dout == MHA_DTYPE_F32;
+  return reference_backward(run.tq, run.tk, run.tv, run.tdout, &run.params, c.want_dmask,
+                            all_f32 ? nullptr : &run.tout);
+}
+
+// Each gradient's worst error over its tolerance (gradient_error: <= 1
+// passes; a half-precision gradient's tolerance adds its one rounding).
+struct GradientErrors {
+  double dq, dk, dv;
+};
+GradientErrors errors_of(const BackwardRun& run, const BackwardReference& ref) {
+  return {gradient_error(run.tdq, ref.dq, ref.terms_dq, ref.max_abs_logit),
+          gradient_error(run.tdk, ref.dk, ref.terms_dk, ref.max_abs_logit),
+          gradient_error(run.tdv, ref.dv, ref.terms_dv, ref.max_abs_logit)};
 }
 
 void check_case(const BackwardCase& c) {
@@ -153,19 +233,13 @@ void check_case(const BackwardCase& c) {
   EXPECT_EQ(run.dk.changed_outside(run.tdk, dk_before), 0);
   EXPECT_EQ(run.dv.changed_outside(run.tdv, dv_before), 0);
 
-  const BackwardReference ref =
-      reference_backward(run.tq, run.tk, run.tv, run.tdout, &run.params, c.want_dmask);
-  EXPECT_LE(max_abs_diff(run.tdq, ref.dq),
-            backward_tolerance(ref.dq, ref.terms_dq, ref.max_abs_logit))
-      << "dq";
-  EXPECT_LE(max_abs_diff(run.tdk, ref.dk),
-            backward_tolerance(ref.dk, ref.terms_dk, ref.max_abs_logit))
-      << "dk";
-  EXPECT_LE(max_abs_diff(run.tdv, ref.dv),
-            backward_tolerance(ref.dv, ref.terms_dv, ref.max_abs_logit))
-      << "dv";
+  const BackwardReference ref = reference_of(run, c);
+  const GradientErrors error = errors_of(run, ref);
+  EXPECT_LE(error.dq, 1.0) << "dq: worst error / tolerance";
+  EXPECT_LE(error.dk, 1.0) << "dk: worst error / tolerance";
+  EXPECT_LE(error.dv, 1.0) << "dv: worst error / tolerance";
   if (c.want_dsinks) {
-    const double tol = backward_tolerance(ref.dsinks, ref.terms_dsinks, ref.max_abs_logit);
+    const double tol = gradient_tolerance(ref.dsinks, ref.terms_dsinks, ref.max_abs_logit);
     for (size_t h = 0; h < ref.dsinks.size(); ++h) {
       EXPECT_NEAR(run.dsinks[h], ref.dsinks[h], tol) << "dsinks[" << h << "]";
     }
@@ -185,7 +259,7 @@ void check_case(const BackwardCase& c) {
     const mha_tensor got = describe(run.dmask.data(), MHA_DTYPE_F32, {c.B, heads, c.Lq, c.Lk});
     EXPECT_LE(
         max_abs_diff(got, want),
-        backward_tolerance(want, ref.terms_dlogit * static_cast<double>(c.H), ref.max_abs_logit))
+        gradient_tolerance(want, ref.terms_dlogit * static_cast<double>(c.H), ref.max_abs_logit))
         << "dmask";
   }
 }
@@ -202,6 +276,8 @@ TEST_P(Backward, OddSizes) {
   check_case({.what = "odd", .B = 1, .H = 3, .Hkv = 1, .Lq = 5, .Lk = 67, .D = 20, .Dv = 13});
   check_case({.what = "one query", .B = 2, .H = 2, .Hkv = 2, .Lq = 1, .Lk = 33, .D = 7, .Dv = 9});
   check_case({.what = "one key", .B = 1, .H = 2, .Hkv = 1, .Lq = 17, .Lk = 1, .D = 16, .Dv = 16});
+  // Dv far above D: V's rows must not be staged in a tile sized by D.
+  check_case({.what = "Dv >> D", .B = 1, .H = 1, .Hkv = 1, .Lq = 9, .Lk = 70, .D = 8, .Dv = 1500});
 }
 TEST_P(Backward, MultiQuery) {
   check_case({.what = "MQA", .B = 1, .H = 6, .Hkv = 1, .Lq = 40, .Lk = 100});
@@ -321,6 +397,171 @@ TEST_P(Backward, BitIdenticalAcrossThreadCounts) {
 INSTANTIATE_TEST_SUITE_P(AllBackends, Backward, ::testing::ValuesIn(backend_names()),
                          backend_param_name);
 
+// ------------------------------------------------------------------ half precision
+
+// The options, each with the given dtypes: plain (GQA: 4 query heads over 2
+// KV heads), MQA, causal, a bool mask, an additive mask of the inputs' dtype
+// with its gradient, valid lengths with an empty batch, dropout, the window,
+// the variants with dsinks, and all of it together.  Shapes stay small (more
+// than one key block, partial tiles): the suite also runs under qemu.
+void check_options(const Dtypes& dt, bool every_option = true) {
+  const BackwardCase cases[] = {
+      {.what = "plain", .B = 1, .Lq = 37, .Lk = 80},
+      {.what = "all",
+       .Lq = 45,
+       .Lk = 90,
+       .causal = MHA_CAUSAL_BOTTOM_RIGHT,
+       .left = 50,
+       .mask = 2,
+       .lens = true,
+       .dropout = 0.2f,
+       .softcap = 3.0f,
+       .alibi = true,
+       .sinks = true,
+       .want_dmask = true,
+       .want_dsinks = true},
+      {.what = "MQA", .B = 1, .H = 3, .Hkv = 1, .Lq = 20, .Lk = 70, .D = 64, .Dv = 64},
+      {.what = "causal", .B = 1, .Lq = 60, .Lk = 50, .causal = MHA_CAUSAL_TOP_LEFT},
+      {.what = "bool mask", .B = 1, .Lq = 30, .Lk = 70, .mask = 1},
+      {.what = "additive mask", .B = 1, .Lq = 30, .Lk = 70, .mask = 3, .want_dmask = true},
+      {.what = "valid lengths", .Lq = 30, .Lk = 70, .lens = true},
+      {.what = "dropout", .B = 1, .Lq = 30, .Lk = 70, .dropout = 0.3f},
+      {.what = "window", .B = 1, .Lq = 60, .Lk = 90, .left = 20, .right = 5},
+      {.what = "softcap", .B = 1, .Lq = 30, .Lk = 70, .softcap = 2.0f, .qk = 2.0f},
+      {.what = "alibi, sinks",
+       .B = 1,
+       .Lq = 30,
+       .Lk = 70,
+       .causal = MHA_CAUSAL_BOTTOM_RIGHT,
+       .alibi = true,
+       .sinks = true,
+       .want_dsinks = true},
+  };
+  for (BackwardCase c : cases) {
+    c.dt = dt;
+    c.mask_dtype = dt.q;  // an additive mask in q's dtype (the forward allows any float)
+    check_case(c);
+    if (!every_option && c.what == std::string("all")) break;
+  }
+}
+
+class BackwardHalf : public BackendTest {};
+
+// Every option with half-precision gradients; F32 gradients of the same
+// inputs on the plain case and all options together (the kernels see no
+// difference: only the runtime's last rounding differs).
+TEST_P(BackwardHalf, Bf16) {
+  check_options(all_of(MHA_DTYPE_BF16, true));
+  check_options(all_of(MHA_DTYPE_BF16, false), false);
+}
+TEST_P(BackwardHalf, F16) {
+  check_options(all_of(MHA_DTYPE_F16, true));
+  check_options(all_of(MHA_DTYPE_F16, false), false);
+}
+
+// Dtypes that differ between the arguments, as the forward's rules allow
+// them: F32 q over a bf16 cache; f16 q over bf16 K and V with an F32 out and
+// dout; each gradient F32 or its own input's dtype.
+TEST_P(BackwardHalf, MixedDtypes) {
+  const int32_t f32 = MHA_DTYPE_F32, bf16 = MHA_DTYPE_BF16, f16 = MHA_DTYPE_F16;
+  const Dtypes mixes[] = {
+      {.q = f32, .kv = bf16, .out = f32, .dout = f32, .dq = f32, .dk = bf16, .dv = bf16},
+      {.q = f16, .kv = bf16, .out = f32, .dout = f32, .dq = f16, .dk = f32, .dv = bf16},
+      {.q = bf16, .kv = f16, .out = bf16, .dout = f32, .dq = f32, .dk = f16, .dv = f32},
+      {.q = f16, .kv = f16, .out = f32, .dout = f16, .dq = f16, .dk = f16, .dv = f16},
+  };
+  for (const Dtypes& dt : mixes) {
+    check_case({.what = "mixed", .B = 1, .Lq = 37, .Lk = 80, .dt = dt});
+    check_case({.what = "mixed, MQA, causal",
+                .B = 1,
+                .H = 3,
+                .Hkv = 1,
+                .Lq = 40,
+                .Lk = 40,
+                .causal = MHA_CAUSAL_TOP_LEFT,
+                .dt = dt});
+  }
+}
+
+// Split key chunks (1500 keys of one KV head: 3 chunks): a half-precision
+// dq is the fp32 sum of the chunks' shares, rounded once; and the same bits
+// for any thread count.
+TEST_P(BackwardHalf, SplitKeyChunks) {
+  for (const int32_t in : {MHA_DTYPE_BF16, MHA_DTYPE_F16}) {
+    check_case({.what = "chunks",
+                .B = 1,
+                .H = 2,
+                .Hkv = 1,
+                .Lq = 20,
+                .Lk = 1500,
+                .D = 16,
+                .Dv = 16,
+                .dt = all_of(in, true)});
+  }
+}
+
+TEST_P(BackwardHalf, BitIdenticalAcrossThreadCounts) {
+  for (const int32_t in : {MHA_DTYPE_BF16, MHA_DTYPE_F16}) {
+    const BackwardCase c{.what = "chunks",
+                         .B = 1,
+                         .H = 2,
+                         .Hkv = 1,
+                         .Lq = 70,
+                         .Lk = 1100,
+                         .D = 16,
+                         .Dv = 16,
+                         .dt = all_of(in, true)};
+    SCOPED_TRACE(describe_case(c));
+    BackwardRun run(c);
+    ASSERT_EQ(run.forward(), MHA_OK) << mha_last_error();
+    std::vector<float> first[3];
+    for (int32_t threads : {1, 2, 3}) {
+      ASSERT_EQ(mha_set_num_threads(threads), MHA_OK);
+      ASSERT_EQ(run.run(), MHA_OK) << mha_last_error();
+      const Arena* grads[3] = {&run.dq, &run.dk, &run.dv};
+      for (int g = 0; g < 3; ++g) {
+        if (first[g].empty()) {
+          first[g] = grads[g]->all();
+        } else {
+          EXPECT_TRUE(grads[g]->bits_equal(first[g]))
+              << "gradient " << g << ", " << threads << " threads";
+        }
+      }
+    }
+    ASSERT_EQ(mha_set_num_threads(0), MHA_OK);
+  }
+}
+
+// The check above can fail: dout stored as one half type but read as the
+// other (q's) -- what a kernel that took q's dtype for dout's would compute
+// -- puts dq, dk and dv far outside the tolerance, on every backend.  Only
+// dout's reading differs between the call and the reference.
+TEST_P(BackwardHalf, DoutReadAsTheWrongDtypeIsCaught) {
+  for (const int32_t in : {MHA_DTYPE_BF16, MHA_DTYPE_F16}) {
+    const int32_t other = in == MHA_DTYPE_BF16 ? MHA_DTYPE_F16 : MHA_DTYPE_BF16;
+    const BackwardCase c{.what = "mutation",
+                         .B = 1,
+                         .Lq = 37,
+                         .Lk = 80,
+                         .dt = {.q = in, .kv = in, .out = in, .dout = other}};
+    SCOPED_TRACE(describe_case(c));
+    BackwardRun run(c);
+    ASSERT_EQ(run.forward(), MHA_OK) << mha_last_error();
+    const mha_tensor stored = run.tdout;
+    run.tdout.dtype = in;  // the misreading
+    ASSERT_EQ(run.run(), MHA_OK) << mha_last_error();
+    run.tdout = stored;
+    const BackwardReference ref = reference_of(run, c);
+    const GradientErrors error = errors_of(run, ref);
+    EXPECT_GT(error.dq, 1.0);
+    EXPECT_GT(error.dk, 1.0);
+    EXPECT_GT(error.dv, 1.0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllBackends, BackwardHalf, ::testing::ValuesIn(backend_names()),
+                         backend_param_name);
+
 // ------------------------------------------------------------------ bad input
 
 class BackwardBadInput : public ::testing::Test {
@@ -367,11 +608,83 @@ TEST_F(BackwardBadInput, GradientsWithoutTheirInputs) {
   expect_refused(MHA_ERR_INVALID_VALUE, "dmask");
 }
 
-TEST_F(BackwardBadInput, HalfPrecisionNotYet) {
-  std::vector<uint16_t> half(static_cast<size_t>(2 * 8 * 8), 0);
-  mha_tensor hq = describe(half.data(), MHA_DTYPE_BF16, {1, 2, 8, 8});
-  run.tq = hq;
-  expect_refused(MHA_ERR_UNSUPPORTED, "q");
+// Dtypes the backward does not take, each refused by name with the
+// gradients untouched: the forward's mixtures (k and v differ, out neither
+// f32 nor q's dtype), dout neither f32 nor q's dtype, a gradient neither f32
+// nor its input's dtype, and an int8 KV cache.
+TEST_F(BackwardBadInput, DtypesRefusedByName) {
+  std::vector<uint16_t> half(static_cast<size_t>(2 * 8 * 8), 0x3C00);  // 1.0 in f16
+  std::vector<uint16_t> kv_half(static_cast<size_t>(8 * 8), 0x3C00);
+  std::vector<int8_t> kv_i8(static_cast<size_t>(8 * 8), 1);
+  std::vector<float> scales(8, 1.0f);
+  const auto t = [](void* data, int32_t dtype, const std::vector<int64_t>& shape) {
+    return describe(data, static_cast<mha_dtype>(dtype), shape);
+  };
+  const mha_tensor q_f16 = t(half.data(), MHA_DTYPE_F16, {1, 2, 8, 8});
+  const mha_tensor kv_f16 = t(kv_half.data(), MHA_DTYPE_F16, {1, 1, 8, 8});
+  const mha_tensor kv_bf16 = t(kv_half.data(), MHA_DTYPE_BF16, {1, 1, 8, 8});
+  const mha_tensor kv_int8 = t(kv_i8.data(), MHA_DTYPE_I8, {1, 1, 8, 8});
+  mha_tensor scale = describe(scales.data(), MHA_DTYPE_F32, {1, 1, 8});
+  struct Bad {
+    const char* what;
+    std::function<void(BackwardRun&)> change;
+    mha_status status;
+    const char* text;
+  };
+  const Bad cases[] = {
+      {"k and v differ", [&](BackwardRun& r) { r.tk = kv_f16; }, MHA_ERR_INVALID_DTYPE,
+       "v has dtype f32 but k has f16"},
+      {"out bf16 for f16 q",
+       [&](BackwardRun& r) {
+         r.tq = q_f16;
+         r.tout.dtype = MHA_DTYPE_BF16;
+       },
+       MHA_ERR_INVALID_DTYPE, "out has dtype bf16; it must be f32 or q's dtype (f16)"},
+      {"dout f16 for f32 q", [&](BackwardRun& r) { r.tdout.dtype = MHA_DTYPE_F16; },
+       MHA_ERR_INVALID_DTYPE, "dout has dtype f16; it must be f32 or q's dtype (f32)"},
+      {"dout bf16 for f16 q",
+       [&](BackwardRun& r) {
+         r.tq = q_f16;
+         r.tdout.dtype = MHA_DTYPE_BF16;
+       },
+       MHA_ERR_INVALID_DTYPE, "dout has dtype bf16; it must be f32 or q's dtype (f16)"},
+      {"dq bf16 for f16 q",
+       [&](BackwardRun& r) {
+         r.tq = q_f16;
+         r.tdq.dtype = MHA_DTYPE_BF16;
+       },
+       MHA_ERR_INVALID_DTYPE, "dq has dtype bf16; it must be f32 or q's dtype (f16)"},
+      {"dk f16 for bf16 k",
+       [&](BackwardRun& r) {
+         r.tk = kv_bf16;
+         r.tv = kv_bf16;
+         r.tdk.dtype = MHA_DTYPE_F16;
+       },
+       MHA_ERR_INVALID_DTYPE, "dk has dtype f16; it must be f32 or k's dtype (bf16)"},
+      {"dv bf16 for f32 v", [&](BackwardRun& r) { r.tdv.dtype = MHA_DTYPE_BF16; },
+       MHA_ERR_INVALID_DTYPE, "dv has dtype bf16; it must be f32 or v's dtype (f32)"},
+      {"dq i32", [&](BackwardRun& r) { r.tdq.dtype = MHA_DTYPE_I32; }, MHA_ERR_INVALID_DTYPE,
+       "dq has dtype i32"},
+      {"int8 K and V",
+       [&](BackwardRun& r) {
+         r.tk = kv_int8;
+         r.tv = kv_int8;
+         r.params.k_scale = &scale;
+         r.params.v_scale = &scale;
+       },
+       MHA_ERR_UNSUPPORTED, "k and v are I8"},
+  };
+  for (const Bad& bad : cases) {
+    SCOPED_TRACE(bad.what);
+    BackwardRun r(
+        BackwardCase{.what = "bad", .B = 1, .H = 2, .Hkv = 1, .Lq = 8, .Lk = 8, .D = 8, .Dv = 8});
+    bad.change(r);
+    const std::vector<float> dq = r.dq.all(), dk = r.dk.all(), dv = r.dv.all();
+    EXPECT_EQ(r.run(), bad.status) << mha_last_error();
+    EXPECT_NE(std::string(mha_last_error()).find(bad.text), std::string::npos) << mha_last_error();
+    EXPECT_TRUE(r.dq.bits_equal(dq) && r.dk.bits_equal(dk) && r.dv.bits_equal(dv))
+        << "a refused call wrote a gradient";
+  }
 }
 
 TEST_F(BackwardBadInput, UnknownStructSize) {

@@ -120,6 +120,46 @@ void for_each_offset(const mha_tensor& t, Fn&& fn) {
 
 // ------------------------------------------------------------------ guarded memory
 
+// Bytes per element of a dtype (0 for an unknown one).
+inline int64_t element_bytes(int32_t dtype) {
+  switch (dtype) {
+    case MHA_DTYPE_BOOL:
+    case MHA_DTYPE_I8:
+      return 1;
+    case MHA_DTYPE_F16:
+    case MHA_DTYPE_BF16:
+      return 2;
+    case MHA_DTYPE_F32:
+    case MHA_DTYPE_I32:
+      return 4;
+    case MHA_DTYPE_I64:
+      return 8;
+    default:
+      return 0;
+  }
+}
+
+// Of the `size` bytes at `now` (a buffer a descriptor `t` points into), the
+// number outside t's elements that differ from `before` (a copy taken
+// earlier): what a call wrote where it must not.
+inline int64_t changed_bytes_outside(const void* now, const void* before, size_t size,
+                                     const mha_tensor& t) {
+  const auto* bytes = static_cast<const unsigned char*>(now);
+  const auto* old = static_cast<const unsigned char*>(before);
+  std::vector<char> reached(size, 0);
+  const int64_t start = static_cast<const unsigned char*>(t.data) - bytes;
+  const int64_t width = element_bytes(t.dtype);
+  for_each_offset(t, [&](int64_t offset) {
+    for (int64_t k = 0; k < width; ++k)
+      reached[static_cast<size_t>(start + offset * width + k)] = 1;
+  });
+  int64_t changed = 0;
+  for (size_t i = 0; i < size; ++i) {
+    if (reached[i] == 0 && bytes[i] != old[i]) ++changed;
+  }
+  return changed;
+}
+
 // A float allocation with kGuard sentinel elements on either side of its payload.
 // Everything starts as the sentinel (a NaN with a recognisable payload: reading
 // it by mistake poisons a result, writing it by mistake is visible).
@@ -154,29 +194,10 @@ class Arena {
                     {s.strides[0], s.strides[1], s.strides[2], s.strides[3]});
   }
 
-  // Indices into all() that a descriptor into this arena reaches.
-  std::vector<char> reached_by(const mha_tensor& t) const {
-    std::vector<char> reached(data_.size(), 0);
-    const int64_t start = static_cast<const float*>(t.data) - data_.data();
-    for_each_offset(t, [&](int64_t offset) { reached[static_cast<size_t>(start + offset)] = 1; });
-    return reached;
-  }
-
-  // The bits of a float: NaN payloads and the sign of zero count.
-  static uint32_t bits_of(float x) {
-    uint32_t bits;
-    std::memcpy(&bits, &x, sizeof bits);
-    return bits;
-  }
-
-  // Number of elements outside `t`'s elements whose bits differ from `before`.
+  // Number of bytes outside `t`'s elements (of any dtype: a half-precision
+  // tensor may live in an arena too) that differ from `before`.
   int64_t changed_outside(const mha_tensor& t, const std::vector<float>& before) const {
-    const std::vector<char> reached = reached_by(t);
-    int64_t changed = 0;
-    for (size_t i = 0; i < data_.size(); ++i) {
-      if (!reached[i] && bits_of(data_[i]) != bits_of(before[i])) ++changed;
-    }
-    return changed;
+    return changed_bytes_outside(data_.data(), before.data(), data_.size() * sizeof(float), t);
   }
 
   bool bits_equal(const std::vector<float>& before) const {

@@ -888,6 +888,21 @@ mha_tensor describe_array(NpyArray& array, mha_dtype dtype, const std::string& w
   return describe(array, dtype, what, add_batch);
 }
 
+mha_tensor describe_input(TypedInput& input, const std::string& what, bool add_batch) {
+  return describe(input, what, add_batch);
+}
+
+TypedInput read_typed_input(const char* flag, const std::string& path, mha_dtype dtype,
+                            const char* role) {
+  NpyArray a = read_input(flag, path);
+  if (!is_float(a.dtype())) {
+    throw ToolError(label(flag, path) + ": " + role +
+                    " must be float32 (<f4), float16 (<f2) or float64 (<f8); the file holds " +
+                    a.describe());
+  }
+  return convert_float_input(std::move(a), dtype, label(flag, path));
+}
+
 // ---------------------------------------------------------------- counting
 
 int64_t count_attention_pairs(const AttentionCall& call) {

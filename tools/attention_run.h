@@ -160,6 +160,17 @@ Timing time_attention(AttentionCall& call, int repeat);
 mha_tensor describe_array(NpyArray& array, mha_dtype dtype, const std::string& what,
                           bool add_batch = false);
 
+// A descriptor over an input in its dtype, shape and strides (add_batch as
+// describe_array's).  Throws ToolError naming `what`.
+mha_tensor describe_input(TypedInput& input, const std::string& what, bool add_batch = false);
+
+// A float .npy input (float32, float16 or float64, any shape) as `dtype`
+// (F32, BF16 or F16), converted as convert_float_input converts Q: rounded
+// once to nearest even, said under MHA_VERBOSE=1.  Another file dtype is
+// refused (ToolError naming the flag, the file and `role`).
+TypedInput read_typed_input(const char* flag, const std::string& path, mha_dtype dtype,
+                            const char* role);
+
 // The number of (batch, head, query, key) tuples that take part: the pairs
 // left by the causal mode, the window, the valid lengths, a bool mask (true) and an
 // additive mask (not -inf); for a packed batch, per sequence with its own

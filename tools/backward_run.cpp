@@ -1,21 +1,68 @@
 #include "backward_run.h"
 
 #include <CLI/CLI.hpp>
+#include <cstddef>
 #include <optional>
 #include <vector>
 
+#include "common/dtype.h"
 #include "tool_util.h"
 
 namespace mha_tools {
 namespace {
 
-// The gradients' arrays and descriptors (F32, the shapes of what they
-// differentiate).
+// A gradient of Q, K or V: mha writes it in `dtype` (F32, or its input's
+// dtype), `file` is what its .npy gets.  F32 and F16 are written straight
+// into the file's array (NumPy has both); BF16 into `bf16`, then widened
+// into a float32 file -- exactly: NumPy has no bfloat16, and every bf16
+// value is a float32.
+struct Gradient {
+  mha_dtype dtype = MHA_DTYPE_F32;
+  NpyArray file;
+  TypedInput bf16;
+  mha_tensor t{};
+};
+
+Gradient make_gradient(mha_dtype dtype, const std::vector<int64_t>& shape, const char* flag,
+                       bool add_batch) {
+  Gradient g;
+  g.dtype = dtype;
+  g.file = NpyArray(dtype == MHA_DTYPE_F16 ? NpyDtype::F16 : NpyDtype::F32, shape);
+  if (dtype != MHA_DTYPE_BF16) {
+    g.t = describe_array(g.file, dtype, flag, add_batch);
+    return g;
+  }
+  g.bf16.dtype = MHA_DTYPE_BF16;
+  g.bf16.shape = shape;
+  g.bf16.strides = g.file.strides();
+  g.bf16.converted.assign(static_cast<std::size_t>(g.file.size()) / 4 + 1, 0);  // 2 bytes each
+  g.t = describe_input(g.bf16, flag, add_batch);
+  return g;
+}
+
+// The file's values once mha has written the gradient.
+void widen_to_file(Gradient& g) {
+  if (g.dtype != MHA_DTYPE_BF16) return;
+  float* to = g.file.data_as<float>();
+  for (int64_t i = 0; i < g.file.size(); ++i) {
+    to[i] = mha_types::load_float(g.bf16.data(), MHA_DTYPE_BF16, i);
+  }
+}
+
+// The gradients' arrays and descriptors (the shapes of what they
+// differentiate; dsinks and dmask F32).
 struct Gradients {
-  NpyArray dq, dk, dv, dsinks, dmask;
-  mha_tensor tdq{}, tdk{}, tdv{};
+  Gradient dq, dk, dv;
+  NpyArray dsinks, dmask;
   std::optional<mha_tensor> tdsinks, tdmask;
 };
+
+// --grad-dtype: F32, or the input's dtype ("input"; an int8 cache, which
+// the backward refuses, keeps F32 so that the library says why).
+mha_dtype gradient_dtype(const std::string& grad_dtype, int32_t input) {
+  if (grad_dtype != "input" || input == MHA_DTYPE_I8) return MHA_DTYPE_F32;
+  return static_cast<mha_dtype>(input);
+}
 
 std::vector<int64_t> shape_of(const mha_tensor& t, bool drop_batch) {
   std::vector<int64_t> shape(t.shape + (drop_batch ? 1 : 0), t.shape + t.ndim);
@@ -63,15 +110,27 @@ void add_backward_options(CLI::App& app, BackwardOptions& o) {
   add_attention_options(app, o);
   const CLI::Validator& filled = non_empty();
   app.add_option("--dout", o.dout,
-                 "the gradient of the loss by the output: float32 [B,H,Lq,Dv] .npy ([H,Lq,Dv] "
-                 "for rank-3 inputs)")
+                 "the gradient of the loss by the output: float32 or float16 [B,H,Lq,Dv] .npy "
+                 "([H,Lq,Dv] for rank-3 inputs; float64 too), passed as --dtype")
       ->check(filled);
-  app.add_option("--dq", o.dq, "gradient of Q to write: float32 .npy of Q's shape")->check(filled);
+  app.add_option("--dq", o.dq,
+                 "gradient of Q to write: .npy of Q's shape, in --grad-dtype (float16 for f16; "
+                 "bf16 values as float32, which holds them exactly)")
+      ->check(filled);
   app.add_option("--dk", o.dk,
-                 "gradient of K to write: float32 .npy of K's shape (summed over "
-                 "each KV head's query heads)")
+                 "gradient of K to write: .npy of K's shape (summed over "
+                 "each KV head's query heads), in --grad-dtype")
       ->check(filled);
-  app.add_option("--dv", o.dv, "gradient of V to write: float32 .npy of V's shape")->check(filled);
+  app.add_option("--dv", o.dv, "gradient of V to write: .npy of V's shape, in --grad-dtype")
+      ->check(filled);
+  app.add_option("--grad-dtype", o.grad_dtype,
+                 "the dtype mha computes the gradients in: input (the default: dQ in --dtype, dK "
+                 "and dV in --kv-dtype, as PyTorch's autograd returns them; float32 inputs give "
+                 "float32 gradients) or f32. Either way mha accumulates in float32 and rounds "
+                 "once")
+      ->check(filled)
+      ->check(CLI::IsMember({"input", "f32"}))
+      ->option_text("input|f32");
   app.add_option("--dsinks", o.dsinks, "gradient of --sinks to write: float32 [H] .npy")
       ->check(filled);
   app.add_option("--dmask", o.dmask,
@@ -101,15 +160,18 @@ int run_backward_command(const BackwardOptions& o) {
     }
     call_attention(call);
 
-    NpyArray dout = read_float_input("--dout", o.dout);
-    const mha_tensor tdout = describe_array(dout, MHA_DTYPE_F32, "--dout", b1);
+    // dout in Q's dtype (the dtypes the backward takes for it are out's: F32
+    // or Q's), converted like --mask.
+    const auto q_dtype = static_cast<mha_dtype>(call.q.dtype);
+    TypedInput dout = read_typed_input("--dout", o.dout, q_dtype, "dout");
+    const mha_tensor tdout = describe_input(dout, "--dout", b1);
     Gradients g;
-    g.dq = NpyArray(NpyDtype::F32, shape_of(call.q, b1));
-    g.dk = NpyArray(NpyDtype::F32, shape_of(call.k, b1));
-    g.dv = NpyArray(NpyDtype::F32, shape_of(call.v, b1));
-    g.tdq = describe_array(g.dq, MHA_DTYPE_F32, "--dq", b1);
-    g.tdk = describe_array(g.dk, MHA_DTYPE_F32, "--dk", b1);
-    g.tdv = describe_array(g.dv, MHA_DTYPE_F32, "--dv", b1);
+    g.dq =
+        make_gradient(gradient_dtype(o.grad_dtype, call.q.dtype), shape_of(call.q, b1), "--dq", b1);
+    g.dk =
+        make_gradient(gradient_dtype(o.grad_dtype, call.k.dtype), shape_of(call.k, b1), "--dk", b1);
+    g.dv =
+        make_gradient(gradient_dtype(o.grad_dtype, call.v.dtype), shape_of(call.v, b1), "--dv", b1);
     mha_backward_params backward;
     mha_backward_params_init(&backward);
     if (!o.dsinks.empty() && call.sinks) {
@@ -126,27 +188,29 @@ int run_backward_command(const BackwardOptions& o) {
     params.lse = nullptr;
     const auto run = [&] {
       const mha_status status =
-          mha_attention_backward(&call.q, &call.k, &call.v, &call.out, &*call.lse, &tdout, &g.tdq,
-                                 &g.tdk, &g.tdv, &params, &backward);
+          mha_attention_backward(&call.q, &call.k, &call.v, &call.out, &*call.lse, &tdout, &g.dq.t,
+                                 &g.dk.t, &g.dv.t, &params, &backward);
       if (status != MHA_OK) {
         throw ToolError(std::string("mha_attention_backward failed (") + mha_status_name(status) +
                         "): " + mha_last_error());
       }
     };
     run();
+    for (Gradient* grad : {&g.dq, &g.dk, &g.dv}) widen_to_file(*grad);
     std::vector<const NpyArray*> arrays;  // in the order of backward_outputs()
     if (!o.lse.empty()) arrays.push_back(&call.lse_array);
     if (!o.out.empty()) arrays.push_back(&call.out_array);
     if (!o.dsinks.empty()) arrays.push_back(&g.dsinks);
     if (!o.dmask.empty()) arrays.push_back(&g.dmask);
-    arrays.push_back(&g.dv);
-    arrays.push_back(&g.dk);
-    arrays.push_back(&g.dq);
+    arrays.push_back(&g.dv.file);
+    arrays.push_back(&g.dk.file);
+    arrays.push_back(&g.dq.file);
     outputs.commit(arrays);
     if (o.repeat > 0) {
       const Timing timing = time_calls(run, o.repeat);
       // FlashAttention-2's count: 2.5 times the forward's useful FLOPs.
-      print_stdout_line(timing_json(timing, 2.5 * attention_flops(call)));
+      print_stdout_line(timing_json(timing, 2.5 * attention_flops(call),
+                                    Dtypes{q_dtype, static_cast<mha_dtype>(call.k.dtype)}));
     }
     return kExitOk;
   });

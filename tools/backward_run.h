@@ -2,9 +2,10 @@
 // attention mode's flags (the forward call it differentiates: --q --k --v,
 // masks, causal, window, variants, --scale, --backend, --threads, --repeat),
 // computes the forward (whose --out and --lse it writes when named), then
-// mha_attention_backward with --dout, and writes --dq --dk --dv (and
-// --dsinks, --dmask when named).  Every output is replaced only once all are
-// written.
+// mha_attention_backward with --dout (in --dtype, as --mask), and writes
+// --dq --dk --dv in --grad-dtype (their inputs' dtypes by default; bf16
+// values in float32 files) and --dsinks, --dmask when named.  Every output
+// is replaced only once all are written.
 #pragma once
 
 #include <string>
@@ -20,6 +21,7 @@ namespace mha_tools {
 struct BackwardOptions : AttentionOptions {
   std::string dout;                       // the loss's gradient by the output, [B,H,Lq,Dv]
   std::string dq, dk, dv, dsinks, dmask;  // outputs (dsinks, dmask: when named)
+  std::string grad_dtype = "input";       // input (each gradient in its input's dtype) or f32
 };
 
 // Registers the attention flags and --dout, --dq, --dk, --dv, --dsinks, --dmask.

@@ -12,7 +12,10 @@
 //   dV += (P ∘ Z)ᵀ·dO,   dK += dSᵀ·Q     (the block's, in scratch over the item)
 //   dQ += dS·K           (added to the item's dq rows)
 // Scores have the keys along the vector lanes: a row's LSE and delta are
-// scalars, so the epilogue needs no horizontal operation.  Every sum has a
+// scalars, so the epilogue needs no horizontal operation.  BF16 and F16 Q,
+// K, V and dO are widened to fp32 as they are packed (convert.hpp, the dtype
+// a template parameter of the load); the products, the epilogue and every
+// output are fp32 (the runtime rounds half-precision gradients).  Every sum has a
 // fixed order (key blocks, heads, query tiles as listed): the same bits on
 // any number of threads.
 #pragma once
@@ -29,6 +32,7 @@
 #include "common/dropout.h"
 #include "common/problem.h"
 #include "simd/blocking.hpp"
+#include "simd/convert.hpp"
 #include "simd/dropout_simd.hpp"
 #include "simd/exp2.hpp"
 #include "simd/gemm_tile.hpp"
@@ -130,23 +134,46 @@ class BackwardKernel {
 
  private:
   // K's rows, Kᵀ and Vᵀ of keys [j0, j0 + n); key columns past n are zeros.
+  // V's rows are widened into the block's dV tile first (zeroed after this,
+  // before the products): it holds exactly [BK][dvp].
   static void pack_keys(const mha_kernel_problem& p, const mha_backward_item& item, int64_t j0,
                         int64_t n, const Tiles& t) {
     std::fill_n(t.kt, t.dp_ * BK, 0.0f);
     std::fill_n(t.vt, t.dvp * BK, 0.0f);
+    widen_key_rows(p, p.k, p.k_strides, item, j0, n, p.d, t.k, t.dp_);
+    widen_key_rows(p, p.v, p.v_strides, item, j0, n, p.dv, t.dv, t.dvp);
     for (int64_t r = 0; r < n; ++r) {
-      float* k = t.k + r * t.dp_;
-      mha_kernel::widen_row(p.k, p.kv_dtype,
-                            mha_kernel::kv_offset(p, p.k_strides, item.b, item.kv_head, j0 + r),
-                            p.k_strides[3], p.d, 1.0f, k);
-      std::fill(k + p.d, k + t.dp_, 0.0f);
-      for (int64_t x = 0; x < p.d; ++x) t.kt[x * BK + r] = k[x];
-      // V's row goes through the dq tile (free until the products).
-      mha_kernel::widen_row(p.v, p.kv_dtype,
-                            mha_kernel::kv_offset(p, p.v_strides, item.b, item.kv_head, j0 + r),
-                            p.v_strides[3], p.dv, 1.0f, t.dq);
-      for (int64_t x = 0; x < p.dv; ++x) t.vt[x * BK + r] = t.dq[x];
+      for (int64_t x = 0; x < p.d; ++x) t.kt[x * BK + r] = t.k[r * t.dp_ + x];
+      for (int64_t x = 0; x < p.dv; ++x) t.vt[x * BK + r] = t.dv[r * t.dvp + x];
     }
+  }
+
+  // Rows of keys [j0, j0 + n) of K or V (data, strides), `cols` elements
+  // each, widened to fp32 rows of `padded` floats (the padding zeroed).
+  static void widen_key_rows(const mha_kernel_problem& p, const void* data, const int64_t* strides,
+                             const mha_backward_item& item, int64_t j0, int64_t n, int64_t cols,
+                             float* dst, int64_t padded) {
+    mha_kernel::for_each_kv_run(p, j0, n, [&](int64_t t0, int64_t m) {
+      const int64_t first = mha_kernel::kv_offset(p, strides, item.b, item.kv_head, j0 + t0);
+      with_dtype(p.kv_dtype, [&](auto kv) {
+        constexpr int32_t kKv = decltype(kv)::value;
+        widen_rows<Arch, kKv>(static_cast<const element_t<kKv>*>(data) + first, strides[2],
+                              strides[3], m, cols, nullptr, 0, dst + t0 * padded, padded);
+      });
+    });
+  }
+
+  // Rows [i0, i0 + n) of head h of Q or dO (data of `dtype`, strides),
+  // widened likewise.
+  static void widen_query_rows(const void* data, int32_t dtype, const int64_t* strides, int64_t b,
+                               int64_t h, int64_t i0, int64_t n, int64_t cols, float* dst,
+                               int64_t padded) {
+    const int64_t first = b * strides[0] + h * strides[1] + i0 * strides[2];
+    with_dtype(dtype, [&](auto dt) {
+      constexpr int32_t kDt = decltype(dt)::value;
+      widen_rows<Arch, kDt>(static_cast<const element_t<kDt>*>(data) + first, strides[2],
+                            strides[3], n, cols, nullptr, 0, dst, padded);
+    });
   }
 
   // dmask of every query of head (h0 + hl) and keys [j0, j0 + n) that the
@@ -166,19 +193,8 @@ class BackwardKernel {
                    int64_t hl, int64_t q0, int64_t nq, int64_t j0, int64_t n, const Tiles& t) {
     const mha_kernel_problem& p = *bp.forward;
     const int64_t b = item.b;
-    for (int64_t r = 0; r < nq; ++r) {
-      float* q = t.q + r * t.dp_;
-      mha_kernel::widen_row(p.q, p.q_dtype,
-                            b * p.q_strides[0] + h * p.q_strides[1] + (q0 + r) * p.q_strides[2],
-                            p.q_strides[3], p.d, 1.0f, q);
-      std::fill(q + p.d, q + t.dp_, 0.0f);
-      float* g = t.dout + r * t.dvp;
-      mha_kernel::widen_row(
-          bp.dout, bp.dout_dtype,
-          b * bp.dout_strides[0] + h * bp.dout_strides[1] + (q0 + r) * bp.dout_strides[2],
-          bp.dout_strides[3], p.dv, 1.0f, g);
-      std::fill(g + p.dv, g + t.dvp, 0.0f);
-    }
+    widen_query_rows(p.q, p.q_dtype, p.q_strides, b, h, q0, nq, p.d, t.q, t.dp_);
+    widen_query_rows(bp.dout, bp.dout_dtype, bp.dout_strides, b, h, q0, nq, p.dv, t.dout, t.dvp);
     // S = Q·Kᵀ and dP = dO·Vᵀ, whole key blocks (columns past n are 0).
     Product<false>::run(nq, BK, p.d, t.q, t.dp_, 1, t.kt, BK, t.s, BK);
     Product<false>::run(nq, BK, p.dv, t.dout, t.dvp, 1, t.vt, BK, t.ds, BK);

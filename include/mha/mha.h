@@ -241,20 +241,25 @@ MHA_API void mha_backward_params_init(mha_backward_params* backward);
  * The gradients of mha_attention (FlashAttention-2's backward: the weights
  * are recomputed tile by tile from q, k and the LSE, so memory does not grow
  * with Lq·Lk).
- *   q, k, v, params  the forward call's (params->lse is ignored: pass the LSE
- *                    as lse)
- *   out   [B, H, Lq, Dv]  the forward's output
+ *   q, k, v, params  the forward call's, with its dtypes (params->lse is
+ *                    ignored: pass the LSE as lse)
+ *   out   [B, H, Lq, Dv]  the forward's output (F32 or q's dtype)
  *   lse   F32 [B, H, Lq]  the forward's LSE (params->lse of that call)
- *   dout  [B, H, Lq, Dv]  dL/dout
- *   dq    F32 [B, H, Lq, D]     written: dL/dq
- *   dk    F32 [B, Hkv, Lk, D]   written: dL/dk (summed over each group's query heads)
- *   dv    F32 [B, Hkv, Lk, Dv]  written: dL/dv
+ *   dout  [B, H, Lq, Dv]  dL/dout, F32 or q's dtype (the dtypes out takes)
+ *   dq    [B, H, Lq, D]     written: dL/dq, F32 or q's dtype
+ *   dk    [B, Hkv, Lk, D]   written: dL/dk (summed over each group's query
+ *                           heads), F32 or k's dtype
+ *   dv    [B, Hkv, Lk, Dv]  written: dL/dv, F32 or v's dtype
  * Every option of the forward is taken: causal (both alignments), valid
  * lengths, bool and additive masks, dropout (the same weights dropped: the
  * counter-based rule is regenerated, never stored), the sliding window,
- * softcap (through tanh's derivative), ALiBi and sinks.  q, k, v, out and
- * dout are F32 for now; int8 K and V are refused.  The results are the same
- * bits for any thread count.  A row in which no key takes part gets zero
+ * softcap (through tanh's derivative), ALiBi and sinks.  BF16 and F16 inputs
+ * are widened to fp32 as they are read, as in the forward: every product and
+ * sum is fp32, delta = rowsum(dout ∘ out) included (from the out given, so a
+ * half-precision out rounds its terms); a half-precision gradient is
+ * accumulated in fp32 and rounded once, at the end (to nearest, ties to
+ * even).  int8 K and V are refused.  The results are the same bits for any
+ * thread count.  A row in which no key takes part gets zero
  * gradients.  The outputs must not overlap each other or any input.
  * backward may be NULL.
  */

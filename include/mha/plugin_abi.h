@@ -212,7 +212,9 @@ typedef struct mha_backward_problem {
  *   - when dmask is not NULL, writes (=) dL/dlogit of every pair (h, i, j) of
  *     its keys to dmask + (h - h0) * dmask_strides[0] + i * dmask_strides[1]
  *     + (j - k_begin) * dmask_strides[2] (0 where the key does not take part).
- * Everything is fp32.  Items of the same batch and KV head with other key
+ * Everything is fp32 (Q, K, V and dO of a half dtype are widened as they are
+ * read; a half-precision gradient is the runtime's to round: it hands the
+ * kernel fp32 buffers).  Items of the same batch and KV head with other key
  * ranges run on other threads: a kernel writes nothing else.  Their order of
  * summation is the kernel's own -- fixed, never dependent on the thread.
  */

@@ -861,30 +861,67 @@ int write_dout(const std::string& dir) {
 }
 
 // The gradients mha-run wrote against reference_backward on the same call
-// (the tool's own loading builds the descriptors; the reference is
-// independent), with test_backward's tolerance.
+// (the tool's own loading builds the descriptors of Q, K and V; dout is
+// rounded to Q's dtype here, as mha-run documents it; the reference is
+// independent), with test_backward's tolerance for the gradients' dtype.
+// Each file must hold its --grad-dtype: float16 for f16, float32 for f32,
+// and for bf16 float32 values that bf16 holds exactly.
 int check_backward(const mha_tools::BackwardOptions& o) {
   mha_tools::AttentionInputs in = mha_tools::load_attention_inputs(o);
   mha_tools::AttentionCall call = mha_tools::prepare_attention_call(in, o);
   NpyArray dout = as_f32(load_c(o.dout));
-  const mha_tensor tdout = c_order_tensor(dout, MHA_DTYPE_F32, 4);
+  mha_test::TypedCopy tdout(c_order_tensor(dout, MHA_DTYPE_F32, 4), call.q.dtype);
   const mha_attention_params params = call.params();
-  const mha_test::BackwardReference ref =
-      mha_test::reference_backward(call.q, call.k, call.v, tdout, &params);
+  // With --out (the forward's output mha-run handed the backward): delta
+  // from it, as the backward defines it -- bf16 inputs may have taken the
+  // bf16 dot-product forward, whose out carries P's rounding.
+  std::optional<NpyArray> out;
+  mha_tensor tout{};
+  if (!o.out.empty()) {
+    out = as_f32(load_c(o.out));
+    tout = c_order_tensor(*out, MHA_DTYPE_F32, 4);
+  }
+  const mha_test::BackwardReference ref = mha_test::reference_backward(
+      call.q, call.k, call.v, tdout.get(), &params, false, out ? &tout : nullptr);
+  std::printf("dtypes: q %s, k and v %s, dout %s, gradients %s\n",
+              mha_types::dtype_name(call.q.dtype), mha_types::dtype_name(call.k.dtype),
+              mha_types::dtype_name(tdout.get().dtype), o.grad_dtype.c_str());
   int failures = 0;
   const auto compare = [&](const std::string& path, const std::vector<double>& want, double terms,
-                           const char* name) {
-    NpyArray got = as_f32(load_c(path));
-    const mha_tensor t = c_order_tensor(got, MHA_DTYPE_F32, 4);
-    const double error = mha_test::max_abs_diff(t, want);
-    const double tol = 2e-5 * mha_test::max_abs(want) + std::ldexp(terms, -18) +
-                       8.0 * std::ldexp(ref.max_abs_logit, -24) * terms;
-    std::printf("%s: max error %.3g, tolerance %.3g\n", name, error, tol);
-    if (!(error <= tol)) ++failures;
+                           int32_t input_dtype, const char* name) {
+    const int32_t dtype = o.grad_dtype == "input" ? input_dtype : MHA_DTYPE_F32;
+    NpyArray file = load_c(path);
+    const NpyDtype expected = dtype == MHA_DTYPE_F16 ? NpyDtype::F16 : NpyDtype::F32;
+    if (file.dtype() != expected) {
+      std::printf("%s: the file holds %s, expected %s for %s\n", name, file.describe().c_str(),
+                  expected == NpyDtype::F16 ? "float16" : "float32", mha_types::dtype_name(dtype));
+      ++failures;
+      return;
+    }
+    NpyArray got = as_f32(file);
+    mha_tensor t = c_order_tensor(got, MHA_DTYPE_F32, 4);
+    // The values as the dtype they were computed in (exact when they are
+    // that dtype's values), so that the tolerance adds its rounding.
+    mha_test::TypedCopy typed(t, dtype);
+    for (int64_t i = 0; dtype != MHA_DTYPE_F32 && i < got.size(); ++i) {
+      const double stored = got.value_as_double(i);
+      const double as_typed =
+          mha_test::half_bits_value(static_cast<const uint16_t*>(typed.get().data)[i], dtype);
+      if (stored != as_typed && !std::isnan(stored)) {
+        std::printf("%s: element %lld is %.9g, not a %s value\n", name, static_cast<long long>(i),
+                    stored, mha_types::dtype_name(dtype));
+        ++failures;
+        return;
+      }
+    }
+    const double error = mha_test::gradient_error(typed.get(), want, terms, ref.max_abs_logit);
+    std::printf("%s (%s): worst error / tolerance %.3g\n", name, mha_types::dtype_name(dtype),
+                error);
+    if (!(error <= 1.0)) ++failures;
   };
-  compare(o.dq, ref.dq, ref.terms_dq, "dq");
-  compare(o.dk, ref.dk, ref.terms_dk, "dk");
-  compare(o.dv, ref.dv, ref.terms_dv, "dv");
+  compare(o.dq, ref.dq, ref.terms_dq, call.q.dtype, "dq");
+  compare(o.dk, ref.dk, ref.terms_dk, call.k.dtype, "dk");
+  compare(o.dv, ref.dv, ref.terms_dv, call.v.dtype, "dv");
   if (!o.dsinks.empty()) {
     NpyArray got = as_f32(load_c(o.dsinks));
     const double tol = 2e-5 * mha_test::max_abs(ref.dsinks) + std::ldexp(ref.terms_dsinks, -18);
@@ -897,6 +934,7 @@ int check_backward(const mha_tools::BackwardOptions& o) {
       }
     }
   }
+  std::printf("%s\n", failures == 0 ? "PASS" : "FAIL");
   return failures == 0 ? 0 : 1;
 }
 
