@@ -326,15 +326,22 @@ bool outputs_keep_contract(const std::string& prefix, mha_status status, const s
 
 // ------------------------------------------------------------------ one case
 
-int run_case(FuzzedDataProvider& fdp) {
-  g_case.clear();
+// The start of every case: the backend and the thread count, drawn in the
+// same order everywhere (older corpus entries keep their meaning); g_case
+// names them after `kind`.
+std::string start_case(FuzzedDataProvider& fdp, const char* kind) {
   const auto& backends = usable_backends();
   const std::string& backend = backends[fdp.ConsumeIntegral<uint8_t>() % backends.size()];
   const int32_t threads = fdp.ConsumeIntegralInRange<int32_t>(1, 4);
   use_backend(backend);
   if (mha_set_num_threads(threads) != MHA_OK) finding("mha_set_num_threads failed");
-  g_case = "backend " + backend;
+  g_case = std::string(kind) + "backend " + backend;
   note(" threads %d", threads);
+  return backend;
+}
+
+int run_case(FuzzedDataProvider& fdp) {
+  const std::string backend = start_case(fdp, "");
 
   // ---- shapes
   const int64_t B = fdp.ConsumeIntegralInRange<int64_t>(1, 3);
@@ -917,14 +924,7 @@ void draw_variants(FuzzedDataProvider& fdp, mha_test::Rng& rng, int64_t B, int64
 }
 
 int run_varlen_case(FuzzedDataProvider& fdp) {
-  g_case = "varlen: ";
-  const auto& backends = usable_backends();
-  const std::string& backend = backends[fdp.ConsumeIntegral<uint8_t>() % backends.size()];
-  const int32_t threads = fdp.ConsumeIntegralInRange<int32_t>(1, 4);
-  use_backend(backend);
-  if (mha_set_num_threads(threads) != MHA_OK) finding("mha_set_num_threads failed");
-  g_case += "backend " + backend;
-  note(" threads %d", threads);
+  const std::string backend = start_case(fdp, "varlen: ");
 
   // ---- shapes: B sequences of their own lengths
   const int64_t B = fdp.ConsumeIntegralInRange<int64_t>(1, 6);
@@ -1513,14 +1513,7 @@ void shuffle_in_place(std::vector<T>& values, mha_test::Rng& rng) {
 // value of its range: a case whose bytes run out, all of them then 0, is
 // valid.)
 int run_paged_case(FuzzedDataProvider& fdp) {
-  g_case = "paged: ";
-  const auto& backends = usable_backends();
-  const std::string& backend = backends[fdp.ConsumeIntegral<uint8_t>() % backends.size()];
-  const int32_t threads = fdp.ConsumeIntegralInRange<int32_t>(1, 4);
-  use_backend(backend);
-  if (mha_set_num_threads(threads) != MHA_OK) finding("mha_set_num_threads failed");
-  g_case += "backend " + backend;
-  note(" threads %d", threads);
+  const std::string backend = start_case(fdp, "paged: ");
   mha_test::Rng rng(fdp.ConsumeIntegral<uint64_t>());
 
   // ---- shapes: B sequences, each with seqused_k keys in the cache and a few
@@ -2109,13 +2102,7 @@ int run_paged_case(FuzzedDataProvider& fdp) {
 // dtype it cannot have among them) and must be refused with a message and
 // the gradients untouched.
 int run_backward_case(FuzzedDataProvider& fdp) {
-  g_case.clear();
-  const auto& backends = usable_backends();
-  const std::string& backend = backends[fdp.ConsumeIntegral<uint8_t>() % backends.size()];
-  use_backend(backend);
-  if (mha_set_num_threads(fdp.ConsumeIntegralInRange<int32_t>(1, 4)) != MHA_OK) {
-    finding("mha_set_num_threads failed");
-  }
+  const std::string backend = start_case(fdp, "backward: ");
   const int64_t hkv = fdp.ConsumeIntegralInRange<int64_t>(1, 2);
   const int64_t B = fdp.ConsumeIntegralInRange<int64_t>(1, 2);
   const int64_t H = hkv * fdp.ConsumeIntegralInRange<int64_t>(1, 3);
@@ -2123,7 +2110,6 @@ int run_backward_case(FuzzedDataProvider& fdp) {
   const int64_t Lk = fdp.ConsumeIntegralInRange<int64_t>(1, 150);
   const int64_t D = fdp.ConsumeIntegralInRange<int64_t>(1, 40);
   const int64_t Dv = fdp.ConsumeIntegralInRange<int64_t>(1, 40);
-  g_case = "backward: backend " + backend;
   note(" B %lld H %lld/%lld Lq %lld Lk %lld D %lld Dv %lld", static_cast<long long>(B),
        static_cast<long long>(H), static_cast<long long>(hkv), static_cast<long long>(Lq),
        static_cast<long long>(Lk), static_cast<long long>(D), static_cast<long long>(Dv));
@@ -2326,13 +2312,7 @@ mha_tensor rows3(Guarded& g, int64_t b, int64_t l, int64_t f, bool seq_first) {
 }
 
 int run_module_backward_case(FuzzedDataProvider& fdp) {
-  g_case.clear();
-  const auto& backends = usable_backends();
-  const std::string& backend = backends[fdp.ConsumeIntegral<uint8_t>() % backends.size()];
-  use_backend(backend);
-  if (mha_set_num_threads(fdp.ConsumeIntegralInRange<int32_t>(1, 4)) != MHA_OK) {
-    finding("mha_set_num_threads failed");
-  }
+  const std::string backend = start_case(fdp, "module backward: ");
   const int64_t B = fdp.ConsumeIntegralInRange<int64_t>(1, 2);
   const int64_t H = fdp.ConsumeIntegralInRange<int64_t>(1, 3);
   const int64_t E = H * fdp.ConsumeIntegralInRange<int64_t>(1, 8);
@@ -2345,7 +2325,6 @@ int run_module_backward_case(FuzzedDataProvider& fdp) {
       inputs == 2 || fdp.ConsumeBool() ? Eq : fdp.ConsumeIntegralInRange<int64_t>(1, 20);
   const int64_t Ev = inputs != 0 ? Ek : fdp.ConsumeIntegralInRange<int64_t>(1, 20);
   const bool bias = fdp.ConsumeBool(), seq_first = fdp.ConsumeBool();
-  g_case = "module backward: backend " + backend;
   note(" B %lld H %lld E %lld Eq/Ek/Ev %lld/%lld/%lld Lq %lld Lk %lld inputs %d bias %d seq %d",
        static_cast<long long>(B), static_cast<long long>(H), static_cast<long long>(E),
        static_cast<long long>(Eq), static_cast<long long>(Ek), static_cast<long long>(Ev),
