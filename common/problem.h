@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "common/dropout.h"
 #include "common/dtype.h"
 #include "common/visibility.h"
 
@@ -143,10 +144,20 @@ inline float alibi_slope(const mha_kernel_problem& p, int64_t b, int64_t h) {
              : p.alibi_slopes[b * p.alibi_strides[0] + h * p.alibi_strides[1]];
 }
 
-// ALiBi's distance of query i to key j: |i + Lk - Lq - j|.
+// ALiBi's distance of query i to key j: |i + Lk - Lq - j| on the full
+// problem's positions, i.e. |i - j + alibi_diag| in this call's.
 inline int64_t alibi_distance(const mha_kernel_problem& p, int64_t i, int64_t j) {
-  const int64_t d = i + p.lk - p.lq - j;
+  const int64_t d = i - j + p.alibi_diag;
   return d < 0 ? -d : d;
+}
+
+// The dropout hash of row (b, h, i), in the form mha_dropout::keep takes
+// with this call's key index j: the row of the full problem (query_offset +
+// i of full_lq), its key offset folded in (keep adds j · kKeyStep, and
+// (key_offset + j) · kKeyStep = key_offset · kKeyStep + j · kKeyStep mod 2^32).
+inline uint32_t dropout_row_key(const mha_kernel_problem& p, int64_t b, int64_t h, int64_t i) {
+  return mha_dropout::row_key(p.dropout_seed, b, h, p.query_offset + i, p.heads, p.full_lq) +
+         static_cast<uint32_t>(p.key_offset) * mha_dropout::kKeyStep;
 }
 
 // Head h's sink logit (-inf: none).

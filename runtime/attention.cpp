@@ -65,6 +65,11 @@ std::string variants_of(const KernelCall& call) {
   }
   if (p.alibi_slopes != nullptr) add(p.alibi_strides[0] != 0 ? "alibi(per-batch)" : "alibi");
   if (p.sinks != nullptr) add("sinks");
+  if (p.query_offset != 0 || p.key_offset != 0 || p.full_lq != p.lq ||
+      p.alibi_diag != p.lk - p.lq) {  // a block of a larger problem
+    add("block(q" + std::to_string(p.query_offset) + ";k" + std::to_string(p.key_offset) + ";lq" +
+        std::to_string(p.full_lq) + ")");
+  }
   return list.empty() ? "none" : list;
 }
 

@@ -383,6 +383,50 @@ mha_status check_call_values(const mha_attention_params& params) {
   return MHA_OK;
 }
 
+bool is_block(const mha_attention_params& params) {
+  return params.query_offset != 0 || params.key_offset != 0 || params.full_lq != 0 ||
+         params.full_lk != 0;
+}
+
+Block block_of(const mha_attention_params& params, int64_t lq, int64_t lk) {
+  return Block{params.query_offset, params.key_offset,
+               params.full_lq != 0 ? params.full_lq : params.query_offset + lq,
+               params.full_lk != 0 ? params.full_lk : params.key_offset + lk};
+}
+
+mha_status check_block(const mha_attention_params& params, int64_t lq, int64_t lk) {
+  const struct {
+    const char* offset_name;
+    int64_t offset;
+    const char* full_name;
+    int64_t full, length;
+    const char* length_name;
+  } sides[] = {{"query_offset", params.query_offset, "full_lq", params.full_lq, lq, "Lq"},
+               {"key_offset", params.key_offset, "full_lk", params.full_lk, lk, "Lk"}};
+  for (const auto& s : sides) {
+    if (s.offset < 0 || s.offset > MHA_MAX_EXTENT) {
+      return fail(MHA_ERR_INVALID_VALUE, "params->%s = %lld; it must be in [0, %lld]",
+                  s.offset_name, static_cast<long long>(s.offset),
+                  static_cast<long long>(MHA_MAX_EXTENT));
+    }
+    if (s.full < 0 || s.full > MHA_MAX_EXTENT) {
+      return fail(MHA_ERR_INVALID_VALUE,
+                  "params->%s = %lld; it must be 0 (this call's own) or "
+                  "a length up to %lld",
+                  s.full_name, static_cast<long long>(s.full),
+                  static_cast<long long>(MHA_MAX_EXTENT));
+    }
+    if (s.full != 0 && s.offset + s.length > s.full) {
+      return fail(MHA_ERR_INVALID_VALUE,
+                  "params->%s + %s = %lld + %lld exceeds params->%s = %lld: the block must lie "
+                  "inside the full problem",
+                  s.offset_name, s.length_name, static_cast<long long>(s.offset),
+                  static_cast<long long>(s.length), s.full_name, static_cast<long long>(s.full));
+    }
+  }
+  return MHA_OK;
+}
+
 namespace {
 
 // Every check of mha_attention's arguments (params already completed to this
@@ -424,6 +468,7 @@ mha_status check_attention(const mha_tensor* q, const mha_tensor* k, const mha_t
   }
 
   if (mha_status s = check_call_values(params); s != MHA_OK) return s;
+  if (mha_status s = check_block(params, lq, lk); s != MHA_OK) return s;
   const int64_t scale_shape[3] = {batch, kv_heads, lk};
   if (mha_status s =
           check_kv_scales(params, k->dtype == MHA_DTYPE_I8, scale_shape, 3, "[B, Hkv, Lk]");
@@ -501,8 +546,21 @@ void describe_attention(const mha_tensor& q, const mha_tensor& k, const mha_tens
   p.dv = v.shape[3];
   p.scale = params.has_scale ? params.scale
                              : static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.d)));
-  p.causal_diag = mha_rules::upper_diagonal(params.causal, params.window_right, p.lq, p.lk);
-  p.lower_diag = mha_rules::window_lower_diagonal(params.window_left, p.lq, p.lk);
+  // The rules of positions on the full problem, moved into this block's
+  // indices: query i is full row query_offset + i, key j full key
+  // key_offset + j.
+  const Block block = block_of(params, p.lq, p.lk);
+  const int64_t shift = block.query_offset - block.key_offset;
+  const int64_t upper =
+      mha_rules::upper_diagonal(params.causal, params.window_right, block.full_lq, block.full_lk);
+  const int64_t lower =
+      mha_rules::window_lower_diagonal(params.window_left, block.full_lq, block.full_lk);
+  p.causal_diag = upper == mha_rules::kNoCausalLimit ? upper : upper + shift;
+  p.lower_diag = lower == -mha_rules::kNoCausalLimit ? lower : lower + shift;
+  p.query_offset = block.query_offset;
+  p.key_offset = block.key_offset;
+  p.full_lq = block.full_lq;
+  p.alibi_diag = block.full_lk - block.full_lq + shift;
   p.dropout_p = params.dropout_p;
   p.dropout_seed = params.dropout_seed;
   p.q_dtype = q.dtype;

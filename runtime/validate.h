@@ -73,6 +73,15 @@ mha_status check_dtypes(const mha_tensor& q, const mha_tensor& k, const mha_tens
                         const mha_tensor& out);
 // The plain values of mha_attention_params: scale, causal, window, dropout.
 mha_status check_call_values(const mha_attention_params& params);
+// A block of a larger problem (params' query_offset, key_offset, full_lq,
+// full_lk): whether the call is one, its resolved positions (a full length
+// of 0 means offset + this call's length), and the check that it fits.
+struct Block {
+  int64_t query_offset, key_offset, full_lq, full_lk;
+};
+bool is_block(const mha_attention_params& params);
+Block block_of(const mha_attention_params& params, int64_t lq, int64_t lk);
+mha_status check_block(const mha_attention_params& params, int64_t lq, int64_t lk);
 // The attention variants' parameters, as plain values (mha_attention_params'
 // fields, or the module's).  The window: each side -1 (unbounded) or >= 0,
 // the message naming params->window_left or _right.

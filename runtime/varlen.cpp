@@ -217,6 +217,11 @@ mha_status check_varlen(const mha_tensor* q, const mha_tensor* k, const mha_tens
   if (mha_status s = check_keys(*k, varlen, batch); s != MHA_OK) return s;
 
   if (mha_status s = check_call_values(params); s != MHA_OK) return s;
+  if (is_block(params)) {
+    return fail(MHA_ERR_INVALID_VALUE,
+                "params->query_offset, key_offset, full_lq and full_lk must be 0: "
+                "mha_attention_varlen takes whole sequences (a block of one: mha_attention)");
+  }
   if (params.valid_lens != nullptr) {
     return fail(MHA_ERR_INVALID_VALUE,
                 "params->valid_lens is given; mha_attention_varlen takes each sequence's length "

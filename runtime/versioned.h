@@ -17,8 +17,9 @@ namespace mha::rt {
 
 // Every size each struct has had, oldest first; the last is this version's.
 // Add the new sizeof when a field is added, never remove an entry.
-// 0.1, 0.2 (int8 row scales), 0.3 (sliding window; then sinks, softcap, ALiBi)
-constexpr uint32_t kAttentionParamsSizes[] = {56, 72, 88, 112};
+// 0.1, 0.2 (int8 row scales), 0.3 (sliding window; then sinks, softcap,
+// ALiBi), 0.4 (a block of a larger problem)
+constexpr uint32_t kAttentionParamsSizes[] = {56, 72, 88, 112, 144};
 constexpr uint32_t kModuleConfigSizes[] = {56};  // 0.1
 // 0.1, 0.3 (window, sinks, softcap, ALiBi)
 constexpr uint32_t kModuleForwardParamsSizes[] = {64, 104};

@@ -41,6 +41,7 @@ Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mh
   const mha_tensor* sinks = nullptr;
   const mha_tensor* alibi = nullptr;
   double softcap = 0;
+  int64_t query_offset = 0, key_offset = 0, full_lq = 0, full_lk = 0;
   // A field exists when the caller's struct is long enough to hold it.
   const auto has = [params](size_t end) { return params->struct_size >= end; };
   if (params != nullptr) {
@@ -62,7 +63,20 @@ Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mh
       softcap = static_cast<double>(params->softcap);
       alibi = params->alibi_slopes;
     }
+    if (has(offsetof(mha_attention_params, full_lk) + sizeof params->full_lk)) {
+      query_offset = params->query_offset;
+      key_offset = params->key_offset;
+      full_lq = params->full_lq;
+      full_lk = params->full_lk;
+    }
   }
+  // A block of a larger problem: positions are the full problem's (query i
+  // is row query_offset + i of full_lq, key j is key key_offset + j).
+  if (full_lq == 0) full_lq = query_offset + lq;
+  if (full_lk == 0) full_lk = key_offset + lk;
+  require(query_offset >= 0 && key_offset >= 0 && query_offset + lq <= full_lq &&
+              key_offset + lk <= full_lk,
+          "the block does not lie inside the full problem");
   // An int8 cache: value = row scale · int8, the scales F32 [B, Hkv, Lk].
   const bool int8 = k.dtype == MHA_DTYPE_I8;
   require(!int8 || (k_scale != nullptr && v_scale != nullptr), "i8 k and v need their scales");
@@ -128,15 +142,20 @@ Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mh
         // i + Lk - Lq + right), causality and the valid length.  A window
         // side wider than Lk + Lq cannot cut anything (and is not computed,
         // so no huge value overflows).
-        int64_t begin = 0, end = lk;
-        if (window_left >= 0 && window_left < lk + lq)
-          begin = std::max<int64_t>(0, i + lk - lq - window_left);
-        if (window_right >= 0 && window_right < lk + lq)
-          end = std::max<int64_t>(0, i + lk - lq + window_right + 1);
-        end = std::min(end, lk);
-        if (causal == MHA_CAUSAL_TOP_LEFT) end = std::min(end, i + 1);
+        // All of it on full positions: gi is the query's, keys run from
+        // key_offset.
+        const int64_t gi = query_offset + i, diagonal = gi + full_lk - full_lq;
+        int64_t begin = 0, end = full_lk;
+        if (window_left >= 0 && window_left < full_lk + full_lq)
+          begin = std::max<int64_t>(0, diagonal - window_left);
+        if (window_right >= 0 && window_right < full_lk + full_lq)
+          end = std::max<int64_t>(0, diagonal + window_right + 1);
+        if (causal == MHA_CAUSAL_TOP_LEFT) end = std::min(end, gi + 1);
         if (causal == MHA_CAUSAL_BOTTOM_RIGHT)
-          end = std::min(end, std::max<int64_t>(0, i + lk - lq + 1));
+          end = std::min(end, std::max<int64_t>(0, diagonal + 1));
+        // ... and back to this call's keys.
+        begin = std::max<int64_t>(0, begin - key_offset);
+        end = std::min(lk, end - key_offset);
         if (vl != nullptr) {
           const int64_t len = valid_length(vl, b, i);
           require(len >= 0 && len <= lk, "a valid length is outside [0, Lk]");
@@ -164,7 +183,8 @@ Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mh
           // bottom-right diagonal), then the mask.
           if (softcap > 0) logit = softcap * std::tanh(logit / softcap);
           if (alibi != nullptr) {
-            const double bias = -slope_of(b, h) * static_cast<double>(std::llabs(i + lk - lq - j));
+            const double bias =
+                -slope_of(b, h) * static_cast<double>(std::llabs(diagonal - (key_offset + j)));
             logit += bias;
             terms += std::fabs(bias);
           }

@@ -206,7 +206,11 @@ TEST(CppApi, AttentionOverConstInputsMatchesTheCApi) {
                  mha::Tensor(k.data(), {p.B, p.Hkv, p.Lk, p.D}),
                  mha::Tensor(v.data(), {p.B, p.Hkv, p.Lk, p.Dv}),
                  mha::Tensor(out.data(), {p.B, p.H, p.Lq, p.Dv}),
-                 mha::AttentionParams().causal(MHA_CAUSAL_BOTTOM_RIGHT).scale(0.3f).window(3, 1));
+                 mha::AttentionParams()
+                     .causal(MHA_CAUSAL_BOTTOM_RIGHT)
+                     .scale(0.3f)
+                     .window(3, 1)
+                     .block(2, 1, p.Lq + 5, p.Lk + 3));
 
   mha_attention_params params;
   mha_attention_params_init(&params);
@@ -215,6 +219,10 @@ TEST(CppApi, AttentionOverConstInputsMatchesTheCApi) {
   params.scale = 0.3f;
   params.window_left = 3;
   params.window_right = 1;
+  params.query_offset = 2;
+  params.key_offset = 1;
+  params.full_lq = p.Lq + 5;
+  params.full_lk = p.Lk + 3;
   const mha_tensor cq = p.cq(), ck = p.ck(), cv = p.cv();
   mha_tensor cout = describe(expected.data(), MHA_DTYPE_F32, {p.B, p.H, p.Lq, p.Dv});
   ASSERT_EQ(mha_attention(&cq, &ck, &cv, &cout, &params), MHA_OK) << mha_last_error();

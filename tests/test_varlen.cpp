@@ -416,6 +416,7 @@ TEST_P(Varlen, BadInputIsRefusedByName) {
          p.params.alibi_slopes = &wrong;
        }},
       {"window -2", "window_left", [](Packed& p) { p.params.window_left = -2; }},
+      {"a block of a larger problem", "query_offset", [](Packed& p) { p.params.key_offset = 3; }},
       {"lse inside out", "out",
        [](Packed& p) {
          wrong = describe(p.out.data, MHA_DTYPE_F32, {4, 10});

@@ -101,8 +101,7 @@ int backward(const mha_backward_problem* problem, const mha_backward_item* item,
             b * bp.dout_strides[0] + h * bp.dout_strides[1] + i * bp.dout_strides[2],
             bp.dout_strides[3], p.dv, 1.0f, w.dout);
         std::fill_n(w.dq, p.d, 0.0f);
-        const uint32_t row_key =
-            dropout ? mha_dropout::row_key(p.dropout_seed, b, h, i, p.heads, p.lq) : 0;
+        const uint32_t row_key = dropout ? mha_kernel::dropout_row_key(p, b, h, i) : 0;
         const int64_t mask_row = p.mask == nullptr ? 0 : mha_kernel::mask_row_offset(p, b, h, i);
         for (int64_t j = keys.lo; j <= keys.hi; ++j) {
           float mask_add = 0.0f;

@@ -196,7 +196,7 @@ bool compute_block(const mha_kernel_problem& p, const mha_work_item& item, const
           mha_types::load_float(p.q, p.q_dtype, q_at + d * p.q_strides[3]) * u.q_factor;
     }
     w.rows[r] = mha_softmax::Row{};
-    w.row_key[r] = mha_dropout::row_key(p.dropout_seed, b, h, i0 + r, p.heads, p.lq);
+    w.row_key[r] = mha_kernel::dropout_row_key(p, b, h, i0 + r);
     for (int64_t d = 0; d < p.dv; ++d) w.acc[r * p.dv + d] = 0.0f;
   }
   for (int64_t j0 = key_begin; j0 < key_end; j0 += kKeys) {

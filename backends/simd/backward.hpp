@@ -264,11 +264,10 @@ class BackwardKernel {
     const float slope = mha_kernel::alibi_slope(p, b, h);
     const bool alibi = p.alibi_slopes != nullptr;
     // ALiBi's distance |i + Lk - Lq - j| as (i + Lk - Lq - j0) - lane.
-    const float alibi_base = static_cast<float>(i + p.lk - p.lq - j0);
+    const float alibi_base = static_cast<float>(i + p.alibi_diag - j0);
     const bool dropout = p.dropout_p > 0.0f;
     const DropoutFactor<Arch> factor(dropout ? p.dropout_p : 0.0f);
-    const uint32_t row_key =
-        dropout ? mha_dropout::row_key(p.dropout_seed, b, h, i, p.heads, p.lq) : 0;
+    const uint32_t row_key = dropout ? mha_kernel::dropout_row_key(p, b, h, i) : 0;
     alignas(64) float lane_index[W];
     alignas(64) uint32_t lane_steps[W];
     for (int l = 0; l < W; ++l) {

@@ -240,7 +240,7 @@ class DecodeKernel {
       }
       rows.first_key[r] = first;
       rows.last_key[r] = last;
-      rows.row_key[r] = mha_dropout::row_key(p.dropout_seed, b, h, i, p.heads, p.lq);
+      rows.row_key[r] = mha_kernel::dropout_row_key(p, b, h, i);
       const int64_t q_at = b * p.q_strides[0] + h * p.q_strides[1] + i * p.q_strides[2];
       float* dst = rows.q + r * dp;
       for (int64_t x = 0; x < p.d; ++x) {

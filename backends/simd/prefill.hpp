@@ -244,7 +244,7 @@ class PrefillKernel {
     }
     if (p.dropout_p > 0.0f) {
       for (int64_t r = 0; r < int64_t{nqv} * W; ++r) {
-        t.row_key[r] = mha_dropout::row_key(p.dropout_seed, b, h, q0 + r, p.heads, p.lq);
+        t.row_key[r] = mha_kernel::dropout_row_key(p, b, h, q0 + r);
       }
     }
     for (int64_t r = 0; r < int64_t{nqv} * W; ++r) {

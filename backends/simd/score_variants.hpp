@@ -82,7 +82,7 @@ inline void apply_score_variants_tile(const mha_kernel_problem& p, float* scores
     const B lanes = B::load_aligned(lane_index);
     for (int j = 0; j < keys; ++j) {
       float* s = scores + j * kStride;
-      const float first = static_cast<float>(q0 + p.lk - p.lq - (j0 + j));
+      const float first = static_cast<float>(q0 + p.alibi_diag - (j0 + j));
       for (int v = 0; v < nqv; ++v) {
         const B distance = xsimd::abs(lanes + B(first + static_cast<float>(v * W)));
         xsimd::fma(slope, distance, B::load_aligned(s + v * W)).store_aligned(s + v * W);

@@ -194,6 +194,28 @@ typedef struct mha_attention_params {
    * distance to the bottom-right-aligned diagonal.  Slopes must be finite.
    * NULL: none. */
   const mha_tensor* alibi_slopes;
+
+  /* --- added in 0.4: one block of a larger problem --- */
+
+  /* The call computes queries [query_offset, query_offset + Lq) against keys
+   * [key_offset, key_offset + Lk) of a problem of full_lq queries and full_lk
+   * keys: ring attention, context parallelism, a prefill cut into chunks --
+   * blocks computed apart whose results mha_merge_partials joins by their
+   * LSE into exactly the full call's.  What depends on positions uses the
+   * full problem's: the causal rule (either alignment, on full_lq x full_lk),
+   * the window, ALiBi's distance and dropout's hash (row query_offset + i of
+   * full_lq, key key_offset + j).  What the caller hands in stays this
+   * call's own: valid_lens count this call's keys (0 .. Lk), the mask is
+   * [.., Lq, Lk], and the sinks join this call's denominators (give them to
+   * one block only, or fold them in after merging).  All 0 (the default):
+   * the call is the whole problem.  full_lq = 0 means query_offset + Lq,
+   * full_lk = 0 means key_offset + Lk; otherwise the block must fit:
+   * offset >= 0 and offset + length <= full length.  Not taken by the varlen
+   * and paged calls. */
+  int64_t query_offset;
+  int64_t key_offset;
+  int64_t full_lq;
+  int64_t full_lk;
 } mha_attention_params;
 
 MHA_API void mha_attention_params_init(mha_attention_params* params);

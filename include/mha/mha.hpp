@@ -317,6 +317,18 @@ class AttentionParams {
     params_.alibi_slopes = &alibi_slopes_;
     return *this;
   }
+  // The call as one block of a larger problem: queries [query_offset, +Lq)
+  // and keys [key_offset, +Lk) of full_lq x full_lk (0: the block ends the
+  // problem).  The causal rule, the window, ALiBi and dropout use full
+  // positions; merge the blocks with merge_partials.
+  AttentionParams& block(int64_t query_offset, int64_t key_offset, int64_t full_lq = 0,
+                         int64_t full_lk = 0) noexcept {
+    params_.query_offset = query_offset;
+    params_.key_offset = key_offset;
+    params_.full_lq = full_lq;
+    params_.full_lk = full_lk;
+    return *this;
+  }
   // An int8 KV cache's row scales (K and V of dtype I8): F32 [B, Hkv, Lk]
   // each ([total_k, Hkv] for attention_varlen, [num_blocks, block_size, Hkv]
   // for a paged cache), value = scale · int8.

@@ -35,8 +35,10 @@ extern "C" {
  *    block_table_stride, block_size; a decode-layout item may span several
  *    KV heads.
  * 8: the backward pass: mha_backward_problem, mha_backward_item; mha_plugin
- *    ends with backward_scratch_bytes and backward. */
-#define MHA_PLUGIN_ABI_VERSION 8
+ *    ends with backward_scratch_bytes and backward.
+ * 9: mha_kernel_problem ends with a block's positions in the full problem:
+ *    query_offset, key_offset, full_lq (dropout's hash), alibi_diag. */
+#define MHA_PLUGIN_ABI_VERSION 9
 #define MHA_PLUGIN_ENTRY_SYMBOL "mha_plugin_entry"
 
 /* CPU features, as the runtime detects them (OS support included). */
@@ -144,6 +146,18 @@ typedef struct mha_kernel_problem {
   const int32_t* block_table;
   int64_t block_table_stride;
   int64_t block_size;
+  /* ABI 9: the call as a block of a larger problem (mha_attention_params'
+   * query_offset, ...): query i is row query_offset + i of full_lq, key j is
+   * key key_offset + j.  causal_diag and lower_diag already count in this
+   * call's indices.  ALiBi's distance of query i to key j is
+   * |i - j + alibi_diag| (lk - lq for a whole problem); dropout hashes row
+   * query_offset + i of full_lq and key key_offset + j (common/problem.h's
+   * dropout_row_key folds the key offset into the row's key).  0, 0, lq and
+   * lk - lq for a whole problem. */
+  int64_t query_offset;
+  int64_t key_offset;
+  int64_t full_lq;
+  int64_t alibi_diag;
 } mha_kernel_problem;
 
 /*

@@ -106,7 +106,7 @@ void weights_row(const WeightsPath& w, int64_t b, int64_t h, int64_t i, float* r
   const float inv = 1.0f / state.sum;
   for (int64_t j = 0; j < lk; ++j) row[j] = row[j] == -kInf ? 0.0f : row[j] * inv;
   if (p.dropout_p > 0.0f) {
-    const uint32_t key = mha_dropout::row_key(p.dropout_seed, b, h, i, p.heads, p.lq);
+    const uint32_t key = mha_kernel::dropout_row_key(p, b, h, i);
     const uint32_t below = mha_dropout::threshold(p.dropout_p);
     const float keep_scale = 1.0f / (1.0f - p.dropout_p);
     for (int64_t j = 0; j < lk; ++j) {
