@@ -5,7 +5,9 @@ include(CMakePackageConfigHelpers)
 install(TARGETS mha EXPORT mhaTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/mha DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# (mha_mpi.h goes with libmha-mpi: mpi/CMakeLists.txt installs it when built.)
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/mha DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
+  PATTERN "mha_mpi.h" EXCLUDE)
 install(EXPORT mhaTargets NAMESPACE mha:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/mha)
 
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/mhaConfig.cmake.in

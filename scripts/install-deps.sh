@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages mha needs, if any are missing.
-#   scripts/install-deps.sh [native] [sanitizers] [cross] [python] [plot]
+#   scripts/install-deps.sh [native] [sanitizers] [cross] [python] [plot] [mpi]
 # native: compiler, CMake, xsimd, BLIS, GoogleTest, Google Benchmark, CLI11, JSON
 # sanitizers: clang, its sanitizer runtimes and LLVM's OpenMP (TSan, fuzzer),
 #             valgrind (leak check) and qemu-user (qemu-x86_64 -cpu: ISA limits)
@@ -12,6 +12,7 @@
 #         (the package's build requirements, scikit-build-core and nanobind,
 #         come from PyPI through pip)
 # plot: matplotlib, for the picture scripts/bench.sh draws (bench/plot_bench.py)
+# mpi: OpenMPI (mpirun and its headers), for libmha-mpi and its tests
 set -euo pipefail
 
 want=()
@@ -30,6 +31,8 @@ for group in "${@:-native}"; do
              python3-venv python3-pip python3-numpy python3-torch python3-pytest) ;;
     plot)
       want+=(python3 python3-matplotlib) ;;
+    mpi)
+      want+=(openmpi-bin libopenmpi-dev) ;;
     *) echo "install-deps: unknown group '$group'" >&2; exit 2 ;;
   esac
 done

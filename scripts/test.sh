@@ -10,12 +10,13 @@
 # build/native/bin/leak_check), isa-limits (mha-info and the backend-selection
 # tests under qemu-x86_64 -cpu Haswell and -cpu Nehalem, from build/native),
 # aarch64 (cross build, the functional suite under qemu-aarch64), python (the
-# Python package installed with pip into a venv, and its pytest suite).
+# Python package installed with pip into a venv, and its pytest suite), mpi
+# (OpenMPI installed, libmha-mpi and its tests under mpirun on 1-4 local ranks).
 # Build trees go to build/<stage>.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${MHA_JOBS:-2}
-all_stages=(native asan tsan fuzz leaks isa-limits aarch64 python)
+all_stages=(native asan tsan fuzz leaks isa-limits aarch64 python mpi)
 stages=("${@:-${all_stages[@]}}")
 
 section() { printf '\n=== %s ===\n' "$*"; }
@@ -29,12 +30,13 @@ stage_native() {
   scripts/install-deps.sh native plot  # plot: the benchmark picture's test
   configure build/native
   cmake --build build/native -j"$jobs"
-  ctest --test-dir build/native --output-on-failure -j"$jobs"
+  # The MPI tests need mpirun and run in their own stage (label mpi).
+  ctest --test-dir build/native --output-on-failure -j"$jobs" -LE mpi
 }
 
 stage_asan() {
   scripts/install-deps.sh native
-  configure build/asan -DMHA_SANITIZE=address,undefined -DMHA_BUILD_BENCH=OFF
+  configure build/asan -DMHA_SANITIZE=address,undefined -DMHA_BUILD_BENCH=OFF -DMHA_BUILD_MPI=OFF
   cmake --build build/asan -j"$jobs"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build/asan --output-on-failure -j"$jobs" -LE heavy
@@ -48,7 +50,7 @@ stage_tsan() {
   # need (no benchmarks, no tools); no concurrency test calls the module, the
   # one part of libmha that uses BLIS (and with it libgomp).
   configure build/tsan -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-    -DMHA_SANITIZE=thread -DMHA_BUILD_BENCH=OFF -DMHA_BUILD_TOOLS=OFF
+    -DMHA_SANITIZE=thread -DMHA_BUILD_BENCH=OFF -DMHA_BUILD_TOOLS=OFF -DMHA_BUILD_MPI=OFF
   cmake --build build/tsan -j"$jobs" --target test_concurrency
   local archer
   archer=$(clang -print-file-name=libarcher.so)
@@ -63,7 +65,7 @@ stage_fuzz() {
   scripts/install-deps.sh native sanitizers
   configure build/fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
     -DMHA_BUILD_FUZZER=ON -DMHA_SANITIZE=address,undefined \
-    -DMHA_BUILD_TESTS=OFF -DMHA_BUILD_BENCH=OFF -DMHA_BUILD_TOOLS=OFF
+    -DMHA_BUILD_TESTS=OFF -DMHA_BUILD_BENCH=OFF -DMHA_BUILD_TOOLS=OFF -DMHA_BUILD_MPI=OFF
   cmake --build build/fuzz -j"$jobs" --target attention_fuzzer
   # New inputs go to a scratch corpus; fuzz/corpus (the seeds, and every
   # finding so far) is only read.  A fixed seed keeps CI reproducible; fuzz
@@ -163,7 +165,7 @@ PY
 # Google Benchmark, xsimd and GoogleTest packages.
 stage_aarch64() {
   scripts/install-deps.sh native cross
-  configure build/aarch64 -DCMAKE_TOOLCHAIN_FILE=cmake/toolchains/aarch64-linux-gnu.cmake
+  configure build/aarch64 -DCMAKE_TOOLCHAIN_FILE=cmake/toolchains/aarch64-linux-gnu.cmake -DMHA_BUILD_MPI=OFF
   cmake --build build/aarch64 -j"$jobs"
   ctest --test-dir build/aarch64 --output-on-failure -j"$jobs" -LE heavy
 }
@@ -183,6 +185,18 @@ stage_python() {
   # The settings the tests choose themselves: none from the caller's environment.
   (unset MHA_BACKEND MHA_NUM_THREADS MHA_PLUGIN_DIR MHA_VERBOSE
    "$venv/bin/python" -m pytest -q -p no:cacheprovider python/tests)
+}
+
+# libmha-mpi: OpenMPI from Debian, the native tree reconfigured to build
+# the MPI library, its tests and mha-run with --mpi-ring / --mpi-decode; the
+# tests run under mpirun on 1, 2, 3 and 4 local ranks (--oversubscribe: more
+# ranks than cores, one thread each).
+stage_mpi() {
+  scripts/install-deps.sh native mpi
+  configure build/native -DMHA_BUILD_MPI=ON
+  cmake --build build/native -j"$jobs" --target test_mpi mha-run
+  (unset MHA_BACKEND MHA_NUM_THREADS MHA_PLUGIN_DIR MHA_VERBOSE
+   ctest --test-dir build/native --output-on-failure -L mpi)
 }
 
 mkdir -p build
