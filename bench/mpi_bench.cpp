@@ -6,12 +6,19 @@
 //   ring_ms       the ring call (zigzag layout), slowest rank, median
 //   single_ms     mha_attention on the whole problem in one process with as
 //                 many threads as there are ranks, the other ranks idle
-//   speed         single_ms / ring_ms (1 = the distribution costs nothing)
+//   speed         single / ring, the median over pairs of calls made one
+//                 right after the other (1 = the distribution costs nothing)
 //   compute_ms, wait_ms   per rank (largest): in the kernels and merges,
 //                 and waiting for K/V (communication not hidden)
 //   transfer_ms   one step's K/V shard sent around the ring alone
 //   hidden        1 - wait / (transfer · (N-1)): the part of the
 //                 communication the kernels hid
+//   step_compute_ms   compute_ms / N: one step's blocks on one rank
+//   shard_mb, link_gbps   one step's K/V shard, and the rate the transfer
+//                 above moved it at (Gbit/s)
+//   model_hidden  min(1, step_compute / transfer): the share of the transfer
+//                 README's model says the kernels hide, to set beside
+//                 `hidden`
 #include <mha/mha.h>
 #include <mha/mha_mpi.h>
 #include <mpi.h>
@@ -95,20 +102,49 @@ void run_shape(const Shape& s, int repeat, int rank, int ranks) {
   mpi.layout = MHA_MPI_ZIGZAG;
   mpi.stats = &stats;
 
-  // The ring, one thread per rank.
-  check(mha_set_num_threads(1), "mha_set_num_threads");
-  check(mha_attention_mpi_ring(MPI_COMM_WORLD, &qt, &kt, &vt, &ot, &params, &mpi), "the ring");
-  std::vector<double> ring_ms;
+  // The whole problem for the single-process call (rank 0 only).
+  std::vector<float> fq, fk, fv, fo;
+  mha_tensor a{}, b{}, c{}, o{};
+  if (rank == 0) {
+    fq = random_floats(static_cast<size_t>(s.batch * s.heads * length * s.d), 3);
+    fk = random_floats(static_cast<size_t>(s.batch * s.kv_heads * length * s.d), 5);
+    fv = random_floats(fk.size(), 9);
+    fo.resize(fq.size());
+    a = tensor4(fq.data(), s.batch, s.heads, length, s.d);
+    b = tensor4(fk.data(), s.batch, s.kv_heads, length, s.d);
+    c = tensor4(fv.data(), s.batch, s.kv_heads, length, s.d);
+    o = tensor4(fo.data(), s.batch, s.heads, length, s.d);
+  }
+
+  // The two alternate, one ring call then one single-process call, so that
+  // a drift of the machine's speed (these VMs are shared) hits both alike;
+  // `speed` is the median of the per-pair ratios.  One untimed round first.
+  std::vector<double> ring_ms, single_ms, ratios;
   double compute = 0, wait = 0;
-  for (int r = 0; r < repeat; ++r) {
+  for (int r = -1; r < repeat; ++r) {
+    check(mha_set_num_threads(1), "mha_set_num_threads");
     MPI_Barrier(MPI_COMM_WORLD);
     const double t0 = MPI_Wtime();
     check(mha_attention_mpi_ring(MPI_COMM_WORLD, &qt, &kt, &vt, &ot, &params, &mpi), "the ring");
     double mine = (MPI_Wtime() - t0) * 1e3, slowest = 0;
     MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    ring_ms.push_back(slowest);
-    compute = std::max(compute, stats.compute_seconds * 1e3);
-    wait = std::max(wait, stats.wait_seconds * 1e3);
+    if (r >= 0) {
+      ring_ms.push_back(slowest);
+      compute = std::max(compute, stats.compute_seconds * 1e3);
+      wait = std::max(wait, stats.wait_seconds * 1e3);
+    }
+    // The single-process call with as many threads as there are ranks, the
+    // other ranks asleep.
+    if (rank == 0) {
+      check(mha_set_num_threads(ranks), "mha_set_num_threads");
+      const double t1 = MPI_Wtime();
+      check(mha_attention(&a, &b, &c, &o, &params), "the single-process call");
+      if (r >= 0) {
+        single_ms.push_back((MPI_Wtime() - t1) * 1e3);
+        ratios.push_back(single_ms.back() / slowest);
+      }
+    }
+    idle_until_rank0_done(MPI_COMM_WORLD);  // (rank 0 passes at once)
   }
   double compute_max = 0, wait_max = 0;
   MPI_Allreduce(&compute, &compute_max, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -126,43 +162,27 @@ void run_shape(const Shape& s, int repeat, int rank, int ranks) {
     transfer_ms.push_back((MPI_Wtime() - t0) * 1e3);
   }
 
-  // The whole problem in one process, with the ranks' threads.
-  double single = 0;
-  if (rank == 0) {
-    std::vector<float> fq = random_floats(static_cast<size_t>(s.batch * s.heads * length * s.d), 3);
-    std::vector<float> fk =
-        random_floats(static_cast<size_t>(s.batch * s.kv_heads * length * s.d), 5);
-    std::vector<float> fv = random_floats(fk.size(), 9), fo(fq.size());
-    mha_tensor a = tensor4(fq.data(), s.batch, s.heads, length, s.d);
-    mha_tensor b = tensor4(fk.data(), s.batch, s.kv_heads, length, s.d);
-    mha_tensor c = tensor4(fv.data(), s.batch, s.kv_heads, length, s.d);
-    mha_tensor o = tensor4(fo.data(), s.batch, s.heads, length, s.d);
-    check(mha_set_num_threads(ranks), "mha_set_num_threads");
-    check(mha_attention(&a, &b, &c, &o, &params), "the single-process call");
-    std::vector<double> times;
-    for (int r = 0; r < repeat; ++r) {
-      const double t0 = MPI_Wtime();
-      check(mha_attention(&a, &b, &c, &o, &params), "the single-process call");
-      times.push_back((MPI_Wtime() - t0) * 1e3);
-    }
-    single = median(times);
-  }
-  idle_until_rank0_done(MPI_COMM_WORLD);  // (rank 0 passes at once)
-
   if (rank == 0) {
     const double ring = median(ring_ms), transfer = median(transfer_ms);
+    const double single = median(single_ms), speed = median(ratios);
     const double flops = 2.0 * static_cast<double>(2 * s.d) *
                          static_cast<double>(s.batch * s.heads) * static_cast<double>(length) *
                          static_cast<double>(length + 1) / 2.0;
     const double exposed = transfer * (ranks - 1);
+    const double shard_bytes = static_cast<double>(send.size());
+    const double step_compute = compute_max / ranks;
     std::printf(
         "{\"shape\":\"%s\",\"ranks\":%d,\"threads_per_rank\":1,\"layout\":\"zigzag\","
         "\"backend\":\"%s\",\"ring_ms\":%.3f,\"single_ms\":%.3f,\"single_threads\":%d,"
         "\"speed\":%.3f,\"compute_ms\":%.3f,\"wait_ms\":%.3f,\"transfer_ms\":%.3f,"
-        "\"hidden\":%.3f,\"ring_gflops\":%.1f,\"single_gflops\":%.1f}\n",
-        s.name, ranks, mha_selected_backend(), ring, single, ranks, single / ring, compute_max,
-        wait_max, transfer, exposed > 0 ? std::max(0.0, 1.0 - wait_max / exposed) : 1.0,
-        flops / ring * 1e-6, flops / single * 1e-6);
+        "\"hidden\":%.3f,\"ring_gflops\":%.1f,\"single_gflops\":%.1f,"
+        "\"step_compute_ms\":%.3f,\"shard_mb\":%.2f,\"link_gbps\":%.2f,"
+        "\"model_hidden\":%.3f}\n",
+        s.name, ranks, mha_selected_backend(), ring, single, ranks, speed, compute_max, wait_max,
+        transfer, exposed > 0 ? std::max(0.0, 1.0 - wait_max / exposed) : 1.0, flops / ring * 1e-6,
+        flops / single * 1e-6, step_compute, shard_bytes / 1e6,
+        transfer > 0 ? shard_bytes * 8 / (transfer * 1e6) : 0.0,
+        transfer > 0 ? std::min(1.0, step_compute / transfer) : 1.0);
     std::fflush(stdout);
   }
 }

@@ -11,12 +11,11 @@ int64_t total_of(const std::vector<int64_t>& lengths) {
   return std::accumulate(lengths.begin(), lengths.end(), int64_t{0});
 }
 
-// Chunk c's first position when `total` positions are cut into `chunks`.
+}  // namespace
+
 int64_t chunk_begin(int64_t c, int64_t chunks, int64_t total) {
   return c * total / chunks;
 }
-
-}  // namespace
 
 std::vector<Segment> segments_of(int32_t layout, int rank, const std::vector<int64_t>& lengths) {
   const int64_t ranks = static_cast<int64_t>(lengths.size());
@@ -59,3 +58,26 @@ std::string check_layout(int32_t layout, const std::vector<int64_t>& lengths, co
 }
 
 }  // namespace mha::mpi
+
+extern "C" int32_t mha_mpi_shard_rows(int32_t layout, int64_t length, int32_t rank, int32_t ranks,
+                                      int64_t starts[2], int64_t lengths[2]) {
+  using mha::mpi::chunk_begin;
+  if ((layout != MHA_MPI_CONTIGUOUS && layout != MHA_MPI_ZIGZAG) || length < 0 ||
+      length > MHA_MAX_EXTENT || ranks < 1 || rank < 0 || rank >= ranks || starts == nullptr ||
+      lengths == nullptr) {
+    return -1;
+  }
+  if (layout == MHA_MPI_CONTIGUOUS) {
+    starts[0] = chunk_begin(rank, ranks, length);
+    lengths[0] = chunk_begin(rank + 1, ranks, length) - starts[0];
+    return 1;
+  }
+  const int64_t chunks = 2 * int64_t{ranks};
+  int run = 0;
+  for (const int64_t c : {int64_t{rank}, chunks - 1 - rank}) {
+    starts[run] = chunk_begin(c, chunks, length);
+    lengths[run] = chunk_begin(c + 1, chunks, length) - starts[run];
+    ++run;
+  }
+  return 2;
+}

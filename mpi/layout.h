@@ -13,6 +13,10 @@ struct Segment {
   int64_t global, length, local;
 };
 
+// Chunk c's first position when `total` positions are cut into `chunks`
+// (c * total / chunks, which cannot overflow: total <= 2^40, chunks < 2^32).
+int64_t chunk_begin(int64_t c, int64_t chunks, int64_t total);
+
 // The segments of rank `rank` when the ranks' shards have `lengths` rows
 // (in rank order) under `layout` (mha_mpi_layout).  Zigzag: chunk c of
 // 2N is [c·L/(2N), (c+1)·L/(2N)); rank r holds chunks r and 2N-1-r.

@@ -28,12 +28,13 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-constexpr int kTag = 1000;
+// K's messages take tags from kKTag, V's from kVTag (one per piece).
+constexpr int kKTag = 1000, kVTag = 3000;
 constexpr int64_t kMaxMessage = int64_t{1} << 30;  // MPI counts are int
 
 // Posts a non-blocking send or receive of `bytes` bytes, cut into messages
-// of at most kMaxMessage (consecutive tags).
-void post(bool send, char* data, int64_t bytes, int peer, MPI_Comm comm,
+// of at most kMaxMessage (consecutive tags from `tag`).
+void post(bool send, const char* data, int64_t bytes, int peer, int tag, MPI_Comm comm,
           std::vector<MPI_Request>* requests) {
   int part = 0;
   for (int64_t at = 0; at < bytes; at += kMaxMessage, ++part) {
@@ -41,11 +42,22 @@ void post(bool send, char* data, int64_t bytes, int peer, MPI_Comm comm,
     // (Waited for by the caller, through `requests`.)
     MPI_Request* request = &requests->emplace_back(MPI_REQUEST_NULL);
     if (send) {
-      MPI_Isend(data + at, count, MPI_BYTE, peer, kTag + part, comm, request);
+      MPI_Isend(data + at, count, MPI_BYTE, peer, tag + part, comm, request);
     } else {
-      MPI_Irecv(data + at, count, MPI_BYTE, peer, kTag + part, comm, request);
+      MPI_Irecv(const_cast<char*>(data) + at, count, MPI_BYTE, peer, tag + part, comm, request);
     }
   }
+}
+
+// Whether a 4-D tensor's elements are one C-order run (then it can be sent
+// as it is, without packing).
+bool is_dense(const mha_tensor& t) {
+  int64_t expected = 1;
+  for (int d = 3; d >= 0; --d) {
+    if (t.shape[d] != 1 && t.strides[d] != expected) return false;
+    expected *= t.shape[d];
+  }
+  return true;
 }
 
 // Lets MPI move the messages in flight (shared-memory and TCP transports
@@ -82,11 +94,19 @@ class Ring {
     rows_ = me.lq;
     kv_dtype_ = k.dtype;
     for (const Shard& s : shards) max_lk_ = std::max(max_lk_, s.lk);
-    // Two K/V buffers (the one computed on, the one arriving), tightly packed.
+    // Two K/V buffers (the one computed on, the one arriving), tightly
+    // packed.  This rank's own K and V are computed on and sent where they
+    // are, unless they have gaps: then they are packed into the first.
     kv_[0] = thread_buffer(Slot::kKv0, shard_bytes(max_lk_));
     kv_[1] = thread_buffer(Slot::kKv1, shard_bytes(max_lk_));
-    pack(k, kv_[0]);
-    pack(v, kv_[0] + k_bytes(me.lk));
+    own_k_ = k;
+    own_v_ = v;
+    if (!is_dense(k) || !is_dense(v)) {
+      pack(k, kv_[0]);
+      pack(v, kv_[0] + k_bytes(me.lk));
+      own_k_ = dense(kv_[0], kv_dtype_, batch_, kv_heads_, me.lk, d_);
+      own_v_ = dense(kv_[0] + k_bytes(me.lk), kv_dtype_, batch_, kv_heads_, me.lk, dv_);
+    }
     // The running result of this rank's queries: out itself when it is F32
     // with contiguous rows (so nothing is copied at the end), and the LSE
     // output when there is one; one block's partial beside it.
@@ -113,30 +133,39 @@ class Ring {
   }
 
   // Runs the N steps; returns this rank's status (the others are not told).
+  // Step s computes on the shard of rank (rank - s) mod N -- its own at step
+  // 0, then the one received in the step before, into kv_[s % 2] -- while
+  // passing it on to the next rank and receiving the following one.
   mha_status run(mha_mpi_stats* stats) {
     mha_status status = MHA_OK;
     const int next = (rank_ + 1) % ranks_, previous = (rank_ + ranks_ - 1) % ranks_;
-    int cur = 0;
     for (int step = 0; step < ranks_; ++step) {
       const int source = (rank_ - step + ranks_) % ranks_;
+      const int64_t lk = shards_[static_cast<size_t>(source)].lk;
+      const mha_tensor k =
+          step == 0 ? own_k_ : dense(kv_[step % 2], kv_dtype_, batch_, kv_heads_, lk, d_);
+      const mha_tensor v =
+          step == 0 ? own_v_
+                    : dense(kv_[step % 2] + k_bytes(lk), kv_dtype_, batch_, kv_heads_, lk, dv_);
       std::vector<MPI_Request> requests;
       if (step + 1 < ranks_) {
         const int arriving = (source + ranks_ - 1) % ranks_;  // what `previous` holds now
-        const int64_t in_bytes = shard_bytes(shards_[static_cast<size_t>(arriving)].lk);
-        post(false, kv_[1 - cur], in_bytes, previous, comm_, &requests);
-        post(true, kv_[cur], shard_bytes(shards_[static_cast<size_t>(source)].lk), next, comm_,
-             &requests);
-        stats->bytes_received += in_bytes;
+        const int64_t in_lk = shards_[static_cast<size_t>(arriving)].lk;
+        char* into = kv_[(step + 1) % 2];
+        post(false, into, k_bytes(in_lk), previous, kKTag, comm_, &requests);
+        post(false, into + k_bytes(in_lk), v_bytes(in_lk), previous, kVTag, comm_, &requests);
+        post(true, static_cast<const char*>(k.data), k_bytes(lk), next, kKTag, comm_, &requests);
+        post(true, static_cast<const char*>(v.data), v_bytes(lk), next, kVTag, comm_, &requests);
+        stats->bytes_received += shard_bytes(in_lk);
       }
       const Clock::time_point compute_start = Clock::now();
-      if (status == MHA_OK) status = compute(source, kv_[cur], &requests, stats);
+      if (status == MHA_OK) status = compute(source, k, v, &requests, stats);
       stats->compute_seconds += seconds_since(compute_start);
       const Clock::time_point wait_start = Clock::now();
       if (!requests.empty()) {
         MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
       }
       stats->wait_seconds += seconds_since(wait_start);
-      cur = 1 - cur;
     }
     stats->steps = ranks_;
     return status;
@@ -161,23 +190,21 @@ class Ring {
   int64_t k_bytes(int64_t lk) const {
     return batch_ * kv_heads_ * lk * d_ * mha_types::float_bytes(kv_dtype_);
   }
-  int64_t shard_bytes(int64_t lk) const {
-    return k_bytes(lk) + batch_ * kv_heads_ * lk * dv_ * mha_types::float_bytes(kv_dtype_);
+  int64_t v_bytes(int64_t lk) const {
+    return batch_ * kv_heads_ * lk * dv_ * mha_types::float_bytes(kv_dtype_);
   }
+  int64_t shard_bytes(int64_t lk) const { return k_bytes(lk) + v_bytes(lk); }
   mha_tensor acc_rows(int64_t row0, int64_t count) const { return rows_of(acc_, row0, count); }
   mha_tensor acc_lse_rows(int64_t row0, int64_t count) const {
     return rows_of(acc_lse_, row0, count);
   }
 
-  // The blocks of this rank's queries with the keys of `source`, whose
-  // packed K and V are at `shard`.  A query segment's first visible block
-  // is computed straight into the running result; each later one into the
-  // partial buffer, then merged into it in place.
-  mha_status compute(int source, char* shard, std::vector<MPI_Request>* requests,
-                     mha_mpi_stats* stats) {
-    const int64_t lk = shards_[static_cast<size_t>(source)].lk;
-    const mha_tensor k = dense(shard, kv_dtype_, batch_, kv_heads_, lk, d_);
-    const mha_tensor v = dense(shard + k_bytes(lk), kv_dtype_, batch_, kv_heads_, lk, dv_);
+  // The blocks of this rank's queries with the keys of `source`, k and v.
+  // A query segment's first visible block is computed straight into the
+  // running result; each later one into the partial buffer, then merged
+  // into it in place.
+  mha_status compute(int source, const mha_tensor& k, const mha_tensor& v,
+                     std::vector<MPI_Request>* requests, mha_mpi_stats* stats) {
     for (size_t s = 0; s < q_segments_.size(); ++s) {
       const Segment& qs = q_segments_[s];
       for (const Segment& ks : k_segments_[static_cast<size_t>(source)]) {
@@ -247,6 +274,7 @@ class Ring {
   std::vector<Segment> q_segments_;
   std::vector<std::vector<Segment>> k_segments_;
   char* kv_[2] = {nullptr, nullptr};
+  mha_tensor own_k_{}, own_v_{};  // this rank's K and V: the caller's, or packed into kv_[0]
   bool acc_in_out_ = false;
   bool fault_injected_ = false;
   mha_tensor acc_{}, acc_lse_{};  // F32 [B, H, rows, Dv] and [B, H, rows]

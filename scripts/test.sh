@@ -194,7 +194,7 @@ stage_python() {
 stage_mpi() {
   scripts/install-deps.sh native mpi
   configure build/native -DMHA_BUILD_MPI=ON
-  cmake --build build/native -j"$jobs" --target test_mpi mha-run
+  cmake --build build/native -j"$jobs" --target test_mpi mha-run mha_tools_case
   (unset MHA_BACKEND MHA_NUM_THREADS MHA_PLUGIN_DIR MHA_VERBOSE
    ctest --test-dir build/native --output-on-failure -L mpi)
 }

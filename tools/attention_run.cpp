@@ -569,6 +569,21 @@ void add_attention_options(CLI::App& app, AttentionOptions& o) {
       ->check(filled)
       ->check(CLI::Number)
       ->option_text("FLOAT");
+  app.add_flag("--mpi-ring", o.mpi_ring,
+               "under mpirun: ring attention with libmha-mpi. Rank 0 reads the files and sends "
+               "each rank its slice of the queries and keys (--mpi-layout), the K/V slices "
+               "travel around the ring, rank 0 gathers and writes --out and --lse; --repeat "
+               "times the slowest rank. Takes --causal, --valid-lens, --window, --sinks, "
+               "--softcap, --alibi, --scale, --dtype; not --mask");
+  app.add_flag("--mpi-decode", o.mpi_decode,
+               "under mpirun: decoding over a KV cache sharded by position across the ranks "
+               "(libmha-mpi); the queries go to every rank, the partial results are merged in "
+               "rank order");
+  app.add_option("--mpi-layout", o.mpi_layout,
+                 "how --mpi-ring cuts the sequence: zigzag (the default: 2N chunks, rank r "
+                 "holds r and 2N-1-r, balanced under a causal mask) or contiguous")
+      ->check(filled)
+      ->option_text("zigzag|contiguous");
   app.add_option("--lse", o.lse,
                  "log-sum-exp output: float32 [B,H,Lq] .npy to write ([H,Lq] for rank-3 inputs, "
                  "[H,total_q] for a packed batch)")

@@ -47,6 +47,11 @@ struct AttentionOptions : RunOptions, VariantOptions {
   // --dtype (F32, BF16 or F16) and --kv-dtype (those or I8); not given: see
   // resolve_dtypes().
   std::optional<mha_dtype> dtype, kv_dtype;
+  // Under mpirun (tools/mpi_run.h): ring attention over the ranks with the
+  // queries and keys sharded by --mpi-layout, or decoding over a KV cache
+  // sharded by position.
+  bool mpi_ring = false, mpi_decode = false;
+  std::string mpi_layout = "zigzag";
 };
 
 // A value of --dtype (kv = false) or --kv-dtype (kv = true): f32, bf16, f16

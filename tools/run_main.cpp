@@ -10,6 +10,7 @@
 #include "attention_run.h"
 #include "backward_run.h"
 #include "module_run.h"
+#include "mpi_run.h"
 #include "tool_main.h"
 #include "tool_util.h"
 
@@ -72,6 +73,7 @@ int run(int argc, const char* const* argv) {
     return run_module_command(module_options);
   }
   if (backward->parsed()) return run_backward_command(backward_options);
+  if (attention.mpi_ring || attention.mpi_decode) return run_mpi_attention_command(attention);
   return run_attention_command(attention);
 }
 

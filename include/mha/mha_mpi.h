@@ -122,6 +122,18 @@ MHA_API mha_status mha_attention_mpi_decode(MPI_Comm comm, const mha_tensor* q,
                                             mha_tensor* out, const mha_attention_params* params,
                                             const mha_mpi_params* mpi);
 
+/*
+ * The positions of a sequence of `length` that rank `rank` of `ranks` holds
+ * under `layout`, as the runs [starts[i], starts[i] + lengths[i]) in the
+ * order the rank passes them back to back: MHA_MPI_ZIGZAG's chunks rank and
+ * 2·ranks-1-rank (two runs, either possibly empty); for MHA_MPI_CONTIGUOUS
+ * the even split [length·rank/ranks, length·(rank+1)/ranks) (one run; the
+ * ring takes any other contiguous split too).  Returns the number of runs,
+ * or -1 (and nothing written) for a layout, length or rank out of range.
+ */
+MHA_API int32_t mha_mpi_shard_rows(int32_t layout, int64_t length, int32_t rank, int32_t ranks,
+                                   int64_t starts[2], int64_t lengths[2]);
+
 /* The message of the last failed mha_*_mpi call on this thread ("" if none). */
 MHA_API const char* mha_mpi_last_error(void);
 
