@@ -66,12 +66,14 @@ class Exp2 : public ::testing::TestWithParam<Isa> {
 };
 
 TEST_P(Exp2, RelativeErrorOverTheNormalRange) {
-  // Every 1/4096 from -126 to 16 (the fused path lets a score exceed a stale
-  // maximum by up to 16), plus the points next to the rounding boundaries.
+  // Every 1/4096 from -126 to 24 (the fused path keeps probabilities up to
+  // 2^24 against a stale maximum), plus the points next to the reduction's
+  // boundaries (the integers for AVX-512's x - floor(x), the halves for
+  // rounding elsewhere).
   std::vector<float> x;
-  for (int64_t i = -126 * 4096; i <= 16 * 4096; ++i) x.push_back(static_cast<float>(i) / 4096.0f);
-  for (int n = -125; n <= 16; ++n) {
-    for (const float h : {-0.5f, 0.5f}) {
+  for (int64_t i = -126 * 4096; i <= 24 * 4096; ++i) x.push_back(static_cast<float>(i) / 4096.0f);
+  for (int n = -125; n <= 24; ++n) {
+    for (const float h : {-0.5f, 0.0f, 0.5f}) {
       const float edge = static_cast<float>(n) + h;
       x.push_back(std::nextafter(edge, -1e9f));
       x.push_back(std::nextafter(edge, 1e9f));
@@ -106,6 +108,18 @@ TEST_P(Exp2, UnderflowIsZeroOrTiny) {
     ASSERT_LE(std::fabs(static_cast<double>(y[i]) - std::exp2(static_cast<double>(x[i]))),
               std::ldexp(1.0, -126))
         << "x = " << x[i];
+  }
+}
+
+TEST_P(Exp2, LargeInputsStayLarge) {
+  // A score far above a stale maximum: the fused path must see a huge
+  // probability (and compute the tile again), never a small or wrapped one.
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> x = {30.0f, 64.0f, 100.0f, 127.5f, 200.0f, 1e30f, inf};
+  const std::vector<float> y = run(GetParam(), x);
+  EXPECT_NEAR(y[0], std::ldexp(1.0, 30), std::ldexp(kMaxRelative, 30));
+  for (size_t i = 1; i < x.size(); ++i) {
+    EXPECT_GE(y[i], std::ldexp(1.0f, 63)) << "input " << i;
   }
 }
 

@@ -216,12 +216,12 @@ struct Bf16Dot {
   // bf16 row starts at k_rows + n · k_stride (2 · d2 values, read as pairs).
   // The exact products are summed in fp32; c (scale · log2 e) multiplies the
   // fp32 sum.
-  // kFused: instead, p = 2^(score - row_max) -- added to tile_sum in fp32,
-  // stored rounded to bf16 as pairs of keys, pairs[(n / 2) · kStride + lane]
-  // (NK odd: the last key pairs with 0) -- and false when a score exceeds
-  // row_max by more than kMaxGrowth.
+  // kFused: instead, p = 2^(score - row_max) -- added to tile_sum in fp32
+  // (the caller checks the tile's sums against kMaxGrowth), stored rounded
+  // to bf16 as pairs of keys, pairs[(n / 2) · kStride + lane] (NK odd: the
+  // last key pairs with 0).
   template <int kStride, int NV, int NK, bool kFused>
-  static bool score_block(const uint32_t* qp, const uint16_t* k_rows, int64_t k_stride, int64_t d2,
+  static void score_block(const uint32_t* qp, const uint16_t* k_rows, int64_t k_stride, int64_t d2,
                           float c, float* scores, uint32_t* pairs, const float* row_max,
                           float* tile_sum) {
     const uint16_t* k[NK];
@@ -257,18 +257,13 @@ struct Bf16Dot {
           (B(acc[v][n]) * factor).store_aligned(scores + n * kStride + v * W);
         }
       }
-      return true;
     } else {
-      bool within = true;
       // Unrolled, so that acc stays in registers.
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) {
         const B shift = B::load_aligned(row_max + v * W);
         B d[NK];
         for (int n = 0; n < NK; ++n) d[n] = xsimd::fms(B(acc[v][n]), factor, shift);
-        B highest = d[0];
-        for (int n = 1; n < NK; ++n) highest = xsimd::max(highest, d[n]);
-        within = within && !xsimd::any(highest > B(kMaxGrowth));
         B sum = B::load_aligned(tile_sum + v * W);
 #pragma GCC unroll 3
         for (int n = 0; n < NK; n += 2) {
@@ -283,7 +278,6 @@ struct Bf16Dot {
         }
         sum.store_aligned(tile_sum + v * W);
       }
-      return within;
     }
   }
 

@@ -1,12 +1,22 @@
-// 2^x for the softmax: scores minus a running maximum, x <= 64 (the fused
-// path lets scores exceed a stale maximum by up to kMaxGrowth).
+// 2^x for the softmax: scores minus a running maximum (the fused path lets
+// scores exceed a stale maximum; beyond 2^64 the result is capped -- such a
+// tile is computed again anyway).
 //
-// x = n + f with n = round(x), f in [-1/2, 1/2]; 2^f by a degree-5 polynomial
-// (minimax for relative error, fitted in float64 and checked in float32: at
-// most 2.4e-7 relative, about 2 ulp); 2^n put into the exponent.  Inputs are
-// clamped low enough that the result there is exactly 0 (a weight below
-// 2^-127 of the row maximum's is below fp32 resolution anyway): masked scores
-// (-inf) give 0, never NaN, and a NaN input stays NaN.
+// AVX-512: f = x - floor(x) in [0, 1) by vreduceps, 2^f by a degree-5
+// polynomial (minimax for relative error on [0, 1], fitted in float64 and
+// checked in float32: 1.6e-7), and vscalefps multiplies by 2^floor(x),
+// giving 0 below 2^-149.  vreduceps turns ±inf into 0, so -inf (a masked
+// score) gives exactly 0 without a clamp, and NaN stays NaN: 8 operations,
+// one fewer than rounding and subtracting (and the clamp) -- on CPUs whose
+// 512-bit operations share two ports with the FMAs (Intel), the softmax's
+// exps compete with the products for them.
+//
+// Elsewhere (AVX2, NEON): x = n + f with n = round(x), f in [-1/2, 1/2];
+// 2^f by a degree-5 polynomial (at most 2.4e-7 relative, about 2 ulp), 2^n
+// put into the exponent bits.  Inputs are clamped low enough that the
+// result there is exactly 0 (a weight below 2^-127 of the row maximum's is
+// below fp32 resolution anyway), and high to 64: masked scores (-inf) give
+// 0, never NaN, and a NaN input stays NaN.
 #pragma once
 
 #include <xsimd/xsimd.hpp>
@@ -22,12 +32,24 @@ namespace mha_simd {
 template <class Arch>
 inline xsimd::batch<float, Arch> fast_exp2(xsimd::batch<float, Arch> x) {
   using B = xsimd::batch<float, Arch>;
-  // max(c, x) returns x when x is NaN (on x86 the second operand wins a NaN
-  // comparison; Arm's FMAX returns the NaN): a NaN score poisons its row.
-  constexpr bool kScalef = std::is_base_of<xsimd::avx512f, Arch>::value;
-  // vscalefps rounds p * 2^-160 to 0; the exponent-bits path needs n >= -127,
-  // where n = -127 builds the bit pattern of +0.
-  x = xsimd::max(B(kScalef ? -160.0f : -127.0f), x);
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+  if constexpr (std::is_base_of<xsimd::avx512f, Arch>::value) {
+    const B f = B(_mm512_reduce_ps(x, 0x09));  // x - floor(x); 0x08: no precision exception
+    B p = B(1.87736936e-03f);
+    p = xsimd::fma(p, f, B(8.98915436e-03f));
+    p = xsimd::fma(p, f, B(5.58272116e-02f));
+    p = xsimd::fma(p, f, B(2.40152955e-01f));
+    p = xsimd::fma(p, f, B(6.93153203e-01f));
+    p = xsimd::fma(p, f, B(9.99999940e-01f));
+    return B(_mm512_scalef_ps(p, x));
+  }
+#endif
+  // max(c, x) and min(c, x) return x when x is NaN (on x86 the second
+  // operand wins a NaN comparison; Arm's FMAX and FMIN return the NaN): a
+  // NaN score poisons its row.  The exponent-bits path needs -127 <= n <=
+  // 127: n = -127 builds the bit pattern of +0, and 2^64 (a score 64 above
+  // a stale maximum) is already far beyond what the fused path keeps.
+  x = xsimd::max(B(-127.0f), xsimd::min(B(64.0f), x));
   const B n = xsimd::nearbyint(x);
   const B f = x - n;
   B p = B(1.3276472e-03f);
@@ -36,9 +58,6 @@ inline xsimd::batch<float, Arch> fast_exp2(xsimd::batch<float, Arch> x) {
   p = xsimd::fma(p, f, B(2.4022120e-01f));
   p = xsimd::fma(p, f, B(6.9314694e-01f));
   p = xsimd::fma(p, f, B(1.0000001e+00f));
-#if defined(__AVX512F__)
-  if constexpr (kScalef) return B(_mm512_scalef_ps(p, n));
-#endif
   using I = xsimd::batch<int32_t, Arch>;
   const I bits = (xsimd::to_int(n) + I(127)) << 23;
   return p * xsimd::bitwise_cast<B>(bits);

@@ -74,6 +74,9 @@ class PrefillKernel {
     int64_t* last_key;   // [QT]: last visible key, relative to the item's first key
     float* tile_bounds;  // [2][QT]: first and last relative to the current tile
     uint32_t* row_key;   // [QT]: dropout hash of each query's row
+    int32_t* band;       // [2][QT / W]: per query vector, the keys [lo, hi) of the current
+                         // tile its lanes see (a tile crossing a limit: work above the
+                         // causal diagonal, or outside a window, is skipped)
     float* k_pack;       // [KT][D] when K rows are strided; bf16 path: [KT][ceil(D/2)] pairs
     float* v_pack;       // [KT][Dvp] when V rows are strided or Dv % W != 0;
                          // bf16 path: [KT/2][Dvp] pairs of keys, always
@@ -118,10 +121,26 @@ class PrefillKernel {
   static size_t scratch_bytes(const mha_kernel_problem& p) {
     const int64_t dvp = round_up(p.dv, W);
     const int64_t k_cached = fp32_cache(p) ? p.lk : 0, v_cached = widened_cache(p) ? p.lk : 0;
-    return ScratchCarver::bytes({p.d * QT, int64_t{KT} * QT, QT * dvp, QT, QT, QT, QT, 2 * QT,
-                                 2 * QT, 2 * QT, QT, KT * p.d, KT * dvp, int64_t{KT} * QT / 4,
-                                 QT * p.d, k_cached * p.d, v_cached * dvp, 2,
-                                 kBf16Dot ? int64_t{KT} * QT / 2 : 0});
+    return ScratchCarver::bytes({p.d * QT,
+                                 int64_t{KT} * QT,
+                                 QT * dvp,
+                                 QT,
+                                 QT,
+                                 QT,
+                                 QT,
+                                 2 * QT,
+                                 2 * QT,
+                                 2 * QT,
+                                 QT,
+                                 KT * p.d,
+                                 KT * dvp,
+                                 int64_t{KT} * QT / 4,
+                                 QT * p.d,
+                                 k_cached * p.d,
+                                 v_cached * dvp,
+                                 2,
+                                 kBf16Dot ? int64_t{KT} * QT / 2 : 0,
+                                 2 * QT / W});
   }
 
   static void run(const mha_kernel_problem& p, const mha_work_item& item, void* scratch) {
@@ -151,6 +170,7 @@ class PrefillKernel {
     t.widened[1] = -1;
     if constexpr (kBf16Dot)
       t.p_pairs = reinterpret_cast<uint32_t*>(carve.floats(int64_t{KT} * QT / 2));
+    t.band = reinterpret_cast<int32_t*>(carve.floats(2 * QT / W));
     for (int64_t h = item.h_begin; h < item.h_end; ++h) {
       for (int64_t q0 = item.q_begin; q0 < item.q_end; q0 += QT) {
         query_tile(p, item, t, h, q0, std::min<int64_t>(QT, item.q_end - q0));
@@ -279,9 +299,9 @@ class PrefillKernel {
       const KeyTile<kDot> kv = key_tile<kDot>(p, t, b, kvh, item.k_begin, j0, keys);
       // Fused path: once every lane has a finite running maximum, a tile with
       // no mask to apply computes its probabilities straight from the score
-      // registers against that (stale) maximum; it is exact as long as no
-      // score exceeds the maximum by more than kMaxGrowth (2^16 cannot
-      // overflow), which the epilogue checks.  Otherwise, and on the first
+      // registers against that (stale) maximum; it is exact as long as the
+      // tile's probabilities sum to at most 2^kMaxGrowth (far from overflow),
+      // which compute_scores checks.  Otherwise, and on the first
       // tile, the two-pass path: scores, masks, new maximum, rescale.  (The
       // bf16 path's fused kernel stores bf16 probabilities: dropout, which
       // needs them in fp32, takes the two-pass path.)
@@ -298,7 +318,11 @@ class PrefillKernel {
         if constexpr (kDot) {
           if (!maskless && !Dot::pairs_finite(kv.v, (keys + 1) / 2 * dvp)) return false;
         }
-        compute_scores<kDot, false>(t, kv, p.d, units, nqv, keys, prefetch);
+        // A tile crossing a limit computes, per query vector, only the keys
+        // its lanes can see (the rest is masked to -inf below either way).
+        const bool banded = !within_bounds;
+        if (banded) set_band(t, nqv, j0 - item.k_begin, keys);
+        compute_scores<kDot, false>(t, kv, p.d, units, nqv, keys, prefetch, banded);
         if (!plain_scores) {
           apply_score_variants_tile<Arch, QT>(p, t.scores, b, h, q0, nqv, j0, keys, units);
         }
@@ -327,14 +351,16 @@ class PrefillKernel {
       if constexpr (kDot) {
         // P rounded to bf16 once (the fused kernel stored its pairs already).
         if (!fused) Dot::template pair_probabilities<QT>(t.scores, keys, nqv, t.p_pairs);
-        accumulate_pv<kDot>(t, kv, dvp, nq, keys, prefetch);
+        accumulate_pv<kDot>(t, kv, dvp, nq, keys, prefetch, !fused && !within_bounds,
+                            j0 - item.k_begin);
       } else if (skip_removed) {
         for (int64_t r = 0; r < nq; ++r) {
           pv_guarded_row(t.scores + r, t.removed + r, QT, keys, t.alpha[r], kv.v, kv.v_stride, dvp,
                          t.acc + r * dvp);
         }
       } else {
-        accumulate_pv<kDot>(t, kv, dvp, nq, keys, prefetch);
+        accumulate_pv<kDot>(t, kv, dvp, nq, keys, prefetch, !fused && !within_bounds,
+                            j0 - item.k_begin);
       }
     }
     return true;
@@ -560,40 +586,73 @@ class PrefillKernel {
     }
   }
 
+  // Per query vector v, the keys [band[v], band[QT / W + v]) of the tile
+  // (starting at key j_rel0 of the item) that some lane of v sees: a key
+  // outside every lane's limits need not be computed.
+  static void set_band(const Tile& t, int nqv, int64_t j_rel0, int keys) {
+    for (int v = 0; v < nqv; ++v) {
+      int64_t lo = keys, hi = 0;
+      for (int r = v * W; r < (v + 1) * W; ++r) {
+        lo = std::min(lo, t.first_key[r] - j_rel0);
+        hi = std::max(hi, t.last_key[r] - j_rel0 + 1);
+      }
+      t.band[v] = static_cast<int32_t>(std::clamp<int64_t>(lo, 0, keys));
+      t.band[QT / W + v] = static_cast<int32_t>(std::clamp<int64_t>(hi, 0, keys));
+    }
+  }
+
   // The score micro-kernel over a key tile.  Returns false when the fused
   // path's stale maximum was exceeded; then nothing of the tile is kept
-  // (row_sum is untouched, alpha is 1 otherwise).
+  // (row_sum is untouched, alpha is 1 otherwise).  banded: only the query
+  // vectors whose band (set_band) meets a key group compute it -- the
+  // vectors of a group that need it are a run, computed together; what is
+  // left out is masked to -inf afterwards.
   template <bool kDot, bool kFused>
   static bool compute_scores(const Tile& t, const KeyTile<kDot>& kv, int64_t d,
-                             const ScoreUnits& units, int nqv, int keys, PrefetchQueue& prefetch) {
+                             const ScoreUnits& units, int nqv, int keys, PrefetchQueue& prefetch,
+                             bool banded = false) {
     constexpr int QV = Blk::kScoreQueryVectors, NK = Blk::kScoreKeys;
     if constexpr (kFused) {
       for (int v = 0; v < nqv; ++v) B(0.0f).store_aligned(t.tile_sum + v * W);
     }
     bool within = true;
-    for (int v0 = 0; v0 < nqv; v0 += QV) {
-      const int nv = std::min(QV, nqv - v0);
+    for (int v_group = 0; v_group < nqv; v_group += QV) {
+      const int group_end = std::min(QV, nqv - v_group) + v_group;
       for (int j = 0; j < keys; j += NK) {
         prefetch.step();
         const int nk = std::min(NK, keys - j);
+        int v0 = v_group, v_end = group_end;
+        if (banded) {  // the first and last vectors of the group that see a key of j .. j + nk
+          while (v0 < v_end && (t.band[v0] >= j + nk || t.band[QT / W + v0] <= j)) ++v0;
+          while (v_end > v0 && (t.band[v_end - 1] >= j + nk || t.band[QT / W + v_end - 1] <= j)) {
+            --v_end;
+          }
+          if (v0 == v_end) continue;
+        }
+        const int nv = v_end - v0;
         with_count<QV>(nv, [&](auto NV) {
           with_count<NK>(nk, [&](auto NKc) {
             constexpr int kNV = decltype(NV)::value, kNK = decltype(NKc)::value;
             if constexpr (kDot) {
-              within &= Dot::template score_block<QT, kNV, kNK, kFused>(
+              Dot::template score_block<QT, kNV, kNK, kFused>(
                   reinterpret_cast<const uint32_t*>(t.qt) + v0 * W, kv.k + j * kv.k_stride,
                   kv.k_stride, (d + 1) / 2, units.q_factor, t.scores + j * QT + v0 * W,
                   t.p_pairs + j / 2 * QT + v0 * W, t.row_max + v0 * W, t.tile_sum + v0 * W);
             } else {
-              within &= score_block<Arch, QT, kNV, kNK, kFused>(
-                  t.qt + v0 * W, kv.k + j * kv.k_stride, kv.k_stride, d, t.scores + j * QT + v0 * W,
-                  t.row_max + v0 * W, t.tile_sum + v0 * W);
+              score_block<Arch, QT, kNV, kNK, kFused>(t.qt + v0 * W, kv.k + j * kv.k_stride,
+                                                      kv.k_stride, d, t.scores + j * QT + v0 * W,
+                                                      t.row_max + v0 * W, t.tile_sum + v0 * W);
             }
           });
         });
       }
     }
     if constexpr (kFused) {
+      // The tile's probabilities against the stale maximum: within bounds
+      // when their sums are (NaN is not: the two-pass path sees it).
+      const B bound(std::exp2(kMaxGrowth));
+      for (int v = 0; v < nqv; ++v)
+        within = within && xsimd::all(B::load_aligned(t.tile_sum + v * W) <= bound);
       if (!within) return false;
       for (int v = 0; v < nqv; ++v) {
         (B::load_aligned(t.row_sum + v * W) + B::load_aligned(t.tile_sum + v * W))
@@ -604,14 +663,42 @@ class PrefillKernel {
     return within;
   }
 
-  // The P·V micro-kernel over a key tile.
+  // The P·V micro-kernel over a key tile.  banded (a tile crossing a limit,
+  // starting at key j_rel0 of the item): each block of rows sums only the
+  // keys its rows see -- the others' weights are 0, and on finite V (the
+  // guarded path takes the rest) leaving them out changes no bit.
   template <bool kDot>
   static void accumulate_pv(const Tile& t, const KeyTile<kDot>& kv, int64_t dvp, int64_t nq,
-                            int keys, PrefetchQueue& prefetch) {
+                            int keys, PrefetchQueue& prefetch, bool banded = false,
+                            int64_t j_rel0 = 0) {
     constexpr int R = Blk::kPvRows, C = Blk::kPvVectors;
     const int vectors = static_cast<int>(dvp / W);
     for (int64_t r0 = 0; r0 < nq; r0 += R) {
       const int nr = static_cast<int>(std::min<int64_t>(R, nq - r0));
+      int lo = 0, hi = keys;  // the keys these rows see, [lo, hi)
+      if (banded) {
+        int64_t first = keys, last = -1;
+        for (int64_t r = r0; r < r0 + nr; ++r) {
+          first = std::min(first, t.first_key[r] - j_rel0);
+          last = std::max(last, t.last_key[r] - j_rel0);
+        }
+        lo = static_cast<int>(std::clamp<int64_t>(first, 0, keys));
+        hi = static_cast<int>(std::clamp<int64_t>(last + 1, 0, keys));
+        if constexpr (kDot) {  // whole pairs of keys
+          lo &= ~1;
+          hi = std::min((keys + 1) & ~1, (hi + 1) & ~1);
+        }
+        if (hi <= lo) {  // no key of this tile: only the rescale
+          for (int r = 0; r < nr; ++r) {
+            const B a(t.alpha[r0 + r]);
+            for (int c = 0; c < vectors; ++c) {
+              float* out = t.acc + (r0 + r) * dvp + c * W;
+              (B::load_aligned(out) * a).store_aligned(out);
+            }
+          }
+          continue;
+        }
+      }
       for (int c0 = 0; c0 < vectors; c0 += C) {
         prefetch.step();
         const int nc = std::min(C, vectors - c0);
@@ -619,12 +706,13 @@ class PrefillKernel {
           with_count<C>(nc, [&](auto NC) {
             constexpr int kNR = decltype(NR)::value, kNC = decltype(NC)::value;
             if constexpr (kDot) {
-              Dot::template pv_block<QT, kNR, kNC>(t.p_pairs + r0, t.alpha + r0, kv.v + c0 * W,
-                                                   kv.v_stride, (keys + 1) / 2,
-                                                   t.acc + r0 * dvp + c0 * W, dvp);
+              Dot::template pv_block<QT, kNR, kNC>(
+                  t.p_pairs + lo / 2 * QT + r0, t.alpha + r0, kv.v + lo / 2 * kv.v_stride + c0 * W,
+                  kv.v_stride, (hi - lo + 1) / 2, t.acc + r0 * dvp + c0 * W, dvp);
             } else {
-              pv_block<Arch, QT, kNR, kNC>(t.scores + r0, t.alpha + r0, kv.v + c0 * W, kv.v_stride,
-                                           keys, t.acc + r0 * dvp + c0 * W, dvp);
+              pv_block<Arch, QT, kNR, kNC>(t.scores + lo * QT + r0, t.alpha + r0,
+                                           kv.v + lo * kv.v_stride + c0 * W, kv.v_stride, hi - lo,
+                                           t.acc + r0 * dvp + c0 * W, dvp);
             }
           });
         });

@@ -18,19 +18,20 @@ using Arch = MHA_MICRO_ARCH;
 using Blk = mha_simd::Blocking<Arch>;
 constexpr int kStride = Blk::kQueryTile;
 
-bool score(bool fused, int nv, int nk, const float* qt, const float* k_rows, int64_t k_stride,
+void score(bool fused, int nv, int nk, const float* qt, const float* k_rows, int64_t k_stride,
            int64_t d, float* scores, const float* row_max, float* tile_sum) {
-  bool result = false;
   mha_simd::with_count<Blk::kScoreQueryVectors>(nv, [&](auto NV) {
     mha_simd::with_count<Blk::kScoreKeys>(nk, [&](auto NK) {
       constexpr int kNV = decltype(NV)::value, kNK = decltype(NK)::value;
-      result = fused ? mha_simd::score_block<Arch, kStride, kNV, kNK, true>(
-                           qt, k_rows, k_stride, d, scores, row_max, tile_sum)
-                     : mha_simd::score_block<Arch, kStride, kNV, kNK, false>(
-                           qt, k_rows, k_stride, d, scores, row_max, tile_sum);
+      if (fused) {
+        mha_simd::score_block<Arch, kStride, kNV, kNK, true>(qt, k_rows, k_stride, d, scores,
+                                                             row_max, tile_sum);
+      } else {
+        mha_simd::score_block<Arch, kStride, kNV, kNK, false>(qt, k_rows, k_stride, d, scores,
+                                                              row_max, tile_sum);
+      }
     });
   });
-  return result;
 }
 
 void pv(int nr, int nc, const float* probs, const float* alpha, const float* v_rows,

@@ -14,7 +14,7 @@ struct MicroKernels {
   int max_nv, max_nk;  // score block: query vectors x keys
   int max_nr, max_nc;  // P·V block: rows x vectors of Dv
   // score_block<..., kFused = false / true> with nv vectors and nk keys.
-  bool (*score)(bool fused, int nv, int nk, const float* qt, const float* k_rows, int64_t k_stride,
+  void (*score)(bool fused, int nv, int nk, const float* qt, const float* k_rows, int64_t k_stride,
                 int64_t d, float* scores, const float* row_max, float* tile_sum);
   // pv_block with nr rows and nc vectors.
   void (*pv)(int nr, int nc, const float* probs, const float* alpha, const float* v_rows,
