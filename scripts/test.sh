@@ -11,7 +11,8 @@
 # tests under qemu-x86_64 -cpu Haswell and -cpu Nehalem, from build/native),
 # aarch64 (cross build, the functional suite under qemu-aarch64), python (the
 # Python package installed with pip into a venv, and its pytest suite), mpi
-# (OpenMPI installed, libmha-mpi and its tests under mpirun on 1-4 local ranks).
+# (OpenMPI installed, libmha-mpi and its tests under mpirun on 1-4 local ranks,
+# on 3 ranks under ASan+UBSan, and its fuzzer on one rank).
 # Build trees go to build/<stage>.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -192,11 +193,30 @@ stage_python() {
 # tests run under mpirun on 1, 2, 3 and 4 local ranks (--oversubscribe: more
 # ranks than cores, one thread each).
 stage_mpi() {
-  scripts/install-deps.sh native mpi
+  scripts/install-deps.sh native sanitizers mpi
   configure build/native -DMHA_BUILD_MPI=ON
   cmake --build build/native -j"$jobs" --target test_mpi mha-run mha_tools_case
   (unset MHA_BACKEND MHA_NUM_THREADS MHA_PLUGIN_DIR MHA_VERBOSE
    ctest --test-dir build/native --output-on-failure -L mpi)
+  # The same tests on 3 ranks under AddressSanitizer + UBSan (the asan
+  # stage's tree; OpenMPI keeps its own memory until exit: no leak check).
+  configure build/asan -DMHA_SANITIZE=address,undefined -DMHA_BUILD_BENCH=OFF -DMHA_BUILD_MPI=ON
+  cmake --build build/asan -j"$jobs" --target test_mpi
+  (unset MHA_BACKEND MHA_NUM_THREADS MHA_PLUGIN_DIR MHA_VERBOSE
+   export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+     mpirun -np 3 --oversubscribe -x ASAN_OPTIONS -x UBSAN_OPTIONS build/asan/bin/test_mpi)
+  # libmha-mpi's entry points under the fuzzer, one rank (the fuzz stage's tree).
+  configure build/fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+    -DMHA_BUILD_FUZZER=ON -DMHA_SANITIZE=address,undefined \
+    -DMHA_BUILD_TESTS=OFF -DMHA_BUILD_BENCH=OFF -DMHA_BUILD_TOOLS=OFF -DMHA_BUILD_MPI=ON
+  cmake --build build/fuzz -j"$jobs" --target mpi_fuzzer
+  rm -rf build/fuzz/mpi-corpus build/fuzz/mpi-findings
+  mkdir -p build/fuzz/mpi-corpus build/fuzz/mpi-findings
+  (export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+     build/fuzz/bin/mpi_fuzzer -seed=1 -max_total_time=30 -timeout=30 -max_len=256 \
+     -print_final_stats=1 -artifact_prefix=build/fuzz/mpi-findings/ build/fuzz/mpi-corpus)
 }
 
 mkdir -p build
