@@ -38,6 +38,19 @@ std::vector<Segment> segments_of(int32_t layout, int rank, const std::vector<int
   return segments;
 }
 
+std::vector<Segment> coalesce(std::vector<Segment> segments) {
+  std::vector<Segment> out;
+  for (const Segment& s : segments) {
+    if (!out.empty() && out.back().global + out.back().length == s.global &&
+        out.back().local + out.back().length == s.local) {
+      out.back().length += s.length;
+    } else {
+      out.push_back(s);
+    }
+  }
+  return out;
+}
+
 std::string check_layout(int32_t layout, const std::vector<int64_t>& lengths, const char* what) {
   if (layout != MHA_MPI_ZIGZAG) return "";
   const int64_t ranks = static_cast<int64_t>(lengths.size());

@@ -82,8 +82,8 @@ class Ring {
       full_lq_ += s.lq;
       full_lk_ += s.lk;
     }
-    for (int r = 0; r < ranks; ++r) k_segments_.push_back(segments_of(layout, r, lk));
-    q_segments_ = segments_of(layout, rank, lq);
+    for (int r = 0; r < ranks; ++r) k_segments_.push_back(coalesce(segments_of(layout, r, lk)));
+    q_segments_ = coalesce(segments_of(layout, rank, lq));
     vis_ = visibility_of(params, full_lq_, full_lk_);
     const Shard& me = shards[static_cast<size_t>(rank)];
     batch_ = me.batch;
