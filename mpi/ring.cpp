@@ -62,10 +62,12 @@ bool is_dense(const mha_tensor& t) {
 
 // Lets MPI move the messages in flight (shared-memory and TCP transports
 // progress only inside MPI calls).
+// `requests` ends empty once they are all complete.
 void progress(std::vector<MPI_Request>* requests) {
   if (requests->empty()) return;
   int done = 0;
   MPI_Testall(static_cast<int>(requests->size()), requests->data(), &done, MPI_STATUSES_IGNORE);
+  if (done != 0) requests->clear();
 }
 
 // One rank's part of a ring call.
@@ -218,12 +220,13 @@ class Ring {
         const mha_tensor part_lse = first ? acc_lse_rows(qs.local, qs.length)
                                           : dense3(part_lse_, batch_, heads_, qs.length);
         const mha_tensor kb = rows_of(k, ks.local, ks.length), vb = rows_of(v, ks.local, ks.length);
-        // Query rows in a few calls, so that MPI can move the next shard
-        // between them: about 4, in whole query tiles (64 rows fill the
-        // AVX-512 kernel's tile; a 32-row remainder would run it half empty).
+        // While K/V are in flight, query rows in a few calls, so that MPI can
+        // move them between calls: about 4, in whole query tiles (64 rows
+        // fill the AVX-512 kernel's tile; a 32-row remainder would run it
+        // half empty).  Once they have arrived, the rest in one call.
         const int64_t chunk = std::max<int64_t>(128, (qs.length + 3) / 4 + 63) / 64 * 64;
-        for (int64_t c0 = 0; c0 < qs.length; c0 += chunk) {
-          const int64_t n = std::min(chunk, qs.length - c0);
+        for (int64_t c0 = 0, n = 0; c0 < qs.length; c0 += n) {
+          n = requests->empty() ? qs.length - c0 : std::min(chunk, qs.length - c0);
           mha_tensor out_rows = rows_of(part, c0, n), lse_rows = rows_of(part_lse, c0, n);
           if (visible_pairs(vis_, qs.global + c0, qs.global + c0 + n, ks.global,
                             ks.global + ks.length) == 0) {
