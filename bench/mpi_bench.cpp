@@ -8,8 +8,11 @@
 //                 many threads as there are ranks, the other ranks idle
 //   speed         single / ring, the median over pairs of calls made one
 //                 right after the other (1 = the distribution costs nothing)
-//   compute_ms, wait_ms   per rank (largest): in the kernels and merges,
-//                 and waiting for K/V (communication not hidden)
+//   compute_ms, wait_ms   per rank (the busiest rank's median; the largest
+//                 wait): in the kernels and merges, and waiting for K/V
+//                 (communication not hidden)
+//   compute_min_ms, balance   the idlest rank's median compute, and its
+//                 ratio to the busiest's (1: perfectly balanced)
 //   transfer_ms   one step's K/V shard sent around the ring alone
 //   hidden        1 - wait / (transfer · (N-1)): the part of the
 //                 communication the kernels hid
@@ -120,7 +123,8 @@ void run_shape(const Shape& s, int repeat, int rank, int ranks) {
   // a drift of the machine's speed (these VMs are shared) hits both alike;
   // `speed` is the median of the per-pair ratios.  One untimed round first.
   std::vector<double> ring_ms, single_ms, ratios;
-  double compute = 0, wait = 0;
+  std::vector<double> compute_ms_of_rank;  // this rank's, per repetition
+  double wait = 0;
   for (int r = -1; r < repeat; ++r) {
     check(mha_set_num_threads(1), "mha_set_num_threads");
     MPI_Barrier(MPI_COMM_WORLD);
@@ -130,7 +134,7 @@ void run_shape(const Shape& s, int repeat, int rank, int ranks) {
     MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (r >= 0) {
       ring_ms.push_back(slowest);
-      compute = std::max(compute, stats.compute_seconds * 1e3);
+      compute_ms_of_rank.push_back(stats.compute_seconds * 1e3);
       wait = std::max(wait, stats.wait_seconds * 1e3);
     }
     // The single-process call with as many threads as there are ranks, the
@@ -146,8 +150,12 @@ void run_shape(const Shape& s, int repeat, int rank, int ranks) {
     }
     idle_until_rank0_done(MPI_COMM_WORLD);  // (rank 0 passes at once)
   }
-  double compute_max = 0, wait_max = 0;
+  // The ranks' median compute times: the busiest and the idlest (the load
+  // balance of the layout).
+  const double compute = median(compute_ms_of_rank);
+  double compute_max = 0, compute_min = 0, wait_max = 0;
   MPI_Allreduce(&compute, &compute_max, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(&compute, &compute_min, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
   MPI_Allreduce(&wait, &wait_max, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
 
   // One step's K/V shard around the ring, alone.
@@ -177,12 +185,13 @@ void run_shape(const Shape& s, int repeat, int rank, int ranks) {
         "\"speed\":%.3f,\"compute_ms\":%.3f,\"wait_ms\":%.3f,\"transfer_ms\":%.3f,"
         "\"hidden\":%.3f,\"ring_gflops\":%.1f,\"single_gflops\":%.1f,"
         "\"step_compute_ms\":%.3f,\"shard_mb\":%.2f,\"link_gbps\":%.2f,"
-        "\"model_hidden\":%.3f}\n",
+        "\"model_hidden\":%.3f,\"compute_min_ms\":%.3f,\"balance\":%.3f}\n",
         s.name, ranks, mha_selected_backend(), ring, single, ranks, speed, compute_max, wait_max,
         transfer, exposed > 0 ? std::max(0.0, 1.0 - wait_max / exposed) : 1.0, flops / ring * 1e-6,
         flops / single * 1e-6, step_compute, shard_bytes / 1e6,
         transfer > 0 ? shard_bytes * 8 / (transfer * 1e6) : 0.0,
-        transfer > 0 ? std::min(1.0, step_compute / transfer) : 1.0);
+        transfer > 0 ? std::min(1.0, step_compute / transfer) : 1.0, compute_min,
+        compute_max > 0 ? compute_min / compute_max : 1.0);
     std::fflush(stdout);
   }
 }
