@@ -5,7 +5,8 @@
 #   scripts/bench.sh [mha_bench options, e.g. --benchmark_filter=S1]
 # Writes build/release/bench.json (Google Benchmark JSON),
 # build/release/bench-table.txt (the table printed at the end) and
-# build/release/bench.png (the same results as a picture, bench/plot_bench.py).
+# build/release/bench.png (the same results as a picture, bench/plot_bench.py);
+# with OpenMPI installed, also the ring's figures (build/release/bench-mpi.jsonl).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${MHA_JOBS:-2}
@@ -26,5 +27,15 @@ python3 bench/print_table.py build/release/bench.json | tee build/release/bench-
 plot_python=/usr/bin/python3
 [ -x "$plot_python" ] || plot_python=python3
 "$plot_python" bench/plot_bench.py build/release/bench.json build/release/bench.png
+# Context parallelism (libmha-mpi, built when OpenMPI is installed:
+# scripts/install-deps.sh mpi): S2 and S6 on 2 ranks x 1 thread against one
+# process with 2 threads.
+if [ -x build/release/bin/mha_bench_mpi ] && command -v mpirun >/dev/null; then
+  echo
+  echo "ring attention, 2 ranks x 1 thread (mha_bench_mpi):"
+  OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    mpirun -np 2 --oversubscribe --bind-to none build/release/bin/mha_bench_mpi --repeat 11 |
+    tee build/release/bench-mpi.jsonl
+fi
 echo
 echo "benchmarks ran in $(( $(date +%s) - started )) s"
