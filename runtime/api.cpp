@@ -10,6 +10,7 @@
 
 #include "attention.h"
 #include "backward.h"
+#include "cpu_caches.h"
 #include "cpu_features.h"
 #include "env.h"
 #include "error.h"
@@ -150,6 +151,27 @@ mha_status mha_backend_get_info(int32_t index, mha_backend_info* info) {
   info->usable = b.usable ? 1 : 0;
   info->priority = b.priority;
   info->reason = b.reason;
+  return MHA_OK;
+}
+
+mha_status mha_backend_get_tiles(int32_t index, mha_backend_tiles* tiles) {
+  clear_error();
+  if (tiles == nullptr) return fail(MHA_ERR_NULL_POINTER, "tiles is NULL");
+  const Registry& registry = Registry::instance();
+  if (index < 0 || index >= registry.count()) {
+    return fail(MHA_ERR_INVALID_VALUE, "backend index %d is outside [0, %d)", index,
+                registry.count());
+  }
+  const mha_tile_sizes t = registry.info(index).tiles;
+  *tiles = mha_backend_tiles{t.query_tile, t.key_tile, t.decode_key_tile};
+  return MHA_OK;
+}
+
+mha_status mha_cpu_caches(mha_cache_info* caches) {
+  clear_error();
+  if (caches == nullptr) return fail(MHA_ERR_NULL_POINTER, "caches is NULL");
+  const mha_cache_sizes& c = cpu_caches();
+  *caches = mha_cache_info{c.l1d, c.l2, c.l3};
   return MHA_OK;
 }
 

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "cpu_caches.h"
 #include "cpu_features.h"
 #include "env.h"
 #include "error.h"
@@ -53,8 +54,14 @@ const char* Registry::intern(std::string text) {
 Registry::Registry() {
   std::lock_guard<std::mutex> lock(mutex_);
   cpu_ = cpu_features();
+  const mha_cache_sizes& caches = cpu_caches();  // warns once about a malformed MHA_CACHE_SIZES
   const int verbose = verbose_level();
-  if (verbose >= 1) std::fprintf(stderr, "mha: cpu features: %s\n", feature_names(cpu_).c_str());
+  if (verbose >= 1) {
+    std::fprintf(stderr, "mha: cpu features: %s\n", feature_names(cpu_).c_str());
+    std::fprintf(stderr, "mha: caches: l1d %lld, l2 %lld, l3 %lld bytes\n",
+                 static_cast<long long>(caches.l1d), static_cast<long long>(caches.l2),
+                 static_cast<long long>(caches.l3));
+  }
 
   if (const char* env = std::getenv("MHA_PLUGIN_DIR"); env != nullptr && *env != '\0') {
     if (env[0] == '/') {
@@ -194,6 +201,21 @@ void Registry::probe_locked(Backend& backend) {
       return;
     }
   }
+  // The tiles for this machine's caches: the runtime plans work items with
+  // them, and the plugin's kernels use the same.
+  mha_tile_sizes tiles{plugin->query_tile, plugin->key_tile, 0};
+  if (plugin->choose_tiles != nullptr) plugin->choose_tiles(&cpu_caches(), &tiles);
+  if (tiles.query_tile <= 0 || tiles.key_tile <= 0 || tiles.decode_key_tile < 0) {
+    backend.reason =
+        intern("its chosen tile sizes are not positive (query " + std::to_string(tiles.query_tile) +
+               ", key " + std::to_string(tiles.key_tile) + ")");
+    return;
+  }
+  if (verbose_level() >= 1) {
+    std::fprintf(stderr, "mha: backend %s: tiles of %d queries x %d keys, decode %d keys\n",
+                 backend.name.c_str(), tiles.query_tile, tiles.key_tile, tiles.decode_key_tile);
+  }
+  backend.tiles = tiles;
   backend.plugin = plugin;
   backend.usable = true;
   backend.reason = "";
@@ -202,7 +224,7 @@ void Registry::probe_locked(Backend& backend) {
 BackendInfo Registry::info(int32_t index) const {
   std::lock_guard<std::mutex> lock(mutex_);
   const Backend& b = backends_[static_cast<size_t>(index)];
-  return {b.name.c_str(), b.usable, b.priority, b.reason};
+  return {b.name.c_str(), b.usable, b.priority, b.reason, b.tiles};
 }
 
 const Backend* Registry::best_usable_locked() const {

@@ -24,6 +24,8 @@ struct Backend {
   std::string path;         // the plugin file
   const char* reason = "";  // why not usable; valid for the process's lifetime
   const mha_plugin* plugin = nullptr;
+  // What the plugin chose for this machine's caches (set with plugin).
+  mha_tile_sizes tiles{};
 };
 
 // A snapshot of one backend for mha_backend_get_info.
@@ -32,6 +34,7 @@ struct BackendInfo {
   bool usable;
   int32_t priority;
   const char* reason;
+  mha_tile_sizes tiles;  // zero when not usable
 };
 
 class Registry {

@@ -32,8 +32,8 @@ static_assert(kTargetItems <= kMaxChunks, "a row never has more chunks than kTar
 // hide the misses on its inputs: an item then takes several heads, and the
 // kernel fetches the next head's rows while it computes one.  Only while
 // enough items remain to balance the threads; never a thread-dependent choice.
-int64_t heads_per_short_item(const mha_kernel_problem& p, const mha_plugin& plugin) {
-  if (p.lq > plugin.query_tile) return 1;
+int64_t heads_per_short_item(const mha_kernel_problem& p, const mha_tile_sizes& tiles) {
+  if (p.lq > tiles.query_tile) return 1;
   int64_t best = 1;
   for (int64_t g = 2; g <= kMaxHeadsPerItem && g <= p.heads; ++g) {
     if (p.heads % g == 0 && p.batch * (p.heads / g) >= kTargetItems) best = g;
@@ -62,28 +62,29 @@ int64_t WorkPlan::items() const {
   return batch * head_groups * q_tiles * chunks;
 }
 
-WorkPlan plan_work(const mha_kernel_problem& p, const mha_plugin& plugin) {
+WorkPlan plan_work(const mha_kernel_problem& p, const Backend& backend) {
+  const mha_tile_sizes& tiles = backend.tiles;
+  const int32_t vector_floats = backend.plugin->vector_floats;
   WorkPlan plan{};
   // Query lanes waste most of every vector when there are few queries; then the
   // decode layout (lanes along the head dimension) serves the heads sharing a
   // KV head together.  It pays off only over many keys: with a short KV the
   // fixed cost of its horizontal reductions outweighs the idle lanes.
-  const bool few_queries = p.lq * 4 <= plugin.vector_floats;
-  const bool decode = plugin.vector_floats > 1 && few_queries &&
-                      key_span(p, p.lq) >= 2 * plugin.key_tile &&
+  const bool few_queries = p.lq * 4 <= vector_floats;
+  const bool decode = vector_floats > 1 && few_queries && key_span(p, p.lq) >= 2 * tiles.key_tile &&
                       (p.heads / p.kv_heads) * p.lq <= kMaxDecodeRows;
   plan.layout = decode ? MHA_LAYOUT_DECODE : MHA_LAYOUT_QUERY_LANES;
   plan.batch = p.batch;
   plan.heads_per_item =
-      decode ? mha_kernel::decode_heads_per_item(p) : heads_per_short_item(p, plugin);
+      decode ? mha_kernel::decode_heads_per_item(p) : heads_per_short_item(p, tiles);
   plan.head_groups = p.heads / plan.heads_per_item;
-  plan.q_tile = decode ? p.lq : std::min<int64_t>(p.lq, plugin.query_tile);
+  plan.q_tile = decode ? p.lq : std::min<int64_t>(p.lq, tiles.query_tile);
   // K and V that a prefill kernel must widen (half precision, int8) are
   // widened once per item and reused by its query tiles: give an item up to
   // kWidenedQueryTiles tiles, while enough items remain to balance threads.
   if (!decode && p.kv_dtype != MHA_DTYPE_F32) {
     for (int64_t m = kWidenedQueryTiles; m > 1; m /= 2) {
-      const int64_t tile = plugin.query_tile * m;
+      const int64_t tile = tiles.query_tile * m;
       if (p.batch * plan.head_groups * ceil_div(p.lq, tile) >= 2 * kTargetItems) {
         plan.q_tile = std::min(p.lq, tile);
         break;
@@ -98,10 +99,10 @@ WorkPlan plan_work(const mha_kernel_problem& p, const mha_plugin& plugin) {
   plan.chunks = 1;
 
   const int64_t base = p.batch * plan.head_groups * plan.q_tiles;
-  const int64_t min_chunk = ceil_div(kMinChunk, plugin.key_tile) * plugin.key_tile;
+  const int64_t min_chunk = ceil_div(kMinChunk, tiles.key_tile) * tiles.key_tile;
   if (base < kTargetItems && span >= 2 * min_chunk) {
     const int64_t want = std::min(ceil_div(kTargetItems, base), span / min_chunk);
-    plan.chunk_len = ceil_div(ceil_div(span, want), plugin.key_tile) * plugin.key_tile;
+    plan.chunk_len = ceil_div(ceil_div(span, want), tiles.key_tile) * tiles.key_tile;
     plan.chunks = ceil_div(span, plan.chunk_len);
   }
   return plan;
@@ -300,7 +301,7 @@ mha_status run_attention(const Backend& backend, KernelCall* calls, int64_t coun
     mha_kernel_problem& p = call.problem;
     PlannedCall pc{};
     pc.call = &call;
-    pc.plan = plan_work(p, plugin);
+    pc.plan = plan_work(p, backend);
     p.layout = pc.plan.layout;
     pc.item_problem = p;
     if (pc.plan.chunks > 1) pc.item_problem.sinks = nullptr;  // the merge adds each once

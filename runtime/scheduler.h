@@ -25,7 +25,8 @@ struct WorkPlan {
   int64_t items() const;
 };
 
-WorkPlan plan_work(const mha_kernel_problem& problem, const mha_plugin& plugin);
+// With the tiles the backend chose for this machine (Backend::tiles).
+WorkPlan plan_work(const mha_kernel_problem& problem, const Backend& backend);
 
 // The first key any query of a tile starting at q_begin can see: 0, or with a
 // sliding window the first query's window start.  Keys before it are never

@@ -37,11 +37,13 @@ struct BackendEntry {
   bool usable = false;
   int32_t priority = 0;
   std::string reason;
+  mha_backend_tiles tiles{};  // zero when not usable
 };
 
 struct Info {
   std::string version;
   std::vector<std::string> cpu_features;
+  mha_cache_info caches{};
   std::vector<BackendEntry> backends;
   std::optional<std::string> selected;
   std::string selection_error;  // when nothing is selected
@@ -59,6 +61,7 @@ Info gather_info() {
   Info info;
   info.version = mha_version();
   info.cpu_features = split_words(mha_cpu_features());
+  (void)mha_cpu_caches(&info.caches);
   const int32_t count = mha_backend_count();
   for (int32_t i = 0; i < count; ++i) {
     mha_backend_info b{};
@@ -66,8 +69,10 @@ Info gather_info() {
       info.backends.push_back({"#" + std::to_string(i), false, 0, mha_last_error()});
       continue;
     }
+    mha_backend_tiles tiles{};
+    (void)mha_backend_get_tiles(i, &tiles);
     info.backends.push_back({b.name != nullptr ? b.name : "", b.usable != 0, b.priority,
-                             b.reason != nullptr ? b.reason : ""});
+                             b.reason != nullptr ? b.reason : "", tiles});
   }
   if (const char* selected = mha_selected_backend(); selected != nullptr) {
     info.selected = selected;
@@ -82,10 +87,25 @@ std::string to_json(const Info& info) {
   nlohmann::ordered_json j;
   j["version"] = info.version;
   j["cpu_features"] = info.cpu_features;
+  // Bytes; null when the system does not say.
+  const auto bytes_or_null = [](int64_t bytes) {
+    return bytes > 0 ? nlohmann::ordered_json(bytes) : nlohmann::ordered_json(nullptr);
+  };
+  j["caches"] = {{"l1d", bytes_or_null(info.caches.l1d_bytes)},
+                 {"l2", bytes_or_null(info.caches.l2_bytes)},
+                 {"l3", bytes_or_null(info.caches.l3_bytes)}};
   j["backends"] = nlohmann::ordered_json::array();
   for (const auto& b : info.backends) {
-    j["backends"].push_back(
-        {{"name", b.name}, {"usable", b.usable}, {"reason", b.reason}, {"priority", b.priority}});
+    nlohmann::ordered_json entry = {
+        {"name", b.name}, {"usable", b.usable}, {"reason", b.reason}, {"priority", b.priority}};
+    if (b.usable) {
+      entry["tiles"] = {{"query", b.tiles.query_tile},
+                        {"key", b.tiles.key_tile},
+                        {"decode_key", b.tiles.decode_key_tile}};
+    } else {
+      entry["tiles"] = nullptr;
+    }
+    j["backends"].push_back(entry);
   }
   if (info.selected) {
     j["selected"] = *info.selected;
@@ -98,6 +118,14 @@ std::string to_json(const Info& info) {
   // any bytes: control characters come out as \u00XX, bytes that are not
   // UTF-8 as U+FFFD.
   return j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
+}
+
+// "48 KiB", "2 MiB", or "unknown".
+std::string size_text(int64_t bytes) {
+  if (bytes <= 0) return "unknown";
+  if (bytes % (int64_t{1} << 20) == 0) return std::to_string(bytes >> 20) + " MiB";
+  if (bytes % (int64_t{1} << 10) == 0) return std::to_string(bytes >> 10) + " KiB";
+  return std::to_string(bytes) + " bytes";
 }
 
 // escape() applied to each line, keeping the line ends.
@@ -120,11 +148,17 @@ std::string to_text(const Info& info) {
   out << "cpu features:";
   for (const auto& f : info.cpu_features) out << ' ' << f;
   out << (info.cpu_features.empty() ? " (none)\n" : "\n");
+  out << "caches: l1d " << size_text(info.caches.l1d_bytes) << ", l2 "
+      << size_text(info.caches.l2_bytes) << ", l3 " << size_text(info.caches.l3_bytes) << "\n";
   out << "backends:\n";
   for (const auto& b : info.backends) {
     out << "  " << b.name;
     if (b.usable) {
-      out << ": usable (priority " << b.priority << ")\n";
+      out << ": usable (priority " << b.priority << "), tiles of " << b.tiles.query_tile
+          << " queries x " << b.tiles.key_tile << " keys";
+      if (b.tiles.decode_key_tile > 0)
+        out << ", decode tiles of " << b.tiles.decode_key_tile << " keys";
+      out << "\n";
     } else {
       out << ": not usable: " << b.reason << "\n";
     }

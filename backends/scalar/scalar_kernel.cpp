@@ -285,6 +285,7 @@ extern "C" __attribute__((visibility("default"))) const mha_plugin* mha_plugin_e
       nullptr,              // path: the runtime's names (fp32, widened-to-fp32) are right
       mha_scalar::backward_scratch_bytes,
       mha_scalar::backward,
+      nullptr,  // choose_tiles: loops over single keys, no tile to size
   };
   return &table;
 }

@@ -1,11 +1,7 @@
 // Register blocking and tile sizes per instruction set.  The micro-kernels'
-// accumulators fill the register file without spilling; the tiles keep the
-// working set of one query tile in L1/L2.  Key tiles: docs/kernel-design.md
-// measured 64 queries x 96 keys best on Zen 4 (5-12 % ahead of larger tiles);
-// on this project's Zen 5 machine (full-width 512-bit FMAs) A/B runs of
-// avx512 put 192-576 keys ahead of 96 (S2 and S6 about 10 %, S1 3-8 %) with
-// no clear winner among them, and avx2 showed no difference: 288 for the
-// 32-register ISAs (NEON is not measured; it follows), 96 for avx2.
+// accumulators fill the register file without spilling.  The prefill key tile
+// is chosen from the L1d when the plugin loads (tile_choice.hpp); kKeyTile is
+// the one used when the system does not say, kKeyTileMax bounds the choice.
 #pragma once
 
 #include <xsimd/xsimd.hpp>
@@ -23,6 +19,7 @@ struct Blocking {
   static constexpr int kPvVectors = 4;
   static constexpr int kQueryTile = 64;
   static constexpr int kKeyTile = 288;
+  static constexpr int kKeyTileMax = 576;
   // Decoding streams K and V from memory: long tiles mean fewer switches
   // between the two streams (each restarts the hardware prefetcher's ramp).
   // S3 at 2 threads, A/B in one session: 1024 keys about 10 % ahead of 384;
@@ -53,6 +50,7 @@ struct Blocking<xsimd::fma3<xsimd::avx2>> {
   static constexpr int kPvVectors = 2;
   static constexpr int kQueryTile = 64;
   static constexpr int kKeyTile = 96;
+  static constexpr int kKeyTileMax = 576;
   static constexpr int kDecodeKeyTile = 1024;
   static constexpr int kDecodeRows = 4;
   static constexpr int kDecodeAccumulators = 8;

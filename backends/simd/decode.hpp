@@ -20,13 +20,12 @@
 #include <limits>
 #include <type_traits>
 
-#include <unistd.h>
-
 #include "common/dropout.h"
 #include "common/problem.h"
 #include "simd/blocking.hpp"
 #include "simd/convert.hpp"
 #include "simd/epilogue.hpp"
+#include "simd/kernel_entry.hpp"
 #include "simd/masking.hpp"
 #include "simd/nonfinite.hpp"
 #include "simd/row_kernels.hpp"
@@ -82,12 +81,11 @@ class DecodeKernel {
   // Keys per tile for an item over `kv_heads` KV heads of token-major K and V:
   // the tile's whole token rows (every KV head's K and V, and int8 scales)
   // within half the L2 cache, so that the heads after the first find the
-  // lines its pass brought in; at least 64 keys, at most KT.
+  // lines its pass brought in; at least 64 keys, at most KT.  The L2 is the
+  // runtime's (mha_cache_sizes); 512 KiB when the system does not say.
   static int token_tile(const mha_kernel_problem& p, int64_t kv_heads) {
-    static const int64_t l2 = [] {
-      const long bytes = sysconf(_SC_LEVEL2_CACHE_SIZE);
-      return bytes > 0 ? static_cast<int64_t>(bytes) : int64_t{512} << 10;
-    }();
+    const int64_t known = mha_simd_chosen_tiles().l2_bytes;
+    const int64_t l2 = known > 0 ? known : int64_t{512} << 10;
     const int64_t element = p.kv_dtype == MHA_DTYPE_I8 ? 1 : mha_types::float_bytes(p.kv_dtype);
     const int64_t scales = p.kv_dtype == MHA_DTYPE_I8 ? 8 : 0;
     const int64_t token = kv_heads * ((p.d + p.dv) * element + scales);

@@ -4,12 +4,16 @@
 //
 // AVX-512: f = x - floor(x) in [0, 1) by vreduceps, 2^f by a degree-5
 // polynomial (minimax for relative error on [0, 1], fitted in float64 and
-// checked in float32: 1.6e-7), and vscalefps multiplies by 2^floor(x),
-// giving 0 below 2^-149.  vreduceps turns ±inf into 0, so -inf (a masked
-// score) gives exactly 0 without a clamp, and NaN stays NaN: 8 operations,
-// one fewer than rounding and subtracting (and the clamp) -- on CPUs whose
-// 512-bit operations share two ports with the FMAs (Intel), the softmax's
-// exps compete with the products for them.
+// checked in float32: 1.6e-7), and vscalefps multiplies by 2^floor(x).
+// vreduceps turns ±inf into 0, so NaN stays NaN: 9 operations, one fewer
+// than rounding and subtracting (and the clamp) -- on CPUs whose 512-bit
+// operations share two ports with the FMAs (Intel), the softmax's exps
+// compete with the products for them.  Below -126 the result is 0 (zero
+// masking; -inf, a masked score, included), never a subnormal: weights under
+// 2^-126 of the row maximum's are below fp32 resolution, and a subnormal
+// probability costs a microcode assist in every FMA of P·V it enters (Intel,
+// family 6 model 207: S2 with ALiBi, whose distant keys land there, ran 2.7x
+// slower than with them flushed).
 //
 // Elsewhere (AVX2, NEON): x = n + f with n = round(x), f in [-1/2, 1/2];
 // 2^f by a degree-5 polynomial (at most 2.4e-7 relative, about 2 ulp), 2^n
@@ -41,7 +45,9 @@ inline xsimd::batch<float, Arch> fast_exp2(xsimd::batch<float, Arch> x) {
     p = xsimd::fma(p, f, B(2.40152955e-01f));
     p = xsimd::fma(p, f, B(6.93153203e-01f));
     p = xsimd::fma(p, f, B(9.99999940e-01f));
-    return B(_mm512_scalef_ps(p, x));
+    // Not less than -126, or unordered (NaN passes through).
+    const __mmask16 normal = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ);
+    return B(_mm512_maskz_scalef_ps(normal, p, x));
   }
 #endif
   // max(c, x) and min(c, x) return x when x is NaN (on x86 the second

@@ -17,3 +17,13 @@ int mha_simd_attend(const mha_kernel_problem* problem, const mha_work_item* item
 size_t mha_simd_backward_scratch_bytes(const mha_backward_problem* problem);
 int mha_simd_backward(const mha_backward_problem* problem, const mha_backward_item* item,
                       void* scratch);
+
+// The tiles this plugin chose for the machine's caches: written once by the
+// table's choose_tiles (plugin_table.hpp) when the runtime loads the plugin,
+// before any kernel runs; the kernels only read them.  Defined in the table's
+// translation unit.
+struct mha_simd_tiles {
+  int32_t key_tile;  // prefill keys per tile, a multiple of kScoreKeys
+  int64_t l2_bytes;  // the L2 the decode's token-major tiles fill (0: unknown)
+};
+const mha_simd_tiles& mha_simd_chosen_tiles();

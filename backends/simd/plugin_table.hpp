@@ -7,10 +7,29 @@
 #include "simd/blocking.hpp"
 #include "simd/kernel_entry.hpp"
 #include "simd/paths.hpp"
+#include "simd/tile_choice.hpp"
 
 #define MHA_PLUGIN_EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace mha_simd {
+
+// What the kernels read through mha_simd_chosen_tiles(); the table's tiles
+// until the runtime calls choose_tiles.
+template <class Arch>
+mha_simd_tiles& tiles_of_this_plugin() {
+  static mha_simd_tiles tiles{Blocking<Arch>::kKeyTile, 0};
+  return tiles;
+}
+
+template <class Arch>
+void choose_tiles(const mha_cache_sizes* caches, mha_tile_sizes* tiles) {
+  mha_simd_tiles& chosen = tiles_of_this_plugin<Arch>();
+  chosen.key_tile = prefill_key_tile<Arch>(caches->l1d);
+  chosen.l2_bytes = caches->l2;
+  tiles->query_tile = Blocking<Arch>::kQueryTile;
+  tiles->key_tile = chosen.key_tile;
+  tiles->decode_key_tile = Blocking<Arch>::kDecodeKeyTile;
+}
 
 template <class Arch, bool kBf16Dot>
 constexpr mha_plugin plugin_table(const char* name, const char* description, uint32_t features,
@@ -32,6 +51,7 @@ constexpr mha_plugin plugin_table(const char* name, const char* description, uin
       kernel_path<kBf16Dot>,
       mha_simd_backward_scratch_bytes,
       mha_simd_backward,
+      choose_tiles<Arch>,
   };
 }
 

@@ -34,6 +34,7 @@
 #include "simd/blocking.hpp"
 #include "simd/convert.hpp"
 #include "simd/epilogue.hpp"
+#include "simd/kernel_entry.hpp"
 #include "simd/kv_rows.hpp"
 #include "simd/masking.hpp"
 #include "simd/microkernels.hpp"
@@ -53,22 +54,24 @@ class PrefillKernel {
   static constexpr int W = static_cast<int>(B::size);
   using Blk = Blocking<Arch>;
   static constexpr int QT = Blk::kQueryTile;
-  static constexpr int KT = Blk::kKeyTile;
+  // Keys per tile: chosen from the L1d when the plugin was loaded
+  // (tile_choice.hpp), a multiple of kScoreKeys and of W.
+  static int64_t chosen_key_tile() { return mha_simd_chosen_tiles().key_tile; }
   static constexpr int kWarmUpKeys = 4 * Blk::kScoreKeys;
   static_assert(QT % (W * Blk::kScoreQueryVectors) == 0, "query tile must hold whole blocks");
-  static_assert(KT % Blk::kScoreKeys == 0, "key tile must hold whole key groups");
   static_assert(!kBf16Dot || Blk::kScoreKeys % 2 == 0, "bf16 key groups are whole pairs");
 
   struct Tile {
+    int64_t kt;          // keys per tile (chosen_key_tile)
     float* qt;           // [D][QT]: Q transposed, times scale·log2(e);
                          // bf16 path: [ceil(D/2)][QT] pairs of Q, unscaled
     float* q_stage;      // [QT][D]: a half-precision Q tile widened to fp32
-    float* scores;       // [KT][QT]: scores, then probabilities, of one key tile
+    float* scores;       // [kt][QT]: scores, then probabilities, of one key tile
     float* acc;          // [QT][Dvp]: the unnormalised output
     float* row_max;      // [QT], in the units of the scores
     float* row_sum;      // [QT]
     float* alpha;        // [QT]: rescale factor of the current key tile
-    uint8_t* removed;    // [KT][QT]: keys a mask removed, when V holds non-finite values
+    uint8_t* removed;    // [kt][QT]: keys a mask removed, when V holds non-finite values
     float* tile_sum;     // [QT]: sums of a fused tile until it is known to be valid
     int64_t* first_key;  // [QT]: first visible key (window), relative to the item's first key
     int64_t* last_key;   // [QT]: last visible key, relative to the item's first key
@@ -77,10 +80,10 @@ class PrefillKernel {
     int32_t* band;       // [2][QT / W]: per query vector, the keys [lo, hi) of the current
                          // tile its lanes see (a tile crossing a limit: work above the
                          // causal diagonal, or outside a window, is skipped)
-    float* k_pack;       // [KT][D] when K rows are strided; bf16 path: [KT][ceil(D/2)] pairs
-    float* v_pack;       // [KT][Dvp] when V rows are strided or Dv % W != 0;
-                         // bf16 path: [KT/2][Dvp] pairs of keys, always
-    uint32_t* p_pairs;   // bf16 path: [KT/2][QT] probabilities as pairs of keys
+    float* k_pack;       // [kt][D] when K rows are strided; bf16 path: [kt][ceil(D/2)] pairs
+    float* v_pack;       // [kt][Dvp] when V rows are strided or Dv % W != 0;
+                         // bf16 path: [kt/2][Dvp] pairs of keys, always
+    uint32_t* p_pairs;   // bf16 path: [kt/2][QT] probabilities as pairs of keys
     // Half-precision or int8 K and V, widened once per item for all its
     // query tiles (fp32_cache): [keys of the item][D] and [..][Dvp], the
     // first widened[0] rows filled, of KV head widened[1].  On the bf16 path
@@ -121,8 +124,9 @@ class PrefillKernel {
   static size_t scratch_bytes(const mha_kernel_problem& p) {
     const int64_t dvp = round_up(p.dv, W);
     const int64_t k_cached = fp32_cache(p) ? p.lk : 0, v_cached = widened_cache(p) ? p.lk : 0;
+    const int64_t kt = chosen_key_tile();
     return ScratchCarver::bytes({p.d * QT,
-                                 int64_t{KT} * QT,
+                                 kt * QT,
                                  QT * dvp,
                                  QT,
                                  QT,
@@ -132,14 +136,14 @@ class PrefillKernel {
                                  2 * QT,
                                  2 * QT,
                                  QT,
-                                 KT * p.d,
-                                 KT * dvp,
-                                 int64_t{KT} * QT / 4,
+                                 kt * p.d,
+                                 kt * dvp,
+                                 kt * QT / 4,
                                  QT * p.d,
                                  k_cached * p.d,
                                  v_cached * dvp,
                                  2,
-                                 kBf16Dot ? int64_t{KT} * QT / 2 : 0,
+                                 kBf16Dot ? kt * QT / 2 : 0,
                                  2 * QT / W});
   }
 
@@ -147,8 +151,9 @@ class PrefillKernel {
     ScratchCarver carve(scratch);
     const int64_t dvp = round_up(p.dv, W);
     Tile t{};
+    t.kt = chosen_key_tile();
     t.qt = carve.floats(p.d * QT);
-    t.scores = carve.floats(int64_t{KT} * QT);
+    t.scores = carve.floats(t.kt * QT);
     t.acc = carve.floats(QT * dvp);
     t.row_max = carve.floats(QT);
     t.row_sum = carve.floats(QT);
@@ -158,9 +163,9 @@ class PrefillKernel {
     t.last_key = reinterpret_cast<int64_t*>(carve.floats(2 * QT));
     t.tile_bounds = carve.floats(2 * QT);
     t.row_key = reinterpret_cast<uint32_t*>(carve.floats(QT));
-    t.k_pack = carve.floats(KT * p.d);
-    t.v_pack = carve.floats(KT * dvp);
-    t.removed = reinterpret_cast<uint8_t*>(carve.floats(int64_t{KT} * QT / 4));
+    t.k_pack = carve.floats(t.kt * p.d);
+    t.v_pack = carve.floats(t.kt * dvp);
+    t.removed = reinterpret_cast<uint8_t*>(carve.floats(t.kt * QT / 4));
     t.q_stage = carve.floats(QT * p.d);
     const int64_t k_cached = fp32_cache(p) ? p.lk : 0, v_cached = widened_cache(p) ? p.lk : 0;
     t.k_cache = carve.floats(k_cached * p.d);
@@ -168,8 +173,7 @@ class PrefillKernel {
     t.widened = reinterpret_cast<int64_t*>(carve.floats(2));
     t.widened[0] = 0;
     t.widened[1] = -1;
-    if constexpr (kBf16Dot)
-      t.p_pairs = reinterpret_cast<uint32_t*>(carve.floats(int64_t{KT} * QT / 2));
+    if constexpr (kBf16Dot) t.p_pairs = reinterpret_cast<uint32_t*>(carve.floats(t.kt * QT / 2));
     t.band = reinterpret_cast<int32_t*>(carve.floats(2 * QT / W));
     for (int64_t h = item.h_begin; h < item.h_end; ++h) {
       for (int64_t q0 = item.q_begin; q0 < item.q_end; q0 += QT) {
@@ -275,12 +279,12 @@ class PrefillKernel {
 
     PrefetchQueue prefetch;
     queue_next_rows(p, item, h, q0, nq, prefetch);
-    const int64_t key_tiles = std::max<int64_t>(0, (max_last + 1 - key_begin + KT - 1) / KT);
+    const int64_t key_tiles = std::max<int64_t>(0, (max_last + 1 - key_begin + t.kt - 1) / t.kt);
     {
       constexpr int QV = Blk::kScoreQueryVectors, NK = Blk::kScoreKeys;
       constexpr int R = Blk::kPvRows, C = Blk::kPvVectors;
       const int64_t blocks_per_key_tile =
-          (nqv + QV - 1) / QV * ((KT + NK - 1) / NK) + (nq + R - 1) / R * ((dvp / W + C - 1) / C);
+          (nqv + QV - 1) / QV * ((t.kt + NK - 1) / NK) + (nq + R - 1) / R * ((dvp / W + C - 1) / C);
       prefetch.pace(key_tiles * blocks_per_key_tile);
     }
 
@@ -293,8 +297,8 @@ class PrefillKernel {
       // Without a mask the first tile is short: it sets the running maximum
       // with the two-pass path, and the fused path takes over from the next
       // key on instead of from the next full tile.
-      const int span =
-          j0 == key_begin && p.mask_kind == MHA_MASK_NONE && plain_scores ? kWarmUpKeys : KT;
+      const int64_t span =
+          j0 == key_begin && p.mask_kind == MHA_MASK_NONE && plain_scores ? kWarmUpKeys : t.kt;
       keys = static_cast<int>(std::min<int64_t>(span, max_last + 1 - j0));
       const KeyTile<kDot> kv = key_tile<kDot>(p, t, b, kvh, item.k_begin, j0, keys);
       // Fused path: once every lane has a finite running maximum, a tile with
@@ -523,7 +527,7 @@ class PrefillKernel {
       }
       const int64_t kvh = mha_kernel::kv_head_of(p, h + 1);
       if (kvh != mha_kernel::kv_head_of(p, h)) {
-        const int64_t keys = std::min<int64_t>(KT, item.k_end - item.k_begin);
+        const int64_t keys = std::min<int64_t>(chosen_key_tile(), item.k_end - item.k_begin);
         if (p.k_strides[3] == 1 && !paged(p)) {
           prefetch.add(row_address(p.k, p.k_strides, kv_bytes, kvh, item.k_begin), p.k_strides[2],
                        keys, p.d, kv_bytes, false);

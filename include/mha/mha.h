@@ -571,6 +571,28 @@ MHA_API mha_status mha_select_backend(const char* name);
 /* Space-separated CPU features the runtime detected ("avx2 fma avx512f ..."). */
 MHA_API const char* mha_cpu_features(void);
 
+/* --- added in 0.4: tiles from the machine's caches --- */
+
+/* The data caches one core sees, in bytes (0 when the system does not say):
+ * sysconf, else sysfs; MHA_CACHE_SIZES="l1d=32K,l2=1M,l3=32M" (any subset)
+ * overrides them, read once (MHA_VERBOSE=1 says when it is malformed). */
+typedef struct mha_cache_info {
+  int64_t l1d_bytes;
+  int64_t l2_bytes;
+  int64_t l3_bytes;
+} mha_cache_info;
+MHA_API mha_status mha_cpu_caches(mha_cache_info* caches);
+
+/* The tiles a usable backend chose for those caches (docs/kernel-design.md,
+ * "Tiles from the caches"): queries x keys of a prefill tile, keys of a decode
+ * tile (0: no decode orientation).  All 0 for a backend that is not usable. */
+typedef struct mha_backend_tiles {
+  int32_t query_tile;
+  int32_t key_tile;
+  int32_t decode_key_tile;
+} mha_backend_tiles;
+MHA_API mha_status mha_backend_get_tiles(int32_t index, mha_backend_tiles* tiles);
+
 /* ------------------------------------------------------------ threads */
 
 /* Threads used inside one call.  Precedence: this setter, then MHA_NUM_THREADS,

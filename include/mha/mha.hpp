@@ -893,6 +893,8 @@ struct BackendInfo {
   bool usable = false;   // this CPU can run it and its plugin loaded
   int32_t priority = 0;  // auto picks the usable backend with the highest priority
   std::string reason;    // why it is not usable ("" when usable)
+  // The tiles it chose for this machine's caches (0 when not usable).
+  int32_t query_tile = 0, key_tile = 0, decode_key_tile = 0;
 };
 
 // Every backend the runtime knows, installed or not.
@@ -902,9 +904,12 @@ inline std::vector<BackendInfo> backends() {
   result.reserve(n > 0 ? static_cast<size_t>(n) : 0);
   for (int32_t i = 0; i < n; ++i) {
     mha_backend_info info{};
+    mha_backend_tiles tiles{};
     check(mha_backend_get_info(i, &info));
+    check(mha_backend_get_tiles(i, &tiles));
     result.push_back(BackendInfo{info.name != nullptr ? info.name : "", info.usable != 0,
-                                 info.priority, info.reason != nullptr ? info.reason : ""});
+                                 info.priority, info.reason != nullptr ? info.reason : "",
+                                 tiles.query_tile, tiles.key_tile, tiles.decode_key_tile});
   }
   return result;
 }
@@ -944,6 +949,13 @@ inline std::string version() {
 // The CPU features the runtime detected, space-separated ("avx2 fma avx512f ...").
 inline std::string cpu_features() {
   return mha_cpu_features();
+}
+
+// The data caches the runtime sizes tiles from (bytes, 0 when unknown).
+inline mha_cache_info cpu_caches() {
+  mha_cache_info caches{};
+  check(mha_cpu_caches(&caches));
+  return caches;
 }
 
 }  // namespace mha

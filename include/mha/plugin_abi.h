@@ -37,8 +37,10 @@ extern "C" {
  * 8: the backward pass: mha_backward_problem, mha_backward_item; mha_plugin
  *    ends with backward_scratch_bytes and backward.
  * 9: mha_kernel_problem ends with a block's positions in the full problem:
- *    query_offset, key_offset, full_lq (dropout's hash), alibi_diag. */
-#define MHA_PLUGIN_ABI_VERSION 9
+ *    query_offset, key_offset, full_lq (dropout's hash), alibi_diag.
+ * 10: tiles from the machine: mha_plugin ends with choose_tiles, which the
+ *    runtime calls once with the caches it detected (mha_cache_sizes). */
+#define MHA_PLUGIN_ABI_VERSION 10
 #define MHA_PLUGIN_ENTRY_SYMBOL "mha_plugin_entry"
 
 /* CPU features, as the runtime detects them (OS support included). */
@@ -245,6 +247,24 @@ typedef struct mha_backward_item {
   int64_t dmask_strides[3];
 } mha_backward_item;
 
+/* ABI 10: the data caches of the CPU the runtime runs on, in bytes (0 when
+ * unknown), as one core sees them: sysconf, else sysfs, else MHA_CACHE_SIZES
+ * (which overrides both). */
+typedef struct mha_cache_sizes {
+  int64_t l1d;
+  int64_t l2;
+  int64_t l3;
+} mha_cache_sizes;
+
+/* ABI 10: the tiles a plugin works with on this machine.  The runtime plans
+ * work items with query_tile and key_tile (split-KV chunks are multiples of
+ * key_tile); decode_key_tile is informative (mha-info prints it; 0: none). */
+typedef struct mha_tile_sizes {
+  int32_t query_tile;
+  int32_t key_tile;
+  int32_t decode_key_tile;
+} mha_tile_sizes;
+
 typedef struct mha_plugin {
   uint32_t abi_version; /* MHA_PLUGIN_ABI_VERSION: read first, before anything else */
   uint32_t struct_size; /* sizeof(mha_plugin) */
@@ -286,6 +306,12 @@ typedef struct mha_plugin {
   size_t (*backward_scratch_bytes)(const mha_backward_problem* problem);
   int (*backward)(const mha_backward_problem* problem, const mha_backward_item* item,
                   void* scratch);
+
+  /* ABI 10: chooses the tiles for this machine's caches.  Called once, after
+   * init and before any kernel, with tiles holding the table's query_tile and
+   * key_tile (and decode_key_tile 0); the plugin's kernels use what it writes
+   * there from then on.  NULL: the table's tiles. */
+  void (*choose_tiles)(const mha_cache_sizes* caches, mha_tile_sizes* tiles);
 } mha_plugin;
 
 typedef const mha_plugin* (*mha_plugin_entry_fn)(void);

@@ -34,6 +34,15 @@ nb::dict info() {
   nb::dict report;
   report["version"] = mha_version();
   report["cpu_features"] = words(mha_cpu_features());
+  const mha_cache_info caches = mha::cpu_caches();
+  const auto bytes_or_none = [](int64_t bytes) {
+    return bytes > 0 ? nb::object(nb::int_(bytes)) : nb::object(nb::none());
+  };
+  nb::dict cache_sizes;
+  cache_sizes["l1d"] = bytes_or_none(caches.l1d_bytes);
+  cache_sizes["l2"] = bytes_or_none(caches.l2_bytes);
+  cache_sizes["l3"] = bytes_or_none(caches.l3_bytes);
+  report["caches"] = cache_sizes;
   nb::list backends;
   for (const mha::BackendInfo& b : mha::backends()) {
     nb::dict entry;
@@ -41,6 +50,15 @@ nb::dict info() {
     entry["usable"] = b.usable;
     entry["reason"] = b.reason;
     entry["priority"] = b.priority;
+    if (b.usable) {
+      nb::dict tiles;
+      tiles["query"] = b.query_tile;
+      tiles["key"] = b.key_tile;
+      tiles["decode_key"] = b.decode_key_tile;
+      entry["tiles"] = tiles;
+    } else {
+      entry["tiles"] = nb::none();
+    }
     backends.append(entry);
   }
   report["backends"] = backends;

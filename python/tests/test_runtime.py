@@ -24,13 +24,20 @@ def test_version_is_the_librarys():
 
 def test_info_has_mha_info_json_keys():
     info = mha.info()
-    assert list(info) == ["version", "cpu_features", "backends", "selected", "threads"]
+    assert list(info) == ["version", "cpu_features", "caches", "backends", "selected", "threads"]
     assert all(isinstance(f, str) for f in info["cpu_features"])
+    assert list(info["caches"]) == ["l1d", "l2", "l3"]
+    assert all(size is None or size > 0 for size in info["caches"].values())
     names = [b["name"] for b in info["backends"]]
     assert "scalar" in names
     for b in info["backends"]:
-        assert list(b) == ["name", "usable", "reason", "priority"]
+        assert list(b) == ["name", "usable", "reason", "priority", "tiles"]
         assert b["usable"] == (b["reason"] == "")
+        if b["usable"]:
+            assert list(b["tiles"]) == ["query", "key", "decode_key"]
+            assert b["tiles"]["query"] > 0 and b["tiles"]["key"] > 0
+        else:
+            assert b["tiles"] is None
     assert info["selected"] in mha.backends()
     assert info["threads"] == mha.get_num_threads() >= 1
 

@@ -79,6 +79,7 @@ const mha_plugin kTable = {
     nullptr,
     nullptr,  // no backward pass
     nullptr,
+    nullptr,  // choose_tiles: the table's
 };
 
 }  // namespace

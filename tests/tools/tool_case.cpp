@@ -728,18 +728,44 @@ int check_info(const std::string& file, const std::string& expected_selected) {
   std::vector<std::string> usable;
   if (j.contains("backends") && j["backends"].is_array()) {
     for (const auto& b : j["backends"]) {
-      const bool shaped =
-          b.is_object() && b.size() == 4 && b.contains("name") && b["name"].is_string() &&
-          b.contains("usable") && b["usable"].is_boolean() && b.contains("reason") &&
-          b["reason"].is_string() && b.contains("priority") && b["priority"].is_number_integer();
-      expect(shaped, "a backend is not {name, usable, reason, priority}: " + b.dump());
+      const bool shaped = b.is_object() && b.contains("name") && b["name"].is_string() &&
+                          b.contains("usable") && b["usable"].is_boolean() &&
+                          b.contains("reason") && b["reason"].is_string() &&
+                          b.contains("priority") && b["priority"].is_number_integer() &&
+                          b.size() == 5 && b.contains("tiles");
+      expect(shaped, "a backend is not {name, usable, reason, priority, tiles}: " + b.dump());
       if (!shaped) continue;
       const bool is_usable = b["usable"].get<bool>();
       expect(is_usable == b["reason"].get<std::string>().empty(),
              "usable and reason disagree: " + b.dump());
       if (is_usable) usable.push_back(b["name"].get<std::string>());
+      // The tiles are mha_backend_get_tiles' (null when not usable).
+      mha_backend_tiles tiles{};
+      const int32_t index = static_cast<int32_t>(&b - &j["backends"][0]);
+      expect(mha_backend_get_tiles(index, &tiles) == MHA_OK, "mha_backend_get_tiles failed");
+      const auto& t = b["tiles"];
+      if (is_usable) {
+        expect(t.is_object() && t.size() == 3 && t.value("query", -1) == tiles.query_tile &&
+                   t.value("key", -1) == tiles.key_tile &&
+                   t.value("decode_key", -1) == tiles.decode_key_tile && tiles.query_tile > 0 &&
+                   tiles.key_tile > 0,
+               "tiles are not {query, key, decode_key} as mha_backend_get_tiles: " + b.dump());
+      } else {
+        expect(t.is_null(), "an unusable backend has tiles: " + b.dump());
+      }
     }
   }
+  // The caches: bytes as mha_cpu_caches says, null when unknown.
+  mha_cache_info caches{};
+  expect(mha_cpu_caches(&caches) == MHA_OK, "mha_cpu_caches failed");
+  const auto same_size = [](const nlohmann::json& size, int64_t bytes) {
+    return bytes > 0 ? size.is_number_integer() && size.get<int64_t>() == bytes : size.is_null();
+  };
+  expect(j.contains("caches") && j["caches"].is_object() && j["caches"].size() == 3 &&
+             same_size(j["caches"].value("l1d", nlohmann::json()), caches.l1d_bytes) &&
+             same_size(j["caches"].value("l2", nlohmann::json()), caches.l2_bytes) &&
+             same_size(j["caches"].value("l3", nlohmann::json()), caches.l3_bytes),
+         "caches are not {l1d, l2, l3} as mha_cpu_caches says");
   expect(j.contains("selected"), "no selected key");
   if (j.contains("selected")) {
     const auto& s = j["selected"];

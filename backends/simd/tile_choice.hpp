@@ -1,0 +1,40 @@
+// Tile sizes from the machine's caches (mha_plugin::choose_tiles).  Included
+// only by the table's translation unit, which is compiled without ISA flags:
+// this runs when the plugin is loaded, before the runtime knows whether the
+// CPU has the ISA.  docs/kernel-design.md, "Tiles from the caches", has the
+// measurements behind the rules.
+#pragma once
+
+#include <mha/plugin_abi.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <numeric>
+
+#include "simd/blocking.hpp"
+
+namespace mha_simd {
+
+// Prefill: the score tile (kQueryTile x key_tile fp32 -- written by the score
+// micro-kernel, read back by the exp and by P·V) takes three quarters of the
+// L1 data cache, the rest left to the transposed Q tile's vectors and the K
+// rows in flight; K and V tiles stream from the L2.  Key tiles are whole
+// groups of the score micro-kernel (kScoreKeys) and whole vectors, between
+// two such steps and kKeyTileMax.  With the L1d unknown: the table's kKeyTile.
+// Measured (docs/kernel-design.md, "Tiles from the caches"):
+//   Zen 4, 32 KiB: 96 keys, 5-12 % ahead of larger tiles
+//   Intel Xeon (Emerald Rapids), 48 KiB: 144 (S1, S2, S6: 96-144 2-8 % ahead
+//   of 192, 288 behind; avx2 alike)
+template <class Arch>
+constexpr int32_t prefill_key_tile(int64_t l1d_bytes) {
+  using Blk = Blocking<Arch>;
+  // Floats per register (xsimd::batch cannot be named without the ISA's flags).
+  constexpr int64_t lanes = static_cast<int64_t>(Arch::alignment() / sizeof(float));
+  constexpr int64_t step = std::lcm<int64_t>(Blk::kScoreKeys, lanes);
+  if (l1d_bytes <= 0) return Blk::kKeyTile;
+  const int64_t keys = l1d_bytes * 3 / 4 / (int64_t{Blk::kQueryTile} * 4) / step * step;
+  return static_cast<int32_t>(std::clamp<int64_t>(keys, 2 * step, Blk::kKeyTileMax / step * step));
+}
+
+}  // namespace mha_simd

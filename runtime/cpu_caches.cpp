@@ -1,0 +1,125 @@
+#include "cpu_caches.h"
+
+#include <unistd.h>
+
+#include "error.h"
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+namespace mha::rt {
+namespace {
+
+// "48K" -> 49152; 0 when the text is not a size.
+int64_t parse_size(const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  if (errno != 0 || end == text.c_str() || value <= 0) return 0;
+  int shift = 0;
+  switch (*end) {
+    case 'K':
+    case 'k':
+      shift = 10;
+      ++end;
+      break;
+    case 'M':
+    case 'm':
+      shift = 20;
+      ++end;
+      break;
+    case 'G':
+    case 'g':
+      shift = 30;
+      ++end;
+      break;
+    default:
+      break;
+  }
+  if (*end == 'B' || *end == 'b') ++end;  // "32KB" as lscpu and some sysfs entries say
+  if (*end != '\0' || value > (int64_t{1} << 40) >> shift) return 0;
+  return static_cast<int64_t>(value) << shift;
+}
+
+// One cache's size from sysfs: the index whose level and type match.
+int64_t sysfs_cache(int level, const char* type) {
+  for (int index = 0; index < 16; ++index) {
+    const std::string dir =
+        "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
+    std::ifstream level_file(dir + "level"), type_file(dir + "type"), size_file(dir + "size");
+    if (!level_file || !type_file || !size_file) continue;
+    int found_level = 0;
+    std::string found_type, size;
+    level_file >> found_level;
+    type_file >> found_type;
+    size_file >> size;
+    if (found_level == level && (found_type == type || found_type == "Unified")) {
+      return parse_size(size);
+    }
+  }
+  return 0;
+}
+
+int64_t detect(int sysconf_name, int level, const char* type) {
+  const long bytes = ::sysconf(sysconf_name);
+  if (bytes > 0) return bytes;
+  return sysfs_cache(level, type);
+}
+
+// Parses "l1d=32K,l2=1M,l3=32M" (any subset) into the sizes it names, leaving
+// the others; false with the reason in *error when the text is malformed.
+bool parse_cache_sizes(const char* text, mha_cache_sizes* sizes, std::string* error) {
+  mha_cache_sizes parsed = *sizes;
+  std::string rest = text;
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string item = rest.substr(0, comma);
+    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+    const size_t equals = item.find('=');
+    const std::string name = item.substr(0, equals);
+    const int64_t bytes = equals == std::string::npos ? 0 : parse_size(item.substr(equals + 1));
+    int64_t* slot = name == "l1d"  ? &parsed.l1d
+                    : name == "l2" ? &parsed.l2
+                    : name == "l3" ? &parsed.l3
+                                   : nullptr;
+    if (slot == nullptr || bytes == 0) {
+      *error = "'" + item + "' is not l1d=, l2= or l3= with a size such as 48K or 2M";
+      return false;
+    }
+    *slot = bytes;
+  }
+  *sizes = parsed;
+  return true;
+}
+
+mha_cache_sizes detect_all() {
+  mha_cache_sizes out{};
+  out.l1d = detect(_SC_LEVEL1_DCACHE_SIZE, 1, "Data");
+  out.l2 = detect(_SC_LEVEL2_CACHE_SIZE, 2, "Unified");
+  out.l3 = detect(_SC_LEVEL3_CACHE_SIZE, 3, "Unified");
+  if (const char* text = std::getenv("MHA_CACHE_SIZES"); text != nullptr && *text != '\0') {
+    mha_cache_sizes given = out;
+    std::string why;
+    if (parse_cache_sizes(text, &given, &why)) {
+      out = given;
+    } else {
+      std::fprintf(stderr, "mha: ignoring MHA_CACHE_SIZES=\"%s\" (%s)\n",
+                   printable(text, 128).c_str(), printable(why.c_str(), 128).c_str());
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+const mha_cache_sizes& cpu_caches() {
+  static const mha_cache_sizes caches = detect_all();
+  return caches;
+}
+
+}  // namespace mha::rt

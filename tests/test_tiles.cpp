@@ -1,0 +1,109 @@
+// Tiles from the machine's caches: mha_cpu_caches reports what the runtime
+// detected (or what MHA_CACHE_SIZES says), and every usable backend's tiles
+// (mha_backend_get_tiles) follow its rule from them
+// (backends/simd/tile_choice.hpp, docs/kernel-design.md).  Each ctest entry
+// sets MHA_CACHE_SIZES and declares what it expects; that the kernels compute
+// the same with other tiles is checked by test_attention and test_blocks
+// entries run under the same overrides (tests/CMakeLists.txt).
+//
+// Environment read by these tests (set by tests/CMakeLists.txt):
+//   MHA_TEST_EXPECT_L1D, MHA_TEST_EXPECT_L2   the bytes the entry's override gives
+#include <gtest/gtest.h>
+#include <mha/mha.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <numeric>
+#include <string>
+
+#include "small_call.h"
+
+namespace mha_test {
+namespace {
+
+// Floats per vector register of a SIMD backend (0: scalar or unknown).
+int64_t lanes_of(const std::string& backend) {
+  if (backend.rfind("avx512", 0) == 0) return 16;
+  if (backend == "avx2") return 8;
+  if (backend == "neon") return 4;
+  return 0;
+}
+
+// The SIMD plugins' rule: the score tile (64 queries x key_tile fp32) takes
+// three quarters of the L1d, in whole steps of 6 keys (the score micro-kernel) and whole
+// vectors, from two steps to 576 keys.
+int32_t expected_key_tile(int64_t lanes, int64_t l1d) {
+  const int64_t step = std::lcm<int64_t>(6, lanes);
+  return static_cast<int32_t>(
+      std::clamp<int64_t>(l1d * 3 / 4 / (64 * 4) / step * step, 2 * step, 576 / step * step));
+}
+
+TEST(Tiles, CachesAreWhatTheEntryGives) {
+  mha_cache_info caches{};
+  ASSERT_EQ(mha_cpu_caches(&caches), MHA_OK) << mha_last_error();
+  EXPECT_GE(caches.l1d_bytes, 0);
+  EXPECT_GE(caches.l2_bytes, 0);
+  EXPECT_GE(caches.l3_bytes, 0);
+  const std::string l1d = env("MHA_TEST_EXPECT_L1D"), l2 = env("MHA_TEST_EXPECT_L2");
+  if (!l1d.empty()) {
+    EXPECT_EQ(caches.l1d_bytes, std::stoll(l1d));
+  }
+  if (!l2.empty()) {
+    EXPECT_EQ(caches.l2_bytes, std::stoll(l2));
+  }
+}
+
+TEST(Tiles, FollowTheRule) {
+  mha_cache_info caches{};
+  ASSERT_EQ(mha_cpu_caches(&caches), MHA_OK) << mha_last_error();
+  const int32_t count = mha_backend_count();
+  int usable = 0;
+  for (int32_t i = 0; i < count; ++i) {
+    mha_backend_info info{};
+    mha_backend_tiles tiles{};
+    ASSERT_EQ(mha_backend_get_info(i, &info), MHA_OK) << mha_last_error();
+    ASSERT_EQ(mha_backend_get_tiles(i, &tiles), MHA_OK) << mha_last_error();
+    const std::string name = info.name;
+    SCOPED_TRACE(name);
+    if (info.usable == 0) {
+      EXPECT_EQ(tiles.query_tile, 0);
+      EXPECT_EQ(tiles.key_tile, 0);
+      EXPECT_EQ(tiles.decode_key_tile, 0);
+      continue;
+    }
+    ++usable;
+    EXPECT_GT(tiles.query_tile, 0);
+    EXPECT_GT(tiles.key_tile, 0);
+    const int64_t lanes = lanes_of(name);
+    if (lanes == 0) {  // scalar: single keys, no decode orientation
+      EXPECT_EQ(tiles.decode_key_tile, 0);
+      continue;
+    }
+    EXPECT_EQ(tiles.query_tile, 64);
+    EXPECT_EQ(tiles.decode_key_tile, 1024);
+    EXPECT_EQ(tiles.key_tile % std::lcm<int64_t>(6, lanes), 0);
+    if (caches.l1d_bytes > 0) {
+      EXPECT_EQ(tiles.key_tile, expected_key_tile(lanes, caches.l1d_bytes))
+          << "l1d " << caches.l1d_bytes;
+    }
+  }
+  EXPECT_GE(usable, 1);
+}
+
+TEST(Tiles, BadArgumentsAreNamed) {
+  EXPECT_EQ(mha_cpu_caches(nullptr), MHA_ERR_NULL_POINTER);
+  EXPECT_NE(std::string(mha_last_error()).find("caches"), std::string::npos) << mha_last_error();
+  EXPECT_EQ(mha_backend_get_tiles(0, nullptr), MHA_ERR_NULL_POINTER);
+  EXPECT_NE(std::string(mha_last_error()).find("tiles"), std::string::npos) << mha_last_error();
+  mha_backend_tiles tiles{7, 7, 7};
+  for (int32_t index : {-1, mha_backend_count()}) {
+    EXPECT_EQ(mha_backend_get_tiles(index, &tiles), MHA_ERR_INVALID_VALUE);
+    EXPECT_NE(std::string(mha_last_error()).find("backend index"), std::string::npos)
+        << mha_last_error();
+  }
+  EXPECT_EQ(tiles.key_tile, 7) << "a refused call wrote its output";
+}
+
+}  // namespace
+}  // namespace mha_test
