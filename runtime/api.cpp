@@ -22,6 +22,22 @@
 
 using namespace mha::rt;
 
+namespace {
+
+// One backend's snapshot for the mha_backend_get_* calls; an index out of
+// range fails with the error set.
+mha_status backend_at(int32_t index, BackendInfo* info) {
+  const Registry& registry = Registry::instance();
+  if (index < 0 || index >= registry.count()) {
+    return fail(MHA_ERR_INVALID_VALUE, "backend index %d is outside [0, %d)", index,
+                registry.count());
+  }
+  *info = registry.info(index);
+  return MHA_OK;
+}
+
+}  // namespace
+
 extern "C" {
 
 const char* mha_status_name(mha_status status) {
@@ -141,12 +157,8 @@ int32_t mha_backend_count(void) {
 mha_status mha_backend_get_info(int32_t index, mha_backend_info* info) {
   clear_error();
   if (info == nullptr) return fail(MHA_ERR_NULL_POINTER, "info is NULL");
-  const Registry& registry = Registry::instance();
-  if (index < 0 || index >= registry.count()) {
-    return fail(MHA_ERR_INVALID_VALUE, "backend index %d is outside [0, %d)", index,
-                registry.count());
-  }
-  const BackendInfo b = registry.info(index);
+  BackendInfo b{};
+  if (const mha_status status = backend_at(index, &b); status != MHA_OK) return status;
   info->name = b.name;
   info->usable = b.usable ? 1 : 0;
   info->priority = b.priority;
@@ -157,12 +169,9 @@ mha_status mha_backend_get_info(int32_t index, mha_backend_info* info) {
 mha_status mha_backend_get_tiles(int32_t index, mha_backend_tiles* tiles) {
   clear_error();
   if (tiles == nullptr) return fail(MHA_ERR_NULL_POINTER, "tiles is NULL");
-  const Registry& registry = Registry::instance();
-  if (index < 0 || index >= registry.count()) {
-    return fail(MHA_ERR_INVALID_VALUE, "backend index %d is outside [0, %d)", index,
-                registry.count());
-  }
-  const mha_tile_sizes t = registry.info(index).tiles;
+  BackendInfo b{};
+  if (const mha_status status = backend_at(index, &b); status != MHA_OK) return status;
+  const mha_tile_sizes t = b.tiles;
   *tiles = mha_backend_tiles{t.query_tile, t.key_tile, t.decode_key_tile};
   return MHA_OK;
 }
