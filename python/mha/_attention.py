@@ -119,11 +119,13 @@ def scaled_dot_product_attention(
     # 0.1 (python/bench/overhead.py measures the whole binding).
     ndarray = np.ndarray
     numpy_qkv = type(query) is ndarray and type(key) is ndarray and type(value) is ndarray
+    torch_qkv = False  # query, key and value are torch.Tensor (not a subclass)
     if not numpy_qkv:
-        query, key, value = _qkv_arguments(query, key, value)
+        query, key, value, torch_qkv = _qkv_arguments(query, key, value)
     if attn_mask is not None:
         attn_mask = array_argument(attn_mask, "attn_mask")
-    if valid_lens is not None and type(valid_lens) is not ndarray:
+    if valid_lens is not None and type(valid_lens) is not ndarray and not (
+            torch_qkv and type(valid_lens) is type(query)):
         valid_lens = _valid_lens_argument(valid_lens)
     if type(dropout_p) is not float:
         dropout_p = real(dropout_p, "dropout_p")
@@ -157,25 +159,50 @@ def scaled_dot_product_attention(
 
     # Training: a tensor that requires grad while autograd is on goes through mha's
     # torch.autograd.Function (mha/_autograd.py), whose backward is the library's.
-    if (not numpy_qkv or attn_mask is not None or sinks is not None or alibi_slopes is not None
-            or k_scale is not None or v_scale is not None) and _grad_wanted(
-                query, key, value, attn_mask, sinks, alibi_slopes, k_scale, v_scale):
-        from ._autograd import attention_with_grad
-        return attention_with_grad(
+    # The extension reads requires_grad of every tensor anyway and raises
+    # GradRequired for one (a ValueError), so the common calls -- NumPy arrays,
+    # or tensors without grad -- pay nothing for the check here; arrays of other
+    # kinds (a tensor subclass, which the extension may read through DLPack) are
+    # checked first.
+    if not (numpy_qkv or torch_qkv) and _grad_wanted(
+            query, key, value, attn_mask, sinks, alibi_slopes, k_scale, v_scale):
+        return _attention_with_grad(
             query, key, value, attn_mask, valid_lens, k_scale, v_scale, scale, causal,
             enable_gqa, dropout_p, dropout_seed, window_left, window_right, sinks, softcap,
             alibi_slopes, backend, threads, out, return_lse)
 
+    given_out = out
     if out is None:
-        out = empty_like_framework(query, shape_of(query)[:-1] + shape_of(value)[-1:])
+        if torch_qkv and query.size(-1) == value.size(-1):
+            # Half the cost of new_empty(shape) with PyTorch 1.13 (no shape to build).
+            out = torch_module().empty_like(query, memory_format=_contiguous_format())
+        else:
+            out = empty_like_framework(query, shape_of(query)[:-1] + shape_of(value)[-1:])
     elif type(out) is not ndarray:
         out = array_argument(out, "out")
     lse = empty_like_framework(query, shape_of(query)[:-1], "float32") if return_lse else None
 
-    _mha.attention(query, key, value, out, attn_mask, valid_lens, lse, k_scale, v_scale, scale,
-                   causal, enable_gqa, dropout_p, dropout_seed, window_left, window_right, sinks,
-                   softcap, alibi_slopes, backend, threads)
+    try:
+        _mha.attention(query, key, value, out, attn_mask, valid_lens, lse, k_scale, v_scale,
+                       scale, causal, enable_gqa, dropout_p, dropout_seed, window_left,
+                       window_right, sinks, softcap, alibi_slopes, backend, threads)
+    except _mha.GradRequired:
+        if not _grad_wanted(query, key, value, attn_mask, sinks, alibi_slopes, k_scale, v_scale):
+            raise  # out, lse or valid_lens requires grad: refused, as by any mha function
+        return _attention_with_grad(
+            query, key, value, attn_mask, valid_lens, k_scale, v_scale, scale, causal,
+            enable_gqa, dropout_p, dropout_seed, window_left, window_right, sinks, softcap,
+            alibi_slopes, backend, threads, given_out, return_lse)
     return (out, lse) if return_lse else out
+
+
+def _attention_with_grad(*arguments):
+    from ._autograd import attention_with_grad
+    return attention_with_grad(*arguments)
+
+
+def _contiguous_format():
+    return torch_module().contiguous_format
 
 
 def _grad_wanted(*arrays):
@@ -191,14 +218,16 @@ def _grad_wanted(*arrays):
 
 
 def _qkv_arguments(query, key, value):
-    """query, key and value checked to be arrays (array_argument), torch's looked up once."""
+    """(query, key, value, all three are torch.Tensor): checked to be arrays (array_argument)."""
     torch = torch_module()
     if torch is not None:
         tensor = torch.Tensor
+        if type(query) is tensor and type(key) is tensor and type(value) is tensor:
+            return query, key, value, True
         if isinstance(query, tensor) and isinstance(key, tensor) and isinstance(value, tensor):
-            return query, key, value
+            return query, key, value, False
     return (array_argument(query, "query"), array_argument(key, "key"),
-            array_argument(value, "value"))
+            array_argument(value, "value"), False)
 
 
 def _window_argument(window_size):

@@ -61,7 +61,7 @@ def scaled_dot_product_attention_backward(
     wrong Python type or rank.
     """
     grad_out = array_argument(grad_out, "grad_out")
-    query, key, value = _qkv_arguments(query, key, value)
+    query, key, value, _ = _qkv_arguments(query, key, value)
     out = array_argument(out, "out")
     lse = array_argument(lse, "lse")
     attn_mask = optional_array_argument(attn_mask, "attn_mask")

@@ -6,6 +6,7 @@
 #include <nanobind/nanobind.h>
 #include <mha/mha.hpp>
 
+#include <stdexcept>
 #include <string>
 
 namespace mha_python {
@@ -15,7 +16,13 @@ namespace mha_python {
 mha::Error library_error(mha_status status);
 mha::Error library_error(mha_status status, const std::string& message);
 
-// Adds mha.Error to the module and turns mha::Error into it.
+// Thrown for a tensor that requires grad while autograd is on, read by a
+// function without a gradient; Python sees _mha.GradRequired, a ValueError.
+struct GradRequired : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Adds mha.Error (and _mha.GradRequired) to the module and turns mha::Error into it.
 void register_errors(nanobind::module_& module);
 
 }  // namespace mha_python

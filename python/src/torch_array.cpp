@@ -1,5 +1,7 @@
 #include "torch_array.h"
 
+#include "errors.h"
+
 #include <Python.h>
 #include <nanobind/stl/string.h>
 
@@ -16,6 +18,14 @@ namespace {
 struct Torch {
   PyTypeObject* tensor_type = nullptr;
   PyObject* is_grad_enabled = nullptr;
+  // The attribute names, interned once: a lookup by a C string would build a
+  // new str for each (S5 reads six attributes of five tensors a call).
+  PyObject* is_cpu = nullptr;
+  PyObject* requires_grad = nullptr;
+  PyObject* dtype = nullptr;
+  PyObject* shape = nullptr;
+  PyObject* stride = nullptr;
+  PyObject* data_ptr = nullptr;
   struct Dtype {
     const char* name;
     mha_dtype dtype;
@@ -43,11 +53,45 @@ const Torch* torch_functions() {
   try {
     for (Torch::Dtype& d : torch.dtypes) d.object = keep(torch_module, d.name);
     torch.is_grad_enabled = keep(torch_module, "is_grad_enabled");
+    torch.is_cpu = PyUnicode_InternFromString("is_cpu");
+    torch.requires_grad = PyUnicode_InternFromString("requires_grad");
+    torch.dtype = PyUnicode_InternFromString("dtype");
+    torch.shape = PyUnicode_InternFromString("shape");
+    torch.stride = PyUnicode_InternFromString("stride");
+    torch.data_ptr = PyUnicode_InternFromString("data_ptr");
     torch.tensor_type = reinterpret_cast<PyTypeObject*>(keep(torch_module, "Tensor"));
   } catch (const nb::python_error&) {
     return nullptr;  // a torch without them: tensors take nanobind's way
   }
   return &torch;
+}
+
+// object.name, or a Python error thrown.
+nb::object attribute(nb::handle object, PyObject* name) {
+  PyObject* value = PyObject_GetAttr(object.ptr(), name);
+  if (value == nullptr) throw nb::python_error();
+  return nb::steal(value);
+}
+
+// object.name(), without the bound method object a getattr would make.
+nb::object call_method(nb::handle object, PyObject* name) {
+  PyObject* self = object.ptr();
+  PyObject* value =
+      PyObject_VectorcallMethod(name, &self, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+  if (value == nullptr) throw nb::python_error();
+  return nb::steal(value);
+}
+
+// function(), or a Python error thrown.
+nb::object call(PyObject* function) {
+  PyObject* value = PyObject_CallNoArgs(function);
+  if (value == nullptr) throw nb::python_error();
+  return nb::steal(value);
+}
+
+// True for Python's True; a bool attribute's value (anything else is false).
+bool is_true(const nb::object& value) {
+  return value.ptr() == Py_True;
 }
 
 // A tuple of ints (torch.Size, stride()) into `values`; its length.
@@ -65,18 +109,16 @@ bool read_torch(nb::handle object, const char* name, TorchArray* array) {
   const Torch* torch = torch_functions();
   if (torch == nullptr || !PyObject_TypeCheck(object.ptr(), torch->tensor_type)) return false;
   try {
-    if (!nb::cast<bool>(object.attr("is_cpu"))) return false;
-    if (nb::cast<bool>(object.attr("requires_grad")) &&
-        nb::cast<bool>(nb::handle(torch->is_grad_enabled)())) {
-      throw nb::value_error((std::string(name) +
-                             " requires grad, but this mha function has no gradient (only "
-                             "mha.scaled_dot_product_attention, mha.multi_head_attention_forward "
-                             "and mha.torch.MultiheadAttention have): call it under "
-                             "torch.no_grad() (or torch.inference_mode()), or pass tensors that "
-                             "do not require grad")
-                                .c_str());
+    if (!is_true(attribute(object, torch->is_cpu))) return false;
+    if (is_true(attribute(object, torch->requires_grad)) && is_true(call(torch->is_grad_enabled))) {
+      throw GradRequired(std::string(name) +
+                         " requires grad, but this mha function has no gradient (only "
+                         "mha.scaled_dot_product_attention, mha.multi_head_attention_forward "
+                         "and mha.torch.MultiheadAttention have): call it under "
+                         "torch.no_grad() (or torch.inference_mode()), or pass tensors that "
+                         "do not require grad");
     }
-    const nb::object dtype = object.attr("dtype");
+    const nb::object dtype = attribute(object, torch->dtype);
     array->dtype = MHA_DTYPE_INVALID;
     for (const Torch::Dtype& d : torch->dtypes) {
       if (dtype.ptr() == d.object) array->dtype = d.dtype;
@@ -85,12 +127,12 @@ bool read_torch(nb::handle object, const char* name, TorchArray* array) {
       array->dtype_name = nb::cast<std::string>(nb::str(dtype));
       if (array->dtype_name.rfind("torch.", 0) == 0) array->dtype_name.erase(0, 6);
     }
-    const nb::object shape = object.attr("shape");
-    const nb::object strides = object.attr("stride")();
+    const nb::object shape = attribute(object, torch->shape);
+    const nb::object strides = call_method(object, torch->stride);
     if (!PyTuple_Check(shape.ptr()) || !PyTuple_Check(strides.ptr())) return false;
     array->rank = read_ints(shape, array->shape);
     read_ints(strides, array->strides);
-    array->data = PyLong_AsVoidPtr(object.attr("data_ptr")().ptr());
+    array->data = PyLong_AsVoidPtr(call_method(object, torch->data_ptr).ptr());
     if (PyErr_Occurred()) {
       PyErr_Clear();
       return false;

@@ -338,8 +338,11 @@ def test_transposed_views_are_read_in_place_and_get_their_gradients(rng, monkeyp
     original = mha._mha.attention
 
     def spy(query, key, value, *args):
+        # The calls that compute: a first try that finds a tensor requiring
+        # grad raises mha._mha.GradRequired before reading anything else.
+        result = original(query, key, value, *args)
         seen.append([(x.data_ptr(), x.stride()) for x in (query, key, value)])
-        return original(query, key, value, *args)
+        return result
 
     monkeypatch.setattr(mha._mha, "attention", spy)
     out = mha.scaled_dot_product_attention(*views, is_causal=True)
@@ -529,6 +532,37 @@ def test_out_with_grad_is_refused(rng):
     q, k, v = (torch.from_numpy(x) for x in random_qkv(rng))
     with pytest.raises(ValueError, match="out cannot be given while key requires grad"):
         mha.scaled_dot_product_attention(q, k.requires_grad_(), v, out=torch.empty(2, 3, 9, 16))
+
+
+def test_an_out_that_requires_grad_is_refused_by_name(rng):
+    """Only query, key, value, attn_mask and sinks take the autograd path: an out that
+    requires grad (the extension's GradRequired, a ValueError) is refused, nothing written."""
+    q, k, v = (torch.from_numpy(x) for x in random_qkv(rng))
+    out = torch.zeros(2, 3, 9, 16, requires_grad=True)
+    with pytest.raises(ValueError, match="out requires grad, but this mha function has no"):
+        mha.scaled_dot_product_attention(q, k, v, out=out)
+    assert not out.detach().any()
+    assert issubclass(mha._mha.GradRequired, ValueError)
+
+
+def test_tensors_without_grad_take_no_autograd_path(rng, monkeypatch):
+    """Tensors that do not require grad (or under no_grad) are computed by one call of the
+    extension, never through the autograd.Function: the result has no grad_fn."""
+    q, k, v = random_qkv(rng)
+    want = mha.scaled_dot_product_attention(q, k, v, is_causal=True)
+    import mha._autograd as autograd
+
+    def refuse(*args):
+        raise AssertionError("the autograd path was taken")
+
+    monkeypatch.setattr(autograd, "attention_with_grad", refuse)
+    tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+    got = mha.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
+    assert got.grad_fn is None and got.is_contiguous()
+    assert np.array_equal(got.numpy(), want)
+    with torch.no_grad():
+        got = mha.scaled_dot_product_attention(tq.requires_grad_(), tk, tv, is_causal=True)
+    assert got.grad_fn is None and np.array_equal(got.numpy(), want)
 
 
 @pytest.mark.parametrize("name", ["alibi_slopes", "k_scale"])
