@@ -50,6 +50,18 @@ inline int64_t decode_heads_per_item(const mha_kernel_problem& p) {
   return p.heads / p.kv_heads;
 }
 
+// Whether a prefill kernel reads K and V through an item-wide copy rather
+// than in place: half precision and int8 are widened to fp32, and fp32 rows
+// that do not lie back to back (a [B, L, H, D] view, the module's
+// [B, L, 3E] projections, a paged cache) are copied -- their strides are
+// usually multiples of 1 KiB, which crowd a key tile's rows into a quarter of
+// the L1's sets.  The runtime gives such items several query tiles, so that
+// one copy serves them all (docs/kernel-design.md).
+inline bool kv_copied_per_item(const mha_kernel_problem& p) {
+  return p.kv_dtype != MHA_DTYPE_F32 || p.block_table != nullptr || p.k_strides[3] != 1 ||
+         p.k_strides[2] != p.d || p.v_strides[3] != 1 || p.v_strides[2] != p.dv;
+}
+
 // The first element of a row of Q, K or V, as the element type T of its dtype
 // (float for F32, uint16_t for BF16 and F16, int8_t for I8).
 template <class T = float>

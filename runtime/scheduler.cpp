@@ -79,10 +79,11 @@ WorkPlan plan_work(const mha_kernel_problem& p, const Backend& backend) {
       decode ? mha_kernel::decode_heads_per_item(p) : heads_per_short_item(p, tiles);
   plan.head_groups = p.heads / plan.heads_per_item;
   plan.q_tile = decode ? p.lq : std::min<int64_t>(p.lq, tiles.query_tile);
-  // K and V that a prefill kernel must widen (half precision, int8) are
-  // widened once per item and reused by its query tiles: give an item up to
-  // kWidenedQueryTiles tiles, while enough items remain to balance threads.
-  if (!decode && p.kv_dtype != MHA_DTYPE_F32) {
+  // K and V that a prefill kernel must widen (half precision, int8) or copy
+  // (fp32 rows apart) are copied once per item and reused by its query tiles:
+  // give an item up to kWidenedQueryTiles tiles, while enough items remain to
+  // balance threads.
+  if (!decode && mha_kernel::kv_copied_per_item(p)) {
     for (int64_t m = kWidenedQueryTiles; m > 1; m /= 2) {
       const int64_t tile = tiles.query_tile * m;
       if (p.batch * plan.head_groups * ceil_div(p.lq, tile) >= 2 * kTargetItems) {

@@ -468,6 +468,34 @@ TEST_P(Attention, PackedQkv) {
   }
 }
 
+// K and V whose rows are not back to back are copied once per work item,
+// which the runtime then gives several query tiles (kv_copied_per_item): the
+// copy grows key tile by key tile and must serve every query tile and head
+// of the item, whatever it saw first.
+TEST_P(Attention, StridedKeysAcrossQueryTiles) {
+  uint64_t seed = 550;
+  for (const int32_t causal : {MHA_CAUSAL_NONE, MHA_CAUSAL_TOP_LEFT, MHA_CAUSAL_BOTTOM_RIGHT}) {
+    for (const bool packed : {false, true}) {
+      Case c;
+      c.B = 2, c.H = 4, c.Hkv = 2, c.Lq = 300, c.Lk = 333, c.D = 24, c.Dv = packed ? 24 : 40;
+      c.causal = causal, c.seed = ++seed;
+      if (packed) {
+        c.Lk = c.Lq;
+        c.packed_qkv = true, c.pad = 3;
+      } else {
+        c.k_layout = c.v_layout = Layout::BLHD;
+      }
+      c.out_layout = Layout::BLHD;
+      run_case(c);
+    }
+  }
+  Case window;  // per-query lengths: the rows of a tile see different keys
+  window.B = 1, window.H = 2, window.Lq = 200, window.Lk = 260, window.D = 16, window.seed = 559;
+  window.k_layout = window.v_layout = Layout::BLHD;
+  window.lens = Lens::PerQuery;
+  run_case(window);
+}
+
 TEST_P(Attention, KeysAndValuesBroadcastOverBatch) {
   Case c;
   c.B = 3, c.H = 2, c.Lq = 5, c.Lk = 11, c.D = 8, c.kv_batch_broadcast = true;

@@ -84,11 +84,11 @@ class PrefillKernel {
     float* v_pack;       // [kt][Dvp] when V rows are strided or Dv % W != 0;
                          // bf16 path: [kt/2][Dvp] pairs of keys, always
     uint32_t* p_pairs;   // bf16 path: [kt/2][QT] probabilities as pairs of keys
-    // Half-precision or int8 K and V, widened once per item for all its
-    // query tiles (fp32_cache): [keys of the item][D] and [..][Dvp], the
-    // first widened[0] rows filled, of KV head widened[1].  On the bf16 path
-    // (pairs_cache) v_cache holds V as pairs of keys instead, [..][Dvp]
-    // pairs, and K is read in place.
+    // Half-precision or int8 K and V, or fp32 rows that are not back to
+    // back, widened (copied) once per item for all its query tiles (fp32_cache): [keys of the
+    // item][D] and [..][Dvp], the first widened[0] rows filled, of KV head widened[1].  On the bf16
+    // path (pairs_cache) v_cache holds V as pairs of keys instead, [..][Dvp] pairs, and K is read
+    // in place.
     float* k_cache;
     float* v_cache;
     int64_t* widened;
@@ -108,8 +108,18 @@ class PrefillKernel {
   // Widened K and V are cached per item when they fit in this many bytes.
   static constexpr int64_t kMaxWidenedBytes = int64_t{16} << 20;
 
+  // K and V copied once per item (mha_kernel::kv_copied_per_item: half
+  // precision, int8, fp32 rows apart) when they fit; otherwise fp32 rows back
+  // to back are read in place and the others packed per key tile.
   static bool widened_cache(const mha_kernel_problem& p) {
-    return p.kv_dtype != MHA_DTYPE_F32 && p.lk * (p.d + round_up(p.dv, W)) * 4 <= kMaxWidenedBytes;
+    return mha_kernel::kv_copied_per_item(p) &&
+           p.lk * (p.d + round_up(p.dv, W)) * 4 <= kMaxWidenedBytes;
+  }
+  static bool dense_k_rows(const mha_kernel_problem& p) {
+    return !mha_kernel::kv_copied_per_item(p);
+  }
+  static bool dense_v_rows(const mha_kernel_problem& p) {
+    return !mha_kernel::kv_copied_per_item(p) && p.dv % W == 0;
   }
   // What an item caches: fp32 K and V rows, or (bf16 path) V as pairs of
   // keys.  A query tile the bf16 path hands over to fp32 then packs its tiles.
@@ -406,9 +416,7 @@ class PrefillKernel {
         widen_into_cache(p, t, b, kvh, k_begin, j0 + keys);
         return {t.k_cache + (j0 - k_begin) * p.d, p.d, t.v_cache + (j0 - k_begin) * dvp, dvp};
       }
-      const bool fp32_kv = p.kv_dtype == MHA_DTYPE_F32 && !paged(p);
-      const bool k_direct = p.k_strides[3] == 1 && fp32_kv;
-      const bool v_direct = p.v_strides[3] == 1 && p.dv % W == 0 && fp32_kv;
+      const bool k_direct = dense_k_rows(p), v_direct = dense_v_rows(p);
       if (!k_direct) pack_tile(p, p.k, p.k_strides, b, kvh, j0, keys, p.d, t.k_pack, p.d, true);
       if (!v_direct) pack_tile(p, p.v, p.v_strides, b, kvh, j0, keys, p.dv, t.v_pack, dvp, false);
       return {
