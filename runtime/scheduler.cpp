@@ -62,7 +62,7 @@ int64_t WorkPlan::items() const {
   return batch * head_groups * q_tiles * chunks;
 }
 
-WorkPlan plan_work(const mha_kernel_problem& p, const Backend& backend) {
+WorkPlan plan_work(const mha_kernel_problem& p, const Backend& backend, int64_t calls_in_team) {
   const mha_tile_sizes& tiles = backend.tiles;
   const int32_t vector_floats = backend.plugin->vector_floats;
   WorkPlan plan{};
@@ -82,16 +82,18 @@ WorkPlan plan_work(const mha_kernel_problem& p, const Backend& backend) {
   // K and V that a prefill kernel must widen (half precision, int8) or copy
   // (fp32 rows apart) are copied once per item and reused by its query tiles:
   // give an item up to kWidenedQueryTiles tiles, while enough items remain to
-  // balance threads.
-  if (!decode && mha_kernel::kv_copied_per_item(p)) {
+  // balance threads (counting `calls` calls like this one).
+  const bool copied = !decode && mha_kernel::kv_copied_per_item(p);
+  const auto widened_q_tile = [&](int64_t calls) {
     for (int64_t m = kWidenedQueryTiles; m > 1; m /= 2) {
       const int64_t tile = tiles.query_tile * m;
-      if (p.batch * plan.head_groups * ceil_div(p.lq, tile) >= 2 * kTargetItems) {
-        plan.q_tile = std::min(p.lq, tile);
-        break;
+      if (calls * p.batch * plan.head_groups * ceil_div(p.lq, tile) >= 2 * kTargetItems) {
+        return std::min(p.lq, tile);
       }
     }
-  }
+    return plan.q_tile;
+  };
+  if (copied) plan.q_tile = widened_q_tile(1);
   plan.q_tiles = ceil_div(p.lq, plan.q_tile);
   // Key chunks split what a tile can see (the window, not the whole cache):
   // chunk c of a tile starts at first_key_of_tile + c · chunk_len.
@@ -105,6 +107,18 @@ WorkPlan plan_work(const mha_kernel_problem& p, const Backend& backend) {
     const int64_t want = std::min(ceil_div(kTargetItems, base), span / min_chunk);
     plan.chunk_len = ceil_div(ceil_div(span, want), tiles.key_tile) * tiles.key_tile;
     plan.chunks = ceil_div(span, plan.chunk_len);
+  }
+  // A call that shares its team with others (a packed batch's sequences: the
+  // others' items balance the threads too) takes longer items still -- when
+  // that cannot change its bits, so that each sequence stays the same bits
+  // as the call on it alone: without split-KV (whose chunks follow the tile)
+  // and without a window's left edge (key tiles start from an item's first
+  // visible key).
+  if (copied && calls_in_team > 1 && plan.chunks == 1 &&
+      p.lower_diag <= -mha_rules::kNoCausalLimit) {
+    plan.q_tile = widened_q_tile(calls_in_team);
+    plan.q_tiles = ceil_div(p.lq, plan.q_tile);
+    plan.chunk_len = key_span(p, plan.q_tile);
   }
   return plan;
 }
@@ -302,7 +316,7 @@ mha_status run_attention(const Backend& backend, KernelCall* calls, int64_t coun
     mha_kernel_problem& p = call.problem;
     PlannedCall pc{};
     pc.call = &call;
-    pc.plan = plan_work(p, backend);
+    pc.plan = plan_work(p, backend, count);
     p.layout = pc.plan.layout;
     pc.item_problem = p;
     if (pc.plan.chunks > 1) pc.item_problem.sinks = nullptr;  // the merge adds each once

@@ -26,7 +26,10 @@ struct WorkPlan {
 };
 
 // With the tiles the backend chose for this machine (Backend::tiles).
-WorkPlan plan_work(const mha_kernel_problem& problem, const Backend& backend);
+// `calls_in_team`: how many calls share one team of threads (the sequences of
+// a packed batch), whose items balance the threads together.
+WorkPlan plan_work(const mha_kernel_problem& problem, const Backend& backend,
+                   int64_t calls_in_team = 1);
 
 // The first key any query of a tile starting at q_begin can see: 0, or with a
 // sliding window the first query's window start.  Keys before it are never

@@ -468,32 +468,36 @@ TEST_P(Attention, PackedQkv) {
   }
 }
 
-// K and V whose rows are not back to back are copied once per work item,
-// which the runtime then gives several query tiles (kv_copied_per_item): the
-// copy grows key tile by key tile and must serve every query tile and head
-// of the item, whatever it saw first.
+// fp32 K and V whose rows are not back to back are copied once per work
+// item, which the runtime then gives several query tiles when there are
+// enough items to balance the threads (kv_copied_per_item: here B·H = 64
+// gives items of two tiles): the copy grows key tile by key tile and must
+// serve every query tile of the item, whatever it saw first.
 TEST_P(Attention, StridedKeysAcrossQueryTiles) {
+  struct Variant {
+    int32_t causal;
+    bool packed;
+  };
   uint64_t seed = 550;
-  for (const int32_t causal : {MHA_CAUSAL_NONE, MHA_CAUSAL_TOP_LEFT, MHA_CAUSAL_BOTTOM_RIGHT}) {
-    for (const bool packed : {false, true}) {
-      Case c;
-      c.B = 2, c.H = 4, c.Hkv = 2, c.Lq = 300, c.Lk = 333, c.D = 24, c.Dv = packed ? 24 : 40;
-      c.causal = causal, c.seed = ++seed;
-      if (packed) {
-        c.Lk = c.Lq;
-        c.packed_qkv = true, c.pad = 3;
-      } else {
-        c.k_layout = c.v_layout = Layout::BLHD;
-      }
-      c.out_layout = Layout::BLHD;
-      run_case(c);
+  for (const Variant v : {Variant{MHA_CAUSAL_NONE, false}, Variant{MHA_CAUSAL_TOP_LEFT, false},
+                          Variant{MHA_CAUSAL_BOTTOM_RIGHT, true}}) {
+    Case c;
+    c.B = 4, c.H = 16, c.Hkv = 4, c.Lq = 136, c.Lk = 140, c.D = 8, c.Dv = v.packed ? 8 : 12;
+    c.causal = v.causal, c.seed = ++seed;
+    if (v.packed) {
+      c.Lk = c.Lq;
+      c.packed_qkv = true, c.pad = 3;
+    } else {
+      c.k_layout = c.v_layout = Layout::BLHD;
     }
+    c.out_layout = Layout::BLHD;
+    run_case(c);
   }
-  Case window;  // per-query lengths: the rows of a tile see different keys
-  window.B = 1, window.H = 2, window.Lq = 200, window.Lk = 260, window.D = 16, window.seed = 559;
-  window.k_layout = window.v_layout = Layout::BLHD;
-  window.lens = Lens::PerQuery;
-  run_case(window);
+  Case lens;  // per-query lengths: the rows of a tile see different keys
+  lens.B = 4, lens.H = 16, lens.Lq = 136, lens.Lk = 150, lens.D = 8, lens.seed = 559;
+  lens.k_layout = lens.v_layout = Layout::BLHD;
+  lens.lens = Lens::PerQuery;
+  run_case(lens);
 }
 
 TEST_P(Attention, KeysAndValuesBroadcastOverBatch) {

@@ -92,6 +92,11 @@ class PrefillKernel {
     float* k_cache;
     float* v_cache;
     int64_t* widened;
+    // Whether this item reads K and V from the cache: half precision and
+    // int8 always (fp32_cache); fp32 rows apart only when the item has
+    // several query tiles to share the copy (a copy per tile costs more than
+    // reading the rows in place: S9's short sequences, docs/kernel-design.md).
+    bool use_cache;
   };
 
   // Where one key tile's K and V rows are, as the arithmetic reads them:
@@ -109,17 +114,12 @@ class PrefillKernel {
   static constexpr int64_t kMaxWidenedBytes = int64_t{16} << 20;
 
   // K and V copied once per item (mha_kernel::kv_copied_per_item: half
-  // precision, int8, fp32 rows apart) when they fit; otherwise fp32 rows back
-  // to back are read in place and the others packed per key tile.
+  // precision, int8, fp32 rows apart) when they fit (and, for fp32, the item
+  // has several query tiles: Tile::use_cache); otherwise fp32 rows with unit
+  // column strides are read in place and the others packed per key tile.
   static bool widened_cache(const mha_kernel_problem& p) {
     return mha_kernel::kv_copied_per_item(p) &&
            p.lk * (p.d + round_up(p.dv, W)) * 4 <= kMaxWidenedBytes;
-  }
-  static bool dense_k_rows(const mha_kernel_problem& p) {
-    return !mha_kernel::kv_copied_per_item(p);
-  }
-  static bool dense_v_rows(const mha_kernel_problem& p) {
-    return !mha_kernel::kv_copied_per_item(p) && p.dv % W == 0;
   }
   // What an item caches: fp32 K and V rows, or (bf16 path) V as pairs of
   // keys.  A query tile the bf16 path hands over to fp32 then packs its tiles.
@@ -183,6 +183,7 @@ class PrefillKernel {
     t.widened = reinterpret_cast<int64_t*>(carve.floats(2));
     t.widened[0] = 0;
     t.widened[1] = -1;
+    t.use_cache = fp32_cache(p) && (p.kv_dtype != MHA_DTYPE_F32 || item.q_end - item.q_begin > QT);
     if constexpr (kBf16Dot) t.p_pairs = reinterpret_cast<uint32_t*>(carve.floats(t.kt * QT / 2));
     t.band = reinterpret_cast<int32_t*>(carve.floats(2 * QT / W));
     for (int64_t h = item.h_begin; h < item.h_end; ++h) {
@@ -412,11 +413,13 @@ class PrefillKernel {
       return {k_direct ? k_first : reinterpret_cast<const uint16_t*>(k_pairs),
               k_direct ? p.k_strides[2] : 2 * ((p.d + 1) / 2), v_pairs, dvp};
     } else {
-      if (fp32_cache(p)) {
+      if (t.use_cache) {
         widen_into_cache(p, t, b, kvh, k_begin, j0 + keys);
         return {t.k_cache + (j0 - k_begin) * p.d, p.d, t.v_cache + (j0 - k_begin) * dvp, dvp};
       }
-      const bool k_direct = dense_k_rows(p), v_direct = dense_v_rows(p);
+      const bool fp32_kv = p.kv_dtype == MHA_DTYPE_F32 && !paged(p);
+      const bool k_direct = p.k_strides[3] == 1 && fp32_kv;
+      const bool v_direct = p.v_strides[3] == 1 && p.dv % W == 0 && fp32_kv;
       if (!k_direct) pack_tile(p, p.k, p.k_strides, b, kvh, j0, keys, p.d, t.k_pack, p.d, true);
       if (!v_direct) pack_tile(p, p.v, p.v_strides, b, kvh, j0, keys, p.dv, t.v_pack, dvp, false);
       return {
