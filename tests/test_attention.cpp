@@ -474,30 +474,16 @@ TEST_P(Attention, PackedQkv) {
 // gives items of two tiles): the copy grows key tile by key tile and must
 // serve every query tile of the item, whatever it saw first.
 TEST_P(Attention, StridedKeysAcrossQueryTiles) {
-  struct Variant {
-    int32_t causal;
-    bool packed;
-  };
-  uint64_t seed = 550;
-  for (const Variant v : {Variant{MHA_CAUSAL_NONE, false}, Variant{MHA_CAUSAL_TOP_LEFT, false},
-                          Variant{MHA_CAUSAL_BOTTOM_RIGHT, true}}) {
-    Case c;
-    c.B = 4, c.H = 16, c.Hkv = 4, c.Lq = 136, c.Lk = 140, c.D = 8, c.Dv = v.packed ? 8 : 12;
-    c.causal = v.causal, c.seed = ++seed;
-    if (v.packed) {
-      c.Lk = c.Lq;
-      c.packed_qkv = true, c.pad = 3;
-    } else {
-      c.k_layout = c.v_layout = Layout::BLHD;
-    }
-    c.out_layout = Layout::BLHD;
-    run_case(c);
-  }
-  Case lens;  // per-query lengths: the rows of a tile see different keys
-  lens.B = 4, lens.H = 16, lens.Lq = 136, lens.Lk = 150, lens.D = 8, lens.seed = 559;
-  lens.k_layout = lens.v_layout = Layout::BLHD;
-  lens.lens = Lens::PerQuery;
-  run_case(lens);
+  Case c;  // K and V as [B, L, Hkv, D] views, per-query lengths
+  c.B = 4, c.H = 16, c.Hkv = 4, c.Lq = 136, c.Lk = 140, c.D = 8, c.Dv = 12, c.seed = 551;
+  c.k_layout = c.v_layout = c.out_layout = Layout::BLHD;
+  c.lens = Lens::PerQuery;
+  run_case(c);
+  Case packed;  // one [B, L, H + 2 Hkv, D] buffer with padded rows, causal
+  packed.B = 4, packed.H = 16, packed.Hkv = 4, packed.Lq = packed.Lk = 136, packed.D = 8;
+  packed.packed_qkv = true, packed.pad = 3, packed.seed = 552;
+  packed.causal = MHA_CAUSAL_BOTTOM_RIGHT;
+  run_case(packed);
 }
 
 TEST_P(Attention, KeysAndValuesBroadcastOverBatch) {
