@@ -13,10 +13,12 @@ namespace mha_bench {
 
 // Chooses BLIS's kernel set and initialises BLIS; call once, first thing in
 // main, before any thread exists.  BLIS_ARCH_TYPE, when the user set it, is
-// respected.  Otherwise, if BLIS does not recognise this CPU (BLIS 0.9 runs its
-// slow "generic" kernels on AMD family 1Ah, Zen 5) but the CPU has AVX-512 or
-// AVX2, the matching BLIS kernels (skx, haswell) are chosen.  Returns a
-// description for the report ("skx (chosen by mha_bench: BLIS 0.9 ...)").
+// respected.  Otherwise libmha's rule applies (it sets the same when it is the
+// first to use BLIS): the skx kernels on a CPU with AVX-512 F, DQ, BW and VL
+// (BLIS 0.9 itself picks "haswell" on Intel CPUs it cannot name, "generic" on
+// Zen 4 and 5), the haswell ones where BLIS would run "generic" on an AVX2
+// CPU.  Returns a description for the report ("skx (chosen as libmha does:
+// ...)").
 std::string blis_setup(const std::string& cpu_features);
 
 enum class BlisThreading {
