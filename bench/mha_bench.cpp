@@ -90,6 +90,9 @@ struct Shape {
   int64_t window_left = -1;
   float softcap = 0.0f;
   bool alibi = false, sinks = false;
+  // "S1:blhd": Q, K, V and the output as [B, L, H, D] arrays seen as
+  // [B, H, L, D] (PyTorch's x.transpose(1, 2), FlashAttention's layout).
+  bool blhd = false;
   // S9: B sequences of their own lengths (seq_lengths()), packed without
   // padding through mha_attention_varlen; S9pad: the same batch padded to
   // Lq = Lk (the longest) with valid lengths [B] through mha_attention.
@@ -191,6 +194,11 @@ const Shape kVariantShapes[] = {
     [] {
       Shape s = variant_shape(kShapes[2], "S3:sinks");
       s.sinks = true;
+      return s;
+    }(),
+    [] {
+      Shape s = variant_shape(kShapes[0], "S1:blhd");
+      s.blhd = true;
       return s;
     }(),
 };
@@ -524,15 +532,26 @@ struct ShapeCall {
                                  const_cast<typename std::decay_t<decltype(typed)>::value_type*>(
                                      typed.data()));
     };
-    mha_tensor_init(&q, data(in.q16, in.q), s.q_dtype, 4, qs, nullptr);
+    // [B, L, H, D] seen as [B, H, L, D] (S1:blhd); nullptr: contiguous.
+    const auto blhd = [&s](const int64_t* shape, int64_t* strides) -> const int64_t* {
+      if (!s.blhd) return nullptr;
+      strides[0] = shape[2] * shape[1] * shape[3];
+      strides[1] = shape[3];
+      strides[2] = shape[1] * shape[3];
+      strides[3] = 1;
+      return strides;
+    };
+    int64_t q_st[4], k_st[4], v_st[4], o_st[4];
+    mha_tensor_init(&q, data(in.q16, in.q), s.q_dtype, 4, qs, blhd(qs, q_st));
     if (s.kv_dtype == MHA_DTYPE_I8) {
       mha_tensor_init(&k, data(in.k8, in.k), MHA_DTYPE_I8, 4, ks, nullptr);
       mha_tensor_init(&v, data(in.v8, in.v), MHA_DTYPE_I8, 4, vs, nullptr);
     } else {
-      mha_tensor_init(&k, data(in.k16, in.k), s.kv_dtype, 4, ks, nullptr);
-      mha_tensor_init(&v, data(in.v16, in.v), s.kv_dtype, 4, vs, nullptr);
+      mha_tensor_init(&k, data(in.k16, in.k), s.kv_dtype, 4, ks, blhd(ks, k_st));
+      mha_tensor_init(&v, data(in.v16, in.v), s.kv_dtype, 4, vs, blhd(vs, v_st));
     }
-    mha_tensor_init(&o, out.data(), s.q_dtype, 4, os, nullptr);  // half: in out's first bytes
+    // half: in out's first bytes
+    mha_tensor_init(&o, out.data(), s.q_dtype, 4, os, blhd(os, o_st));
     mha_tensor_init(&lens, const_cast<int32_t*>(kS5ValidLens), MHA_DTYPE_I32, 1, ls, nullptr);
     mha_attention_params_init(&params);
     params.causal = s.causal;

@@ -199,7 +199,7 @@ def main():
           "bf16 K/V on a backend with the bf16 dot-product path: of its bf16dot peak); "
           f"blis_unfused against the peak of {ctx.get('blis_peak_isa', 'the widest ISA')}.")
     print("vs f32: a dtype variant's speed relative to the fp32 shape -- or a variant shape's "
-          "(S2:softcap, S2:alibi, S3:sinks) relative to the plain one, and S9pad's (S9's batch "
+          "(S2:softcap, S2:alibi, S3:sinks, S1:blhd) relative to the plain one, and S9pad's (S9's batch "
           "padded to 1024 with valid lengths) relative to S9 (packed, mha_attention_varlen) --, "
           "same backend and threads (decode: tokens per second).")
     print("S9, S9pad: the same useful FLOPs (each sequence's causal pairs), so the speeds "
