@@ -85,10 +85,11 @@ class PrefillKernel {
                          // bf16 path: [kt/2][Dvp] pairs of keys, always
     uint32_t* p_pairs;   // bf16 path: [kt/2][QT] probabilities as pairs of keys
     // Half-precision or int8 K and V, or fp32 rows that are not back to
-    // back, widened (copied) once per item for all its query tiles (fp32_cache): [keys of the
-    // item][D] and [..][Dvp], the first widened[0] rows filled, of KV head widened[1].  On the bf16
-    // path (pairs_cache) v_cache holds V as pairs of keys instead, [..][Dvp] pairs, and K is read
-    // in place.
+    // back, widened (copied) once per item for all its query tiles
+    // (fp32_cache): [keys of the item][D] and [..][Dvp], the first
+    // widened[0] rows filled, of KV head widened[1].  On the bf16 path
+    // (pairs_cache) v_cache holds V as pairs of keys instead, [..][Dvp]
+    // pairs, and K is read in place.
     float* k_cache;
     float* v_cache;
     int64_t* widened;
