@@ -175,7 +175,8 @@ def scaled_dot_product_attention(
     if out is None:
         if torch_qkv and query.size(-1) == value.size(-1):
             # Half the cost of new_empty(shape) with PyTorch 1.13 (no shape to build).
-            out = torch_module().empty_like(query, memory_format=_contiguous_format())
+            torch = torch_module()
+            out = torch.empty_like(query, memory_format=torch.contiguous_format)
         else:
             out = empty_like_framework(query, shape_of(query)[:-1] + shape_of(value)[-1:])
     elif type(out) is not ndarray:
@@ -199,10 +200,6 @@ def scaled_dot_product_attention(
 def _attention_with_grad(*arguments):
     from ._autograd import attention_with_grad
     return attention_with_grad(*arguments)
-
-
-def _contiguous_format():
-    return torch_module().contiguous_format
 
 
 def _grad_wanted(*arrays):
