@@ -54,10 +54,19 @@ def python_variants():
     lens = np.array(VALID_LENS, dtype=np.int32)
     out = np.empty((B, H, LQ, D), dtype=np.float32)
     sdpa = mha.scaled_dot_product_attention
+    # The extension's own call, without the Python function around it (internal:
+    # its arguments as mha/_attention.py passes them), to tell the two apart.
+    extension = mha._mha.attention
+
+    def extension_call(q, k, v, out, lens):
+        return extension(q, k, v, out, None, lens, None, None, None, None, 0, False, 0.0, 0,
+                         -1, -1, None, 0.0, None, None, None)
+
     variants = [
         ("numpy", lambda: sdpa(q, k, v, valid_lens=lens)),
         ("numpy, out=", lambda: sdpa(q, k, v, valid_lens=lens, out=out)),
         ("numpy, valid_lens as a list", lambda: sdpa(q, k, v, valid_lens=VALID_LENS)),
+        ("numpy, the extension alone", lambda: extension_call(q, k, v, out, lens)),
     ]
     try:
         import torch
@@ -67,6 +76,7 @@ def python_variants():
     variants += [
         ("torch", lambda: sdpa(tq, tk, tv, valid_lens=tlens)),
         ("torch, out=", lambda: sdpa(tq, tk, tv, valid_lens=tlens, out=tout)),
+        ("torch, the extension alone", lambda: extension_call(tq, tk, tv, tout, tlens)),
     ]
     return variants
 
