@@ -179,7 +179,7 @@ def scaled_dot_product_attention(
             out = torch.empty_like(query, memory_format=torch.contiguous_format)
         else:
             out = empty_like_framework(query, shape_of(query)[:-1] + shape_of(value)[-1:])
-    elif type(out) is not ndarray:
+    elif type(out) is not ndarray and not (torch_qkv and type(out) is type(query)):
         out = array_argument(out, "out")
     lse = empty_like_framework(query, shape_of(query)[:-1], "float32") if return_lse else None
 
