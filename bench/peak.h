@@ -29,9 +29,13 @@ extern const FmaLoop kFmaScalar;
 // The SIMD instruction sets' loops (peak_simd.cpp, one per row of
 // cmake/MhaIsa.cmake) are listed by the generated peak_loops.h.
 
-// Sum of n floats (n a multiple of 64) with 128-bit vector loads and several
-// independent accumulators: streams memory as fast as one core can read it.
-float read_sum(const float* data, size_t n);
+// Sum of n floats (n a multiple of 64 · streams) with 128-bit vector loads
+// and several independent accumulators, read as `streams` equal parts in
+// step: a decode kernel reads K and V, often of several heads, at once, and
+// one stream per core does not always show what memory can serve (on an
+// Intel Xeon, family 6 model 207, one stream read 70-80 % of what eight did;
+// bench/README.md).
+float read_sum(const float* data, size_t n, int streams);
 
 }  // namespace mha_bench
 

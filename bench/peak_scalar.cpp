@@ -36,15 +36,19 @@ float fma_scalar(int64_t steps, float seed) {
 
 extern const FmaLoop kFmaScalar = {"scalar", "fma", 2.0 * 4 * kChains, fma_scalar};
 
-float read_sum(const float* data, size_t n) {
+float read_sum(const float* data, size_t n, int streams) {
   constexpr int kAcc = 8;
   V4 acc[kAcc] = {};
-  for (size_t i = 0; i < n; i += 4 * kAcc) {
+  const size_t part = n / static_cast<size_t>(streams);
+  for (size_t i = 0; i < part; i += 4 * kAcc) {
+    for (int s = 0; s < streams; ++s) {
+      const float* at = data + static_cast<size_t>(s) * part + i;
 #pragma GCC unroll 8
-    for (int c = 0; c < kAcc; ++c) {
-      V4 x;
-      std::memcpy(&x, data + i + 4 * c, sizeof x);
-      acc[c] += x;
+      for (int c = 0; c < kAcc; ++c) {
+        V4 x;
+        std::memcpy(&x, at + 4 * c, sizeof x);
+        acc[c] += x;
+      }
     }
   }
   V4 sum = acc[0];
