@@ -215,13 +215,8 @@ class PrefillKernel {
       units = ScoreUnits::raw_units(p.scale);
       accumulate_tile<false>(p, item, t, h, q0, nq, units, /*careful=*/true);
     }
-    const int64_t dvp = round_up(p.dv, W);
-    const float sink = mha_kernel::sink_logit(p, h);
-    for (int64_t r = 0; r < nq; ++r) {
-      const int64_t row_h = h - item.h_begin, row_i = q0 + r - item.q_begin;
-      write_item_row<Arch>(item, row_h, row_i, t.acc + r * dvp, p.dv, t.row_max[r], t.row_sum[r],
-                           sink, units);
-    }
+    write_item_rows<Arch>(item, h - item.h_begin, q0 - item.q_begin, nq, t.acc, round_up(p.dv, W),
+                          p.dv, t.row_max, t.row_sum, mha_kernel::sink_logit(p, h), units);
   }
 
   // A row with visible keys but no weight: either a mask removed every key
