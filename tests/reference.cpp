@@ -132,11 +132,45 @@ Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mh
   std::vector<int64_t> keys;  // the keys that take part in the current row
   keys.reserve(static_cast<size_t>(lk));
   std::vector<double> acc(static_cast<size_t>(dv));
+  // The current query row and its KV head's K and V rows (V times the int8
+  // row scales), read into float64 once each: reading every element through
+  // its descriptor in the inner loops made the reference most of the test
+  // suite's time.  A K row is read when a query first sees it, a V row when
+  // its key first takes part, as before (tests check that keys outside every
+  // window are never read).
+  std::vector<double> q_row(static_cast<size_t>(d));
+  std::vector<double> k_rows(static_cast<size_t>(lk * d)), v_rows(static_cast<size_t>(lk * dv));
+  std::vector<double> v_row_max(static_cast<size_t>(lk));  // largest finite |value|
+  std::vector<char> k_read(static_cast<size_t>(lk)), v_read(static_cast<size_t>(lk));
+  int64_t rows_of = -1;  // the (b · kv_heads + hk) whose rows are read
+  const auto read_k = [&](int64_t b, int64_t hk, int64_t j) {
+    if (rows_of != b * kv_heads + hk) {
+      std::fill(k_read.begin(), k_read.end(), 0);
+      std::fill(v_read.begin(), v_read.end(), 0);
+      rows_of = b * kv_heads + hk;
+    }
+    if (k_read[static_cast<size_t>(j)] != 0) return;
+    k_read[static_cast<size_t>(j)] = 1;
+    for (int64_t c = 0; c < d; ++c) k_rows[static_cast<size_t>(j * d + c)] = at4(k, b, hk, j, c);
+  };
+  const auto read_v = [&](int64_t b, int64_t hk, int64_t j) {  // after read_k(b, hk, j)
+    if (v_read[static_cast<size_t>(j)] != 0) return;
+    v_read[static_cast<size_t>(j)] = 1;
+    const double value_scale = int8 ? row_scale(v_scale, b, hk, j) : 1.0;
+    double largest = 0;
+    for (int64_t c = 0; c < dv; ++c) {
+      const double value = value_scale * at4(v, b, hk, j, c);
+      v_rows[static_cast<size_t>(j * dv + c)] = value;
+      if (std::isfinite(value)) largest = std::max(largest, std::fabs(value));
+    }
+    v_row_max[static_cast<size_t>(j)] = largest;
+  };
 
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t hk = h / group;
       for (int64_t i = 0; i < lq; ++i) {
+        for (int64_t c = 0; c < d; ++c) q_row[static_cast<size_t>(c)] = at4(q, b, h, i, c);
         // Keys [begin, end) pass the sliding window (FlashAttention-2's,
         // aligned to the bottom-right corner: i + Lk - Lq - left <= j <=
         // i + Lk - Lq + right), causality and the valid length.  A window
@@ -167,9 +201,11 @@ Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mh
           const int64_t mask_offset =
               b * mv.strides[0] + h * mv.strides[1] + i * mv.strides[2] + j * mv.strides[3];
           if (bool_mask && static_cast<const uint8_t*>(mv.t->data)[mask_offset] == 0) continue;
+          read_k(b, hk, j);
           double dot = 0, terms = 0;
+          const double* k_row = &k_rows[static_cast<size_t>(j * d)];
           for (int64_t c = 0; c < d; ++c) {
-            const double product = at4(q, b, h, i, c) * at4(k, b, hk, j, c);
+            const double product = q_row[static_cast<size_t>(c)] * k_row[c];
             dot += product;
             terms += std::fabs(product);
           }
@@ -218,13 +254,10 @@ Reference reference_attention(const mha_tensor& q, const mha_tensor& k, const mh
         for (const int64_t j : keys) {
           const double p = std::exp(logits[static_cast<size_t>(j)] - row_max);
           sum += p;
-          const double value_scale = int8 ? row_scale(v_scale, b, hk, j) : 1.0;
-          for (int64_t c = 0; c < dv; ++c) {
-            const double value = value_scale * at4(v, b, hk, j, c);
-            acc[static_cast<size_t>(c)] += p * value;
-            if (std::isfinite(value))
-              ref.max_abs_value = std::max(ref.max_abs_value, std::fabs(value));
-          }
+          read_v(b, hk, j);
+          const double* v_row = &v_rows[static_cast<size_t>(j * dv)];
+          for (int64_t c = 0; c < dv; ++c) acc[static_cast<size_t>(c)] += p * v_row[c];
+          ref.max_abs_value = std::max(ref.max_abs_value, v_row_max[static_cast<size_t>(j)]);
         }
         ref.lse[row] = row_max + std::log(sum);
         for (int64_t c = 0; c < dv; ++c) {
