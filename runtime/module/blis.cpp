@@ -2,7 +2,9 @@
 
 #include <blis.h>
 #include <mha/plugin_abi.h>
+#include <omp.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -85,7 +87,8 @@ bool blis_accepts(int64_t m, int64_t n, int64_t rs, int64_t cs) {
 
 int32_t sgemm_threads(int64_t m, int64_t n, int64_t k, int32_t threads) {
   const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  return work < 1048576.0 ? 1 : (threads < 1 ? 1 : threads);
+  if (work < 1048576.0 || threads < 1) return 1;
+  return std::min(threads, std::max(1, omp_get_num_procs()));
 }
 
 void sgemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t rsa, int64_t csa,
