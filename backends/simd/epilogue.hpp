@@ -7,7 +7,6 @@
 #include <mha/plugin_abi.h>
 #include <xsimd/xsimd.hpp>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -84,12 +83,12 @@ inline void write_item_row(const mha_work_item& item, int64_t row_h, int64_t row
                       : item.lse + row_h * item.lse_strides[0] + row_i * item.lse_strides[1]);
 }
 
-// The rows r0 .. r0 + n of a prefill tile (maxima and sums one per lane,
-// their accumulators dvp floats apart from acc) written as write_item_row
-// would, one row after another.  The common case -- fp32 output with unit
-// stride, no LSE, no sink -- takes the reciprocals of a vector of sums at
-// once and skips the per-row dispatch (a tile's epilogue was 5-9 % of S4 and
-// S5); the bits are the same: 1 / sum is correctly rounded either way.
+// The rows r0 .. r0 + n of a prefill tile (their accumulators dvp floats
+// apart from acc) written as write_item_row would, one row after another.
+// The common case -- fp32 output with unit stride, no LSE, no sink -- skips
+// the per-row dispatch (a tile's epilogue was 5-9 % of S4 and S5), with the
+// same bits.  (Its 1 / sum is a scalar division: xsimd 8.1's float division
+// on neon64 is a refined reciprocal estimate, not correctly rounded.)
 template <class Arch>
 inline void write_item_rows(const mha_work_item& item, int64_t row_h, int64_t row_i0, int64_t n,
                             const float* acc, int64_t dvp, int64_t dv, const float* row_max,
@@ -106,23 +105,17 @@ inline void write_item_rows(const mha_work_item& item, int64_t row_h, int64_t ro
     return;
   }
   auto* out = static_cast<float*>(item.out) + row_h * item.out_strides[0];
-  for (int64_t v0 = 0; v0 < n; v0 += W) {
-    const B sum = B::load_unaligned(row_sum + v0);
-    alignas(64) float inv[W];
-    const auto empty = sum == B(0.0f);  // (no division by 0: it would raise a flag)
-    xsimd::select(empty, B(0.0f), B(1.0f) / xsimd::select(empty, B(1.0f), sum)).store_aligned(inv);
-    for (int64_t r = v0; r < std::min<int64_t>(n, v0 + W); ++r) {
-      float* o = out + (row_i0 + r) * item.out_strides[1];
-      const float* a = acc + r * dvp;
-      const float f = inv[r - v0];
-      if (row_sum[r] == 0.0f) {  // no key took part: zeros, never NaN
-        for (int64_t x = 0; x < dv; ++x) o[x] = 0.0f;
-        continue;
-      }
-      int64_t x = 0;
-      for (; x + W <= dv; x += W) (B::load_aligned(a + x) * B(f)).store_unaligned(o + x);
-      for (; x < dv; ++x) o[x] = a[x] * f;
+  for (int64_t r = 0; r < n; ++r) {
+    float* o = out + (row_i0 + r) * item.out_strides[1];
+    if (row_sum[r] == 0.0f) {  // no key took part: zeros, never NaN
+      for (int64_t x = 0; x < dv; ++x) o[x] = 0.0f;
+      continue;
     }
+    const float* a = acc + r * dvp;
+    const float inv = 1.0f / row_sum[r];
+    int64_t x = 0;
+    for (; x + W <= dv; x += W) (B::load_aligned(a + x) * B(inv)).store_unaligned(o + x);
+    for (; x < dv; ++x) o[x] = a[x] * inv;
   }
 }
 
