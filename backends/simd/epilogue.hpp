@@ -83,7 +83,7 @@ inline void write_item_row(const mha_work_item& item, int64_t row_h, int64_t row
                       : item.lse + row_h * item.lse_strides[0] + row_i * item.lse_strides[1]);
 }
 
-// The rows r0 .. r0 + n of a prefill tile (their accumulators dvp floats
+// Rows row_i0 .. row_i0 + n of a prefill tile (accumulators dvp floats
 // apart from acc) written as write_item_row would, one row after another.
 // The common case -- fp32 output with unit stride, no LSE, no sink -- skips
 // the per-row dispatch (a tile's epilogue was 5-9 % of S4 and S5), with the
