@@ -466,7 +466,9 @@ struct ReadBandwidth {
 // One pass per stream count (kReadStreams) per call of `pass`.
 class ReadProbe {
  public:
-  explicit ReadProbe(int n) : array_(n), n_(n) {}
+  explicit ReadProbe(int n) : array_(n), n_(n) {
+    for (double& t : best_) t = 1e30;
+  }
   bool ok() const { return array_.data != nullptr; }
   void pass() {
     for (size_t i = 0; i < std::size(kReadStreams); ++i) {
@@ -491,7 +493,7 @@ class ReadProbe {
   BigArray array_;
   int n_;
   int passes_ = 0;
-  double best_[std::size(kReadStreams)] = {1e30, 1e30, 1e30, 1e30};
+  double best_[std::size(kReadStreams)];
   double total_[std::size(kReadStreams)] = {};
 };
 

@@ -85,16 +85,14 @@ inline void write_item_row(const mha_work_item& item, int64_t row_h, int64_t row
 
 // Rows row_i0 .. row_i0 + n of a prefill tile (accumulators dvp floats
 // apart from acc) written as write_item_row would, one row after another.
-// The common case -- fp32 output with unit stride, no LSE, no sink -- skips
-// the per-row dispatch (a tile's epilogue was 5-9 % of S4 and S5), with the
-// same bits.  (Its 1 / sum is a scalar division: xsimd 8.1's float division
-// on neon64 is a refined reciprocal estimate, not correctly rounded.)
+// The common case -- fp32 output with unit stride, no LSE, no sink -- goes
+// straight to write_row, without write_item_row's per-row work on the
+// sink, the units and the output's dtype (a tile's epilogue was 5-9 % of
+// S4 and S5); the bits are the same.
 template <class Arch>
 inline void write_item_rows(const mha_work_item& item, int64_t row_h, int64_t row_i0, int64_t n,
                             const float* acc, int64_t dvp, int64_t dv, const float* row_max,
                             const float* row_sum, float sink, const ScoreUnits& units) {
-  using B = xsimd::batch<float, Arch>;
-  constexpr int W = static_cast<int>(B::size);
   const bool plain = item.out_dtype == MHA_DTYPE_F32 && item.out_strides[2] == 1 &&
                      item.lse == nullptr && sink == -std::numeric_limits<float>::infinity();
   if (!plain) {
@@ -106,16 +104,9 @@ inline void write_item_rows(const mha_work_item& item, int64_t row_h, int64_t ro
   }
   auto* out = static_cast<float*>(item.out) + row_h * item.out_strides[0];
   for (int64_t r = 0; r < n; ++r) {
-    float* o = out + (row_i0 + r) * item.out_strides[1];
-    if (row_sum[r] == 0.0f) {  // no key took part: zeros, never NaN
-      for (int64_t x = 0; x < dv; ++x) o[x] = 0.0f;
-      continue;
-    }
-    const float* a = acc + r * dvp;
-    const float inv = 1.0f / row_sum[r];
-    int64_t x = 0;
-    for (; x + W <= dv; x += W) (B::load_aligned(a + x) * B(inv)).store_unaligned(o + x);
-    for (; x < dv; ++x) o[x] = a[x] * inv;
+    // (No LSE: the row's maximum is not needed.)
+    write_row<Arch>(acc + r * dvp, dv, 0.0f, row_sum[r], 1.0f,
+                    out + (row_i0 + r) * item.out_strides[1], MHA_DTYPE_F32, 1, nullptr);
   }
 }
 
