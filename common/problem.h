@@ -50,6 +50,14 @@ inline int64_t decode_heads_per_item(const mha_kernel_problem& p) {
   return p.heads / p.kv_heads;
 }
 
+// The rows layout (MHA_LAYOUT_ROWS) serves problems of at most this many
+// keys and queries: all keys fit one tile of lanes, and the call's cost is
+// its fixed per-row and per-tile state, which that layout keeps low.  An item
+// holds up to kRowsPerItem rows (heads x queries).
+constexpr int64_t kRowsMaxKeys = 16;
+constexpr int64_t kRowsMaxQueries = 64;
+constexpr int64_t kRowsPerItem = 64;
+
 // Whether a prefill kernel reads K and V through an item-wide copy rather
 // than in place: half precision and int8 are widened to fp32, and fp32 rows
 // that do not lie back to back (a [B, L, H, D] view, the module's

@@ -41,8 +41,7 @@ void log_call(const Backend& backend, const KernelCall& call, const WorkPlan& pl
       p.valid_lens == nullptr ? "no" : (p.valid_lens_strides[1] != 0 ? "per-query" : "per-batch"),
       p.mask_kind == MHA_MASK_BOOL ? "bool"
                                    : (p.mask_kind == MHA_MASK_ADDITIVE ? "additive" : "no"),
-      variants_of(call).c_str(), call.lse != nullptr ? "yes" : "no",
-      plan.layout == MHA_LAYOUT_DECODE ? "decode" : "query-lanes",
+      variants_of(call).c_str(), call.lse != nullptr ? "yes" : "no", layout_name(plan.layout),
       static_cast<long long>(plan.items()), static_cast<long long>(plan.chunks), threads, ms);
 }
 

@@ -51,7 +51,29 @@ int64_t key_span(const mha_kernel_problem& p, int64_t q_tile) {
   return std::max<int64_t>(1, std::min(p.lk, q_tile + p.causal_diag - p.lower_diag));
 }
 
+// Heads per item in the rows layout: as many as keep an item within
+// mha_kernel::kRowsPerItem rows (a divisor of the head count).  Rows do not
+// depend on what else their item holds, so this never changes a bit.
+int64_t heads_per_rows_item(const mha_kernel_problem& p) {
+  int64_t best = 1;
+  for (int64_t g = 2; g <= p.heads && g * p.lq <= mha_kernel::kRowsPerItem; ++g) {
+    if (p.heads % g == 0) best = g;
+  }
+  return best;
+}
+
 }  // namespace
+
+const char* layout_name(int32_t layout) {
+  switch (layout) {
+    case MHA_LAYOUT_DECODE:
+      return "decode";
+    case MHA_LAYOUT_ROWS:
+      return "rows";
+    default:
+      return "query-lanes";
+  }
+}
 
 int64_t first_key_of_tile(const mha_kernel_problem& p, int64_t q_begin) {
   if (p.lower_diag <= -mha_rules::kNoCausalLimit) return 0;
@@ -66,6 +88,20 @@ WorkPlan plan_work(const mha_kernel_problem& p, const Backend& backend, int64_t 
   const mha_tile_sizes& tiles = backend.tiles;
   const int32_t vector_floats = backend.plugin->vector_floats;
   WorkPlan plan{};
+  plan.batch = p.batch;
+  // Tiny problems (all keys in one tile of lanes): the rows layout, whose
+  // items hold all the keys and queries of a few heads.
+  if (vector_floats > 1 && p.lk <= mha_kernel::kRowsMaxKeys &&
+      p.lq <= mha_kernel::kRowsMaxQueries) {
+    plan.layout = MHA_LAYOUT_ROWS;
+    plan.heads_per_item = heads_per_rows_item(p);
+    plan.head_groups = p.heads / plan.heads_per_item;
+    plan.q_tile = p.lq;
+    plan.q_tiles = 1;
+    plan.chunk_len = key_span(p, p.lq);
+    plan.chunks = 1;
+    return plan;
+  }
   // Query lanes waste most of every vector when there are few queries; then the
   // decode layout (lanes along the head dimension) serves the heads sharing a
   // KV head together.  It pays off only over many keys: with a short KV the
@@ -74,7 +110,6 @@ WorkPlan plan_work(const mha_kernel_problem& p, const Backend& backend, int64_t 
   const bool decode = vector_floats > 1 && few_queries && key_span(p, p.lq) >= 2 * tiles.key_tile &&
                       (p.heads / p.kv_heads) * p.lq <= kMaxDecodeRows;
   plan.layout = decode ? MHA_LAYOUT_DECODE : MHA_LAYOUT_QUERY_LANES;
-  plan.batch = p.batch;
   plan.heads_per_item =
       decode ? mha_kernel::decode_heads_per_item(p) : heads_per_short_item(p, tiles);
   plan.head_groups = p.heads / plan.heads_per_item;
@@ -300,13 +335,32 @@ mha_status run_attention(const Backend& backend, KernelCall* calls, int64_t coun
   // sequence's items start early and short ones fill in around them
   // (longest-processing-time order).  Which thread runs an item never
   // changes what it computes.
-  std::vector<int64_t> order(static_cast<size_t>(count));
+  // (The lists live on with the calling thread, so a call of a tiny problem
+  // does not pay for allocating them: its whole cost is a few microseconds.
+  // The lambdas below run on other threads too: they use these references,
+  // never the thread_local names, which would name each thread's own list.)
+  thread_local std::vector<int64_t> thread_order;
+  thread_local std::vector<PlannedCall> thread_planned;
+  std::vector<int64_t>& order = thread_order;
+  // Lists of a large packed batch are not kept.
+  struct ReleaseLarge {
+    std::vector<int64_t>& order;
+    std::vector<PlannedCall>& planned;
+    ~ReleaseLarge() {
+      if (order.capacity() > 256) std::vector<int64_t>().swap(order);
+      if (planned.capacity() > 256) std::vector<PlannedCall>().swap(planned);
+    }
+  } release_large{thread_order, thread_planned};
+  order.resize(static_cast<size_t>(count));
   for (int64_t c = 0; c < count; ++c) order[static_cast<size_t>(c)] = c;
-  std::stable_sort(order.begin(), order.end(), [calls](int64_t a, int64_t b) {
-    return flops_of(calls[a].problem) > flops_of(calls[b].problem);
-  });
+  if (count > 1) {
+    std::stable_sort(order.begin(), order.end(), [calls](int64_t a, int64_t b) {
+      return flops_of(calls[a].problem) > flops_of(calls[b].problem);
+    });
+  }
 
-  std::vector<PlannedCall> planned;
+  std::vector<PlannedCall>& planned = thread_planned;
+  planned.clear();
   planned.reserve(static_cast<size_t>(count));
   int64_t n_items = 0, n_merges = 0;
   size_t scratch_bytes = 0, partial_floats = 0;

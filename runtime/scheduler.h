@@ -18,7 +18,7 @@ struct WorkPlan {
   int32_t layout;  // mha_kernel_layout
   int64_t batch;
   int64_t heads_per_item;  // the query heads sharing a KV head (decode), several heads
-                           // (short sequences), or 1
+                           // (short sequences, the rows layout), or 1
   int64_t head_groups;     // heads / heads_per_item
   int64_t q_tile, q_tiles;
   int64_t chunk_len, chunks;  // key chunks; chunks > 1 means split-KV with a merge
@@ -30,6 +30,9 @@ struct WorkPlan {
 // a packed batch), whose items balance the threads together.
 WorkPlan plan_work(const mha_kernel_problem& problem, const Backend& backend,
                    int64_t calls_in_team = 1);
+
+// "query-lanes", "decode" or "rows" (MHA_VERBOSE, mha-info).
+const char* layout_name(int32_t layout);
 
 // The first key any query of a tile starting at q_begin can see: 0, or with a
 // sliding window the first query's window start.  Keys before it are never

@@ -355,6 +355,30 @@ TEST_P(Attention, D2lExample) {
   run_case(c);
 }
 
+// The d2l.ai example on the backend the library picks by itself: a SIMD one
+// takes the rows layout here (tests/CMakeLists.txt checks MHA_VERBOSE's
+// report of it).
+TEST(RowsLayout, D2lExampleOnTheBestBackend) {
+  const int64_t B = 2, H = 5, Lq = 4, Lk = 6, D = 20;
+  Rng rng(3);
+  Arena q(B * H * Lq * D), k(B * H * Lk * D), v(B * H * Lk * D), out(B * H * Lq * D);
+  mha_tensor tq = q.view(make_shape(Layout::BLHD, B, H, Lq, D));
+  mha_tensor tk = k.view(make_shape(Layout::BLHD, B, H, Lk, D));
+  mha_tensor tv = v.view(make_shape(Layout::BLHD, B, H, Lk, D));
+  mha_tensor tout = out.view(make_shape(Layout::BLHD, B, H, Lq, D));
+  fill_uniform(tq, rng);
+  fill_uniform(tk, rng);
+  fill_uniform(tv, rng);
+  std::vector<int32_t> lens = {3, 2};
+  const mha_tensor tlens = describe(lens.data(), MHA_DTYPE_I32, {B});
+  mha_attention_params p;
+  mha_attention_params_init(&p);
+  p.valid_lens = &tlens;
+  ASSERT_EQ(mha_attention(&tq, &tk, &tv, &tout, &p), MHA_OK) << mha_last_error();
+  const Reference ref = reference_attention(tq, tk, tv, &p);
+  EXPECT_LE(max_abs_error(tout, ref), tolerance(ref));
+}
+
 TEST_P(Attention, HeadSizes) {
   for (const int64_t d : {1, 2, 3, 8, 16, 20, 63, 64, 80, 128, 256}) {
     Case c;

@@ -209,6 +209,80 @@ TEST_P(Variants, EdgeValues) {
   }
 }
 
+// Tiny problems (at most 16 keys and 64 queries) take the rows layout of
+// the SIMD plugins (docs/kernel-design.md): every option there, and just
+// across its bounds (17 keys, 65 queries) where the prefill layout takes
+// over -- head sizes that are not whole vectors, GQA, windows, the variants,
+// masks, valid lengths, half precision and int8, f16 output.
+TEST_P(Variants, TinyProblemsWithEveryOption) {
+  Rng pick(8080);
+  for (int trial = 0; trial < 48; ++trial) {
+    VariantCase c;
+    c.what = "tiny";
+    c.Hkv = pick.integer(1, 2);
+    c.H = c.Hkv * pick.integer(1, 3);
+    c.B = pick.integer(1, 2);
+    const int64_t lengths[] = {1, 2, 3, 5, 8, 9, 15, 16, 17};
+    c.Lk = lengths[pick.integer(0, 8)];
+    c.Lq = trial % 8 == 7 ? (trial % 16 == 7 ? 64 : 65) : pick.integer(1, 9);
+    c.D = pick.integer(1, 40), c.Dv = pick.integer(1, 40);
+    if (pick.chance(0.3)) c.softcap = pick.uniform(5.0f, 50.0f);
+    c.alibi = pick.chance(0.3);
+    c.alibi_per_batch = c.alibi && pick.chance(0.5);
+    c.sinks = pick.chance(0.3);
+    if (pick.chance(0.3)) c.left = pick.integer(0, 6), c.right = pick.integer(-1, 3);
+    const int32_t dtypes[] = {MHA_DTYPE_F32, MHA_DTYPE_F32, MHA_DTYPE_BF16, MHA_DTYPE_F16,
+                              MHA_DTYPE_I8};
+    c.dtype = dtypes[pick.integer(0, 4)];
+    c.options.causal = static_cast<int32_t>(pick.integer(0, 2));
+    c.options.mask = static_cast<int>(pick.integer(0, 2));
+    c.options.lens = pick.chance(0.4);
+    if (c.dtype == MHA_DTYPE_F16 && pick.chance(0.5)) c.options.out_dtype = MHA_DTYPE_F16;
+    c.seed = static_cast<uint64_t>(trial) + 900;
+    run_variant_case(c);
+  }
+}
+
+// Dropout keeps or drops a key by its absolute index: a tiny problem (the
+// rows layout) drops what the same keys drop when they are the valid part of
+// a longer one (the prefill layout).  (Top-left causal: the same rule in both
+// calls.)
+TEST_P(Variants, TinyProblemDropoutMatchesTheLongerLayout) {
+  const int64_t B = 2, H = 3, Lq = 5, Lk = 11, Lk_long = 40, D = 20;
+  Rng rng(17);
+  Arena q(B * H * Lq * D), k(B * H * Lk_long * D), v(B * H * Lk_long * D);
+  mha_tensor tq = describe(q.base(), MHA_DTYPE_F32, {B, H, Lq, D});
+  mha_tensor tk_long = describe(k.base(), MHA_DTYPE_F32, {B, H, Lk_long, D});
+  mha_tensor tv_long = describe(v.base(), MHA_DTYPE_F32, {B, H, Lk_long, D});
+  fill_uniform(tq, rng);
+  fill_uniform(tk_long, rng);
+  fill_uniform(tv_long, rng);
+  // The first Lk keys of the long tensors, as a tensor of their own.
+  mha_tensor tk = tk_long, tv = tv_long;
+  tk.shape[2] = tv.shape[2] = Lk;
+  std::vector<float> tiny(static_cast<size_t>(B * H * Lq * D)), longer(tiny.size());
+  mha_tensor t_tiny = describe(tiny.data(), MHA_DTYPE_F32, {B, H, Lq, D});
+  mha_tensor t_longer = describe(longer.data(), MHA_DTYPE_F32, {B, H, Lq, D});
+  std::vector<int32_t> lens(static_cast<size_t>(B), static_cast<int32_t>(Lk));
+  const mha_tensor tlens = describe(lens.data(), MHA_DTYPE_I32, {B});
+  for (const int32_t causal : {MHA_CAUSAL_NONE, MHA_CAUSAL_TOP_LEFT}) {
+    mha_attention_params p;
+    mha_attention_params_init(&p);
+    p.dropout_p = 0.3f;
+    p.dropout_seed = 123;
+    p.causal = causal;
+    mha_attention_params long_p = p;
+    long_p.valid_lens = &tlens;
+    ASSERT_EQ(mha_attention(&tq, &tk, &tv, &t_tiny, &p), MHA_OK) << mha_last_error();
+    ASSERT_EQ(mha_attention(&tq, &tk_long, &tv_long, &t_longer, &long_p), MHA_OK)
+        << mha_last_error();
+    for (size_t x = 0; x < tiny.size(); ++x) {
+      ASSERT_NEAR(tiny[x], longer[x], 2e-5 * std::max(1.0, std::fabs(double{longer[x]})))
+          << "causal " << causal << " element " << x;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Variants, ::testing::ValuesIn(backend_names()),
                          backend_param_name);
 

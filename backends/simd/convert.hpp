@@ -94,6 +94,52 @@ inline xsimd::batch<float, Arch> load_widen(const element_t<kDtype>* p) {
   }
 }
 
+// n floats (0 < n <= W) loaded from p into the first lanes, the others 0,
+// the memory after p + n not read (a row's last partial vector: the row may
+// end at the end of the caller's buffer).  Masked loads where the ISA has
+// them (their masked lanes never fault).
+template <class Arch>
+inline xsimd::batch<float, Arch> load_partial(const float* p, int n) {
+  using B = xsimd::batch<float, Arch>;
+#if defined(__AVX512F__)
+  if constexpr (std::is_base_of<xsimd::avx512f, Arch>::value) {
+    return B(_mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1u), p));
+  }
+#endif
+#if defined(__AVX2__)
+  if constexpr (std::is_base_of<xsimd::avx2, Arch>::value) {
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return B(_mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lanes)));
+  }
+#endif
+  alignas(64) float lanes[B::size] = {};
+  for (int i = 0; i < n; ++i) lanes[i] = p[i];
+  return B::load_aligned(lanes);
+}
+
+// The first n lanes of x (0 < n < W) stored at p, the memory after them left
+// untouched: a row's last partial vector in one masked store where the ISA
+// has one (xsimd 8.1 has none), instead of a scalar loop.
+template <class Arch>
+inline void store_partial(float* p, xsimd::batch<float, Arch> x, int n) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_base_of<xsimd::avx512f, Arch>::value) {
+    _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1u), x);
+    return;
+  }
+#endif
+#if defined(__AVX2__)
+  if constexpr (std::is_base_of<xsimd::avx2, Arch>::value) {
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    _mm256_maskstore_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lanes), x);
+    return;
+  }
+#endif
+  alignas(64) float lanes[xsimd::batch<float, Arch>::size];
+  x.store_aligned(lanes);
+  for (int i = 0; i < n; ++i) p[i] = lanes[i];
+}
+
 // W fp32 values rounded once to a floating dtype and stored at p (exactly W
 // elements): to nearest even, a NaN stays NaN, as mha_types::f32_to_bf16 and
 // f32_to_f16 do one value at a time.

@@ -53,7 +53,8 @@ inline void write_row(const float* acc, int64_t dv, float natural_max, float sum
     auto* o = static_cast<float*>(out);
     int64_t x = 0;
     for (; x + W <= dv; x += W) (B::load_aligned(acc + x) * B(inv)).store_unaligned(o + x);
-    for (; x < dv; ++x) o[x] = acc[x] * inv;
+    if (x < dv)
+      store_partial<Arch>(o + x, B::load_aligned(acc + x) * B(inv), static_cast<int>(dv - x));
   } else {
     auto* o = static_cast<float*>(out);
     for (int64_t x = 0; x < dv; ++x) o[x * out_stride] = acc[x] * inv;

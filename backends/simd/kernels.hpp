@@ -7,6 +7,7 @@
 #include "simd/decode.hpp"
 #include "simd/kernel_entry.hpp"
 #include "simd/prefill.hpp"
+#include "simd/rows.hpp"
 
 namespace mha_simd {
 
@@ -14,16 +15,27 @@ namespace mha_simd {
 // the bf16 dot-product path for bf16 inputs (paths.hpp).
 template <class Arch, bool kBf16Dot>
 size_t scratch_bytes(const mha_kernel_problem& p, int64_t max_queries) {
-  return p.layout == MHA_LAYOUT_DECODE ? DecodeKernel<Arch>::scratch_bytes(p, max_queries)
-                                       : PrefillKernel<Arch, kBf16Dot>::scratch_bytes(p);
+  switch (p.layout) {
+    case MHA_LAYOUT_DECODE:
+      return DecodeKernel<Arch>::scratch_bytes(p, max_queries);
+    case MHA_LAYOUT_ROWS:
+      return RowsKernel<Arch, kBf16Dot>::scratch_bytes(p);
+    default:
+      return PrefillKernel<Arch, kBf16Dot>::scratch_bytes(p);
+  }
 }
 
 template <class Arch, bool kBf16Dot>
 int attend(const mha_kernel_problem& p, const mha_work_item& item, void* scratch) {
-  if (p.layout == MHA_LAYOUT_DECODE) {
-    DecodeKernel<Arch>::run(p, item, scratch);
-  } else {
-    PrefillKernel<Arch, kBf16Dot>::run(p, item, scratch);
+  switch (p.layout) {
+    case MHA_LAYOUT_DECODE:
+      DecodeKernel<Arch>::run(p, item, scratch);
+      break;
+    case MHA_LAYOUT_ROWS:
+      RowsKernel<Arch, kBf16Dot>::run(p, item, scratch);
+      break;
+    default:
+      PrefillKernel<Arch, kBf16Dot>::run(p, item, scratch);
   }
   return 0;
 }

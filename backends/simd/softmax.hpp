@@ -12,11 +12,47 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "simd/exp2.hpp"
 #include "simd/tile_tools.hpp"
 
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#endif
+
 namespace mha_simd {
+
+// The largest lane of x (xsimd 8.1 has no such reducer).  Where a lane is
+// NaN the answer may or may not be NaN: a caller that must see NaN looks at
+// the lanes again (the rows layout's exps turn a NaN score into a NaN sum).
+template <class Arch>
+inline float horizontal_max(xsimd::batch<float, Arch> x) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_base_of<xsimd::avx512f, Arch>::value) return _mm512_reduce_max_ps(x);
+#endif
+#if defined(__AVX__)
+  if constexpr (std::is_base_of<xsimd::avx, Arch>::value) {
+    const __m256 v = x;
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+  }
+#endif
+#if defined(__aarch64__)
+  if constexpr (std::is_base_of<xsimd::neon64, Arch>::value) return vmaxvq_f32(x);
+#endif
+  using B = xsimd::batch<float, Arch>;
+  alignas(64) float lanes[B::size];
+  x.store_aligned(lanes);
+  float m = lanes[0];
+  for (size_t l = 1; l < B::size; ++l) m = std::max(m, lanes[l]);
+  return m;
+}
 
 // 2^exponent of a score's distance d (<= 0) to the row maximum.
 template <class Arch, bool kRaw>

@@ -39,8 +39,9 @@ extern "C" {
  * 9: mha_kernel_problem ends with a block's positions in the full problem:
  *    query_offset, key_offset, full_lq (dropout's hash), alibi_diag.
  * 10: tiles from the machine: mha_plugin ends with choose_tiles, which the
- *    runtime calls once with the caches it detected (mha_cache_sizes). */
-#define MHA_PLUGIN_ABI_VERSION 10
+ *    runtime calls once with the caches it detected (mha_cache_sizes).
+ * 11: the rows layout (MHA_LAYOUT_ROWS) for tiny problems. */
+#define MHA_PLUGIN_ABI_VERSION 11
 #define MHA_PLUGIN_ENTRY_SYMBOL "mha_plugin_entry"
 
 /* CPU features, as the runtime detects them (OS support included). */
@@ -64,8 +65,11 @@ enum mha_cpu_feature {
 /* How the kernel lays its vector lanes, chosen by the runtime from the shape. */
 enum mha_kernel_layout {
   MHA_LAYOUT_QUERY_LANES = 0, /* prefill: lanes along queries, tiles of queries x keys   */
-  MHA_LAYOUT_DECODE = 1       /* few queries: lanes along the head dimension, the query
+  MHA_LAYOUT_DECODE = 1,      /* few queries: lanes along the head dimension, the query
                                  heads sharing one KV head (and their queries) as rows   */
+  MHA_LAYOUT_ROWS = 2         /* tiny problems (at most 16 keys, 64 queries): one query
+                                 row at a time, lanes along the keys; an item holds
+                                 several heads of one batch, all their queries and keys  */
 };
 
 enum mha_mask_kind { MHA_MASK_NONE = 0, MHA_MASK_BOOL = 1, MHA_MASK_ADDITIVE = 2 };

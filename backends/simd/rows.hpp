@@ -1,0 +1,389 @@
+// The rows layout: tiny problems, one query row at a time, vector lanes along
+// the keys.
+//
+// With at most mha_kernel::kRowsMaxKeys keys (and a few queries) -- the d2l.ai
+// example, S5 -- the arithmetic is a few hundred FMAs a head and what a call
+// costs is the per-row and per-tile state of the other layouts.  Here an item
+// holds several heads of one batch; each query's limits are worked out once
+// for all of them; each KV head's K is transposed (one register of keys per
+// head-dimension index) and its V rows copied, zero-padded, once for all its
+// query rows.  A row is then D broadcast FMAs, one vector softmax with no
+// running state (all keys fit one tile), and P·V over the keys it sees.
+//
+// The careful cases -- a row whose result came out non-finite, or that has
+// keys but no weight (logits that overflowed, a mask of -inf on every key,
+// NaN or infinities in a removed key's V row) -- send the whole head through
+// the prefill kernel, which handles them (raw units, guarded P·V).
+#pragma once
+
+#include <mha/plugin_abi.h>
+#include <xsimd/xsimd.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "common/dtype.h"
+#include "common/problem.h"
+#include "simd/convert.hpp"
+#include "simd/epilogue.hpp"
+#include "simd/masking.hpp"
+#include "simd/nonfinite.hpp"
+#include "simd/prefill.hpp"
+#include "simd/row_kernels.hpp"
+#include "simd/score_variants.hpp"
+#include "simd/softmax.hpp"
+#include "simd/tile_tools.hpp"
+#include "simd/transpose.hpp"
+
+namespace mha_simd {
+
+template <class Arch, bool kBf16Dot = false>
+class RowsKernel {
+  using B = xsimd::batch<float, Arch>;
+  static constexpr int W = static_cast<int>(B::size);
+  static constexpr int kKeys = static_cast<int>(mha_kernel::kRowsMaxKeys);
+  static constexpr int KV = kKeys / W;  // vectors of keys: 1 (AVX-512), 2 (AVX2), 4 (NEON)
+  static_assert(kKeys % W == 0, "the key tile is whole vectors");
+  static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  // Rows whose scores are computed together (each K vector loaded once for
+  // them, independent FMA chains).
+  static constexpr int kRowBlock = 4;
+
+  struct Scratch {
+    float* kt;       // [Dp][kKeys]: K transposed, lane l = key kb + l (zero past the keys)
+    float* v;        // [kKeys][Dvp]: V rows, zero-padded
+    float* q;        // [kRowBlock][D]: query rows widened (not fp32 with unit stride)
+    float* stage;    // [kKeys][Dp]: K rows widened (not fp32 in place), zero-padded
+    float* s;        // [kRowBlock][kKeys]: rows' scores, then their probabilities
+    float* acc;      // [Dvp]: a row's unnormalised output
+    float* lanes;    // [kKeys]: 0, 1, 2, ... (lane indices as floats)
+    int64_t* first;  // [Lq]: each query's first visible key
+    int64_t* last;   // [Lq]: its last
+    void* prefill;   // the careful path's scratch
+  };
+
+  static int64_t dvp_of(const mha_kernel_problem& p) { return round_up(p.dv, W); }
+
+ public:
+  static size_t scratch_bytes(const mha_kernel_problem& p) {
+    const int64_t dvp = dvp_of(p);
+    const int64_t dp = round_up(p.d, W);
+    return ScratchCarver::bytes({dp * kKeys, kKeys * dvp, kRowBlock * p.d, kKeys * dp,
+                                 kRowBlock * kKeys, dvp, kKeys, 2 * p.lq, 2 * p.lq}) +
+           PrefillKernel<Arch, kBf16Dot>::scratch_bytes(p);
+  }
+
+  static void run(const mha_kernel_problem& p, const mha_work_item& item, void* scratch) {
+    const int64_t dvp = dvp_of(p);
+    ScratchCarver carve(scratch);
+    Scratch t{};
+    const int64_t dp = round_up(p.d, W);
+    t.kt = carve.floats(dp * kKeys);
+    t.v = carve.floats(kKeys * dvp);
+    t.q = carve.floats(kRowBlock * p.d);
+    t.stage = carve.floats(kKeys * dp);
+    t.s = carve.floats(kRowBlock * kKeys);
+    t.acc = carve.floats(dvp);
+    t.lanes = carve.floats(kKeys);
+    t.first = reinterpret_cast<int64_t*>(carve.floats(2 * p.lq));
+    t.last = reinterpret_cast<int64_t*>(carve.floats(2 * p.lq));
+    t.prefill = carve.floats(0);
+    for (int l = 0; l < kKeys; ++l) t.lanes[l] = static_cast<float>(l);
+
+    // Each query's limits (causal, window, valid length) do not depend on
+    // the head: once per item.  [kb, ke) are the keys some query sees.
+    const int64_t nq = item.q_end - item.q_begin;
+    int64_t kb = item.k_end, ke = item.k_begin;
+    for (int64_t r = 0; r < nq; ++r) {
+      const int64_t i = item.q_begin + r;
+      t.first[r] = std::max(mha_kernel::first_visible_key(p, i), item.k_begin);
+      t.last[r] = std::min(mha_kernel::last_visible_key(p, item.b, i), item.k_end - 1);
+      if (t.first[r] <= t.last[r]) {
+        kb = std::min(kb, t.first[r]);
+        ke = std::max(ke, t.last[r] + 1);
+      }
+    }
+    const int keys = static_cast<int>(std::max<int64_t>(0, ke - kb));
+
+    int64_t loaded_kvh = -1;
+    with_key_vectors(keys, [&](auto vectors) {
+      constexpr int NKV = decltype(vectors)::value;
+      for (int64_t h = item.h_begin; h < item.h_end; ++h) {
+        const int64_t kvh = mha_kernel::kv_head_of(p, h);
+        if (kvh != loaded_kvh && keys > 0) {
+          load_kv<NKV>(p, t, item.b, kvh, kb, keys, dvp);
+          loaded_kvh = kvh;
+        }
+        if (!head_rows<NKV>(p, item, t, h, kb, keys, dvp)) careful_head(p, item, t, h);
+      }
+    });
+  }
+
+ private:
+  // Calls f(std::integral_constant<int, n>{}) with the fewest vectors n (1,
+  // 2 or 4, at most KV) that hold `keys` lanes: the rows compute only those.
+  template <class F>
+  static void with_key_vectors(int keys, F&& f) {
+    if constexpr (KV >= 4) {
+      if (keys > 2 * W) return f(std::integral_constant<int, 4>{});
+    }
+    if constexpr (KV >= 2) {
+      if (keys > W) return f(std::integral_constant<int, 2>{});
+    }
+    f(std::integral_constant<int, 1>{});
+  }
+
+  // K of keys kb .. kb + keys transposed into t.kt, V copied into t.v, both
+  // fp32 whatever their dtype (an int8 row times its scale).  fp32 rows with
+  // unit column stride outside a paged cache are read in place; the others
+  // are widened into t.stage first.
+  template <int NKV>
+  static void load_kv(const mha_kernel_problem& p, const Scratch& t, int64_t b, int64_t kvh,
+                      int64_t kb, int keys, int64_t dvp) {
+    const bool in_place = p.kv_dtype == MHA_DTYPE_F32 && p.block_table == nullptr;
+    if (in_place && p.k_strides[3] == 1) {
+      transpose_keys<NKV>(mha_kernel::k_row(p, b, kvh, kb), p.k_strides[2], keys, p.d, t.kt);
+    } else {
+      const int64_t dp = round_up(p.d, W);
+      for (int jj = 0; jj < keys; ++jj) {
+        widen_kv_row(p, p.k, p.k_strides, p.k_scale, p.k_scale_strides, p.d, b, kvh, kb + jj,
+                     t.stage + jj * dp);
+      }
+      transpose_keys<NKV>(t.stage, dp, keys, p.d, t.kt);
+    }
+    if (in_place && p.v_strides[3] == 1) {
+      const float* v = mha_kernel::v_row(p, b, kvh, kb);
+      for (int jj = 0; jj < keys; ++jj) copy_row(v + jj * p.v_strides[2], p.dv, t.v + jj * dvp);
+    } else {
+      for (int jj = 0; jj < keys; ++jj) {
+        float* v = t.v + jj * dvp;
+        B(0.0f).store_aligned(v + dvp - W);  // the padding
+        widen_kv_row(p, p.v, p.v_strides, p.v_scale, p.v_scale_strides, p.dv, b, kvh, kb + jj, v);
+      }
+    }
+  }
+
+  // Row j of (b, kvh) of K or V (n values) widened to fp32 at dst.
+  static void widen_kv_row(const mha_kernel_problem& p, const void* data, const int64_t* strides,
+                           const float* scales, const int64_t* scale_strides, int64_t n, int64_t b,
+                           int64_t kvh, int64_t j, float* dst) {
+    const float scale =
+        scales == nullptr ? 1.0f : scales[mha_kernel::kv_offset(p, scale_strides, b, kvh, j)];
+    mha_kernel::widen_row(data, p.kv_dtype, mha_kernel::kv_offset(p, strides, b, kvh, j),
+                          strides[3], n, scale, dst);
+  }
+
+  // n floats from src to dst, zero-padded to whole vectors.
+  static void copy_row(const float* src, int64_t n, float* dst) {
+    int64_t x = 0;
+    for (; x + W <= n; x += W) B::load_unaligned(src + x).store_aligned(dst + x);
+    if (x < n) load_partial<Arch>(src + x, static_cast<int>(n - x)).store_aligned(dst + x);
+  }
+
+  // kt[x][l] = row l's element x (rows `stride` floats apart, `keys` of
+  // them, d elements each) for NKV vectors of lanes, W x W blocks at a time
+  // through the register transpose; lanes past `keys` get 0.
+  template <int NKV>
+  static void transpose_keys(const float* rows, int64_t stride, int keys, int64_t d, float* kt) {
+    for (int v = 0; v < NKV; ++v) {
+      for (int64_t x0 = 0; x0 < d; x0 += W) {
+        const int n = static_cast<int>(std::min<int64_t>(W, d - x0));
+        B block[W];
+        for (int l = 0; l < W; ++l) {
+          const int jj = v * W + l;
+          const float* row = rows + jj * stride + x0;
+          block[l] =
+              jj >= keys ? B(0.0f) : (n == W ? B::load_unaligned(row) : load_partial<Arch>(row, n));
+        }
+        transpose_square<Arch>(block);
+        for (int l = 0; l < W; ++l) block[l].store_aligned(kt + (x0 + l) * kKeys + v * W);
+      }
+    }
+  }
+
+  // What every row of a head shares.
+  struct HeadRows {
+    int64_t h, row_h;
+    int64_t kb;
+    int keys;
+    int64_t dvp;
+    ScoreUnits units;
+    float sink;
+    bool plain;  // fp32 output with unit stride, no LSE, no sink: straight to write_row
+    bool variants, dropout;
+  };
+
+  // The rows of head h, in blocks of up to kRowBlock whose scores are
+  // computed together; false (the head's rows left to the careful path) as
+  // soon as one of them needs it.
+  template <int NKV>
+  static bool head_rows(const mha_kernel_problem& p, const mha_work_item& item, const Scratch& t,
+                        int64_t h, int64_t kb, int keys, int64_t dvp) {
+    HeadRows head{};
+    head.h = h;
+    head.row_h = h - item.h_begin;
+    head.kb = kb;
+    head.keys = keys;
+    head.dvp = dvp;
+    head.units = ScoreUnits::base2(p.scale);
+    head.sink = mha_kernel::sink_logit(p, h);
+    head.plain = item.out_dtype == MHA_DTYPE_F32 && item.out_strides[2] == 1 &&
+                 item.lse == nullptr && head.sink == kNegInf;
+    head.variants = mha_kernel::has_score_variants(p);
+    head.dropout = p.dropout_p > 0.0f;
+    const bool q_in_place = p.q_dtype == MHA_DTYPE_F32 && p.q_strides[3] == 1;
+    const int64_t nq = item.q_end - item.q_begin;
+    for (int64_t r0 = 0; r0 < nq;) {
+      const int n = with_block_of<kRowBlock>(
+          static_cast<int>(std::min<int64_t>(kRowBlock, nq - r0)), [&](auto rows) {
+            constexpr int R = decltype(rows)::value;
+            const float* q[R];
+            for (int r = 0; r < R; ++r) {
+              const int64_t q_at = item.b * p.q_strides[0] + h * p.q_strides[1] +
+                                   (item.q_begin + r0 + r) * p.q_strides[2];
+              q[r] = static_cast<const float*>(p.q) + q_at;
+              if (!q_in_place) {
+                mha_kernel::widen_row(p.q, p.q_dtype, q_at, p.q_strides[3], p.d, 1.0f,
+                                      t.q + r * p.d);
+                q[r] = t.q + r * p.d;
+              }
+            }
+            score_rows<NKV, R>(q, t.kt, p.d, head.units.q_factor, t.s);
+          });
+      for (int r = 0; r < n; ++r) {
+        if (!finish_row<NKV>(p, item, t, head, r0 + r, t.s + r * kKeys)) return false;
+      }
+      r0 += n;
+    }
+    return true;
+  }
+
+  // Row r of the item (its scores at s, times scale·log2(e)): the variants,
+  // the mask, the limits, the softmax, P·V and the output.  False when the
+  // row needs the careful path: keys but no weight, or a result that is not
+  // finite.
+  template <int NKV>
+  __attribute__((always_inline)) static bool finish_row(const mha_kernel_problem& p,
+                                                        const mha_work_item& item, const Scratch& t,
+                                                        const HeadRows& head, int64_t r, float* s) {
+    const int64_t i = item.q_begin + r;
+    const int64_t lo = t.first[r] - head.kb, hi = t.last[r] - head.kb;  // the tile's keys [lo, hi]
+    if (lo > hi) {  // no key: zeros (and the sink's LSE, if any)
+      for (int64_t x = 0; x < head.dvp; x += W) B(0.0f).store_aligned(t.acc + x);
+      write_item_row<Arch>(item, head.row_h, r, t.acc, p.dv, kNegInf, 0.0f, head.sink, head.units);
+      return true;
+    }
+    if (head.variants) {
+      apply_score_variants_row<Arch>(p, s, item.b, head.h, i, head.kb, head.keys, head.units);
+    }
+    if (p.mask_kind != MHA_MASK_NONE) {
+      apply_mask_row(p, item.b, head.h, i, head.kb, head.keys, s, head.units);
+    }
+    // The limits last: a key outside them takes no part whatever the mask or
+    // the variants gave it.
+    const B first(static_cast<float>(lo)), last(static_cast<float>(hi));
+    B tile_max(kNegInf);
+    for (int v = 0; v < NKV; ++v) {
+      const B lane = B::load_aligned(t.lanes + v * W);
+      const B sv =
+          xsimd::select(lane < first || lane > last, B(kNegInf), B::load_aligned(s + v * W));
+      sv.store_aligned(s + v * W);
+      tile_max = xsimd::max(tile_max, sv);
+    }
+    const float max = horizontal_max<Arch>(tile_max);
+    B sum(0.0f);
+    for (int v = 0; v < NKV; ++v) {
+      const B e = fast_exp2<Arch>(B::load_aligned(s + v * W) - B(max));
+      e.store_aligned(s + v * W);
+      sum += e;
+    }
+    const float row_sum = xsimd::hadd(sum);
+    if (head.dropout) {
+      apply_dropout_row<Arch>(p.dropout_p, mha_kernel::dropout_row_key(p, item.b, head.h, i),
+                              head.kb, NKV * W, s);
+    }
+    values(s, static_cast<int>(lo), static_cast<int>(hi), t.v, head.dvp, t.acc);
+    if (!(row_sum > 0.0f) || !std::isfinite(row_sum) || !all_finite<Arch>(t.acc, head.dvp)) {
+      return false;
+    }
+    if (head.plain) {
+      write_row<Arch>(t.acc, p.dv, 0.0f, row_sum, 1.0f,
+                      static_cast<float*>(item.out) + head.row_h * item.out_strides[0] +
+                          r * item.out_strides[1],
+                      MHA_DTYPE_F32, 1, nullptr);
+    } else {
+      write_item_row<Arch>(item, head.row_h, r, t.acc, p.dv, max, row_sum, head.sink, head.units);
+    }
+    return true;
+  }
+
+  // s[r][l] = q_r · K[kb + l] · factor for R rows (s rows kKeys floats apart)
+  // and NKV vectors of keys: D broadcasts of each q_r against the transposed
+  // keys, each K vector loaded once for the R rows.
+  template <int NKV, int R>
+  static void score_rows(const float* const* q, const float* kt, int64_t d, float factor,
+                         float* s) {
+    B acc[R][NKV];
+    for (int r = 0; r < R; ++r) {
+      for (int v = 0; v < NKV; ++v) acc[r][v] = B(0.0f);
+    }
+    for (int64_t x = 0; x < d; ++x) {
+      B k[NKV];
+      for (int v = 0; v < NKV; ++v) k[v] = B::load_aligned(kt + x * kKeys + v * W);
+      for (int r = 0; r < R; ++r) {
+        const B qr(q[r][x]);
+        for (int v = 0; v < NKV; ++v) acc[r][v] = xsimd::fma(qr, k[v], acc[r][v]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int v = 0; v < NKV; ++v) (acc[r][v] * B(factor)).store_aligned(s + r * kKeys + v * W);
+    }
+  }
+
+  // acc = Σ_{j = lo..hi} p[j] · V[j]: Dv in blocks of up to 4 vectors held in
+  // registers, the last block exactly as wide as what is left (one pass over
+  // the keys per block).
+  static void values(const float* p, int lo, int hi, const float* v, int64_t dvp, float* acc) {
+    int64_t c0 = 0;
+    for (; dvp - c0 > 4 * W; c0 += 4 * W) values_block<4>(p, lo, hi, v, dvp, c0, acc);
+    switch ((dvp - c0) / W) {
+      case 1:
+        return values_block<1>(p, lo, hi, v, dvp, c0, acc);
+      case 2:
+        return values_block<2>(p, lo, hi, v, dvp, c0, acc);
+      case 3:
+        return values_block<3>(p, lo, hi, v, dvp, c0, acc);
+      default:
+        return values_block<4>(p, lo, hi, v, dvp, c0, acc);
+    }
+  }
+
+  template <int N>
+  static void values_block(const float* p, int lo, int hi, const float* v, int64_t dvp, int64_t c0,
+                           float* acc) {
+    B a[N];
+    for (int c = 0; c < N; ++c) a[c] = B(0.0f);
+    for (int j = lo; j <= hi; ++j) {
+      const B pj(p[j]);
+      const float* row = v + j * dvp + c0;
+      for (int c = 0; c < N; ++c) a[c] = xsimd::fma(pj, B::load_aligned(row + c * W), a[c]);
+    }
+    for (int c = 0; c < N; ++c) a[c].store_aligned(acc + c0 + c * W);
+  }
+
+  // Head h through the prefill kernel, whose careful path handles what the
+  // rows cannot.
+  static void careful_head(const mha_kernel_problem& p, const mha_work_item& item, const Scratch& t,
+                           int64_t h) {
+    mha_work_item one = item;
+    const int64_t row_h = h - item.h_begin;
+    one.h_begin = h;
+    one.h_end = h + 1;
+    one.out = mha_types::element_at(item.out, item.out_dtype, row_h * item.out_strides[0]);
+    if (item.lse != nullptr) one.lse = item.lse + row_h * item.lse_strides[0];
+    PrefillKernel<Arch, kBf16Dot>::run(p, one, t.prefill);
+  }
+};
+
+}  // namespace mha_simd
