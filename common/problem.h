@@ -52,10 +52,12 @@ inline int64_t decode_heads_per_item(const mha_kernel_problem& p) {
 
 // The rows layout (MHA_LAYOUT_ROWS) serves problems of at most this many
 // keys and queries: all keys fit one tile of lanes, and the call's cost is
-// its fixed per-row and per-tile state, which that layout keeps low.  An item
+// its fixed per-row and per-tile state, which that layout keeps low.  With
+// more queries the query-lane layout fills its vectors and wins (16 queries
+// over 16 keys: 20-30 % faster there on AVX-512; docs/kernel-design.md).  An item
 // holds up to kRowsPerItem rows (heads x queries).
 constexpr int64_t kRowsMaxKeys = 16;
-constexpr int64_t kRowsMaxQueries = 64;
+constexpr int64_t kRowsMaxQueries = 8;
 constexpr int64_t kRowsPerItem = 64;
 
 // Whether a prefill kernel reads K and V through an item-wide copy rather

@@ -67,7 +67,7 @@ enum mha_kernel_layout {
   MHA_LAYOUT_QUERY_LANES = 0, /* prefill: lanes along queries, tiles of queries x keys   */
   MHA_LAYOUT_DECODE = 1,      /* few queries: lanes along the head dimension, the query
                                  heads sharing one KV head (and their queries) as rows   */
-  MHA_LAYOUT_ROWS = 2         /* tiny problems (at most 16 keys, 64 queries): one query
+  MHA_LAYOUT_ROWS = 2         /* tiny problems (at most 16 keys, 8 queries): one query
                                  row at a time, lanes along the keys; an item holds
                                  several heads of one batch, all their queries and keys  */
 };
