@@ -28,7 +28,6 @@
 #include "simd/convert.hpp"
 #include "simd/epilogue.hpp"
 #include "simd/masking.hpp"
-#include "simd/nonfinite.hpp"
 #include "simd/prefill.hpp"
 #include "simd/row_kernels.hpp"
 #include "simd/score_variants.hpp"
@@ -49,6 +48,10 @@ class RowsKernel {
   // Rows whose scores are computed together (each K vector loaded once for
   // them, independent FMA chains).
   static constexpr int kRowBlock = 4;
+  // Lane l's key index, as a float (the limits are compared in floats).
+  alignas(64) static constexpr float kLaneIndex[16] = {0, 1, 2,  3,  4,  5,  6,  7,
+                                                       8, 9, 10, 11, 12, 13, 14, 15};
+  static_assert(kKeys == 16, "kLaneIndex holds one index per key of the tile");
 
   struct Scratch {
     float* kt;       // [Dp][kKeys]: K transposed, lane l = key kb + l (zero past the keys)
@@ -57,7 +60,6 @@ class RowsKernel {
     float* stage;    // [kKeys][Dp]: K rows widened (not fp32 in place), zero-padded
     float* s;        // [kRowBlock][kKeys]: rows' scores, then their probabilities
     float* acc;      // [Dvp]: a row's unnormalised output
-    float* lanes;    // [kKeys]: 0, 1, 2, ... (lane indices as floats)
     int64_t* first;  // [Lq]: each query's first visible key
     int64_t* last;   // [Lq]: its last
     void* prefill;   // the careful path's scratch
@@ -70,7 +72,7 @@ class RowsKernel {
     const int64_t dvp = dvp_of(p);
     const int64_t dp = round_up(p.d, W);
     return ScratchCarver::bytes({dp * kKeys, kKeys * dvp, kRowBlock * p.d, kKeys * dp,
-                                 kRowBlock * kKeys, dvp, kKeys, 2 * p.lq, 2 * p.lq}) +
+                                 kRowBlock * kKeys, dvp, 2 * p.lq, 2 * p.lq}) +
            PrefillKernel<Arch, kBf16Dot>::scratch_bytes(p);
   }
 
@@ -85,11 +87,9 @@ class RowsKernel {
     t.stage = carve.floats(kKeys * dp);
     t.s = carve.floats(kRowBlock * kKeys);
     t.acc = carve.floats(dvp);
-    t.lanes = carve.floats(kKeys);
     t.first = reinterpret_cast<int64_t*>(carve.floats(2 * p.lq));
     t.last = reinterpret_cast<int64_t*>(carve.floats(2 * p.lq));
     t.prefill = carve.floats(0);
-    for (int l = 0; l < kKeys; ++l) t.lanes[l] = static_cast<float>(l);
 
     // Each query's limits (causal, window, valid length) do not depend on
     // the head: once per item.  [kb, ke) are the keys some query sees.
@@ -285,7 +285,7 @@ class RowsKernel {
     const B first(static_cast<float>(lo)), last(static_cast<float>(hi));
     B tile_max(kNegInf);
     for (int v = 0; v < NKV; ++v) {
-      const B lane = B::load_aligned(t.lanes + v * W);
+      const B lane = B::load_aligned(kLaneIndex + v * W);
       const B sv =
           xsimd::select(lane < first || lane > last, B(kNegInf), B::load_aligned(s + v * W));
       sv.store_aligned(s + v * W);
@@ -303,8 +303,8 @@ class RowsKernel {
       apply_dropout_row<Arch>(p.dropout_p, mha_kernel::dropout_row_key(p, item.b, head.h, i),
                               head.kb, NKV * W, s);
     }
-    values(s, static_cast<int>(lo), static_cast<int>(hi), t.v, head.dvp, t.acc);
-    if (!(row_sum > 0.0f) || !std::isfinite(row_sum) || !all_finite<Arch>(t.acc, head.dvp)) {
+    const bool finite = values(s, static_cast<int>(lo), static_cast<int>(hi), t.v, head.dvp, t.acc);
+    if (!finite || !(row_sum > 0.0f) || !std::isfinite(row_sum)) {
       return false;
     }
     if (head.plain) {
@@ -328,9 +328,10 @@ class RowsKernel {
     for (int r = 0; r < R; ++r) {
       for (int v = 0; v < NKV; ++v) acc[r][v] = B(0.0f);
     }
-    for (int64_t x = 0; x < d; ++x) {
+    const float* k_x = kt;
+    for (int64_t x = 0; x < d; ++x, k_x += kKeys) {
       B k[NKV];
-      for (int v = 0; v < NKV; ++v) k[v] = B::load_aligned(kt + x * kKeys + v * W);
+      for (int v = 0; v < NKV; ++v) k[v] = B::load_aligned(k_x + v * W);
       for (int r = 0; r < R; ++r) {
         const B qr(q[r][x]);
         for (int v = 0; v < NKV; ++v) acc[r][v] = xsimd::fma(qr, k[v], acc[r][v]);
@@ -343,24 +344,26 @@ class RowsKernel {
 
   // acc = Σ_{j = lo..hi} p[j] · V[j]: Dv in blocks of up to 4 vectors held in
   // registers, the last block exactly as wide as what is left (one pass over
-  // the keys per block).
-  static void values(const float* p, int lo, int hi, const float* v, int64_t dvp, float* acc) {
+  // the keys per block).  Returns whether every value is finite (checked on
+  // the registers).
+  static bool values(const float* p, int lo, int hi, const float* v, int64_t dvp, float* acc) {
     int64_t c0 = 0;
-    for (; dvp - c0 > 4 * W; c0 += 4 * W) values_block<4>(p, lo, hi, v, dvp, c0, acc);
+    bool finite = true;
+    for (; dvp - c0 > 4 * W; c0 += 4 * W) finite &= values_block<4>(p, lo, hi, v, dvp, c0, acc);
     switch ((dvp - c0) / W) {
       case 1:
-        return values_block<1>(p, lo, hi, v, dvp, c0, acc);
+        return values_block<1>(p, lo, hi, v, dvp, c0, acc) && finite;
       case 2:
-        return values_block<2>(p, lo, hi, v, dvp, c0, acc);
+        return values_block<2>(p, lo, hi, v, dvp, c0, acc) && finite;
       case 3:
-        return values_block<3>(p, lo, hi, v, dvp, c0, acc);
+        return values_block<3>(p, lo, hi, v, dvp, c0, acc) && finite;
       default:
-        return values_block<4>(p, lo, hi, v, dvp, c0, acc);
+        return values_block<4>(p, lo, hi, v, dvp, c0, acc) && finite;
     }
   }
 
   template <int N>
-  static void values_block(const float* p, int lo, int hi, const float* v, int64_t dvp, int64_t c0,
+  static bool values_block(const float* p, int lo, int hi, const float* v, int64_t dvp, int64_t c0,
                            float* acc) {
     B a[N];
     for (int c = 0; c < N; ++c) a[c] = B(0.0f);
@@ -369,7 +372,12 @@ class RowsKernel {
       const float* row = v + j * dvp + c0;
       for (int c = 0; c < N; ++c) a[c] = xsimd::fma(pj, B::load_aligned(row + c * W), a[c]);
     }
-    for (int c = 0; c < N; ++c) a[c].store_aligned(acc + c0 + c * W);
+    B poison(0.0f);  // a - a is 0 for finite a, NaN for NaN and infinities
+    for (int c = 0; c < N; ++c) {
+      a[c].store_aligned(acc + c0 + c * W);
+      poison += a[c] - a[c];
+    }
+    return xsimd::all(poison == poison);
   }
 
   // Head h through the prefill kernel, whose careful path handles what the
