@@ -235,6 +235,7 @@ class RowsKernel {
     const bool q_in_place = p.q_dtype == MHA_DTYPE_F32 && p.q_strides[3] == 1;
     const int64_t nq = item.q_end - item.q_begin;
     for (int64_t r0 = 0; r0 < nq;) {
+      bool ok = true;
       const int n = with_block_of<kRowBlock>(
           static_cast<int>(std::min<int64_t>(kRowBlock, nq - r0)), [&](auto rows) {
             constexpr int R = decltype(rows)::value;
@@ -250,70 +251,91 @@ class RowsKernel {
               }
             }
             score_rows<NKV, R>(q, t.kt, p.d, head.units.q_factor, t.s);
+            ok = finish_rows<NKV, R>(p, item, t, head, r0);
           });
-      for (int r = 0; r < n; ++r) {
-        if (!finish_row<NKV>(p, item, t, head, r0 + r, t.s + r * kKeys)) return false;
-      }
+      if (!ok) return false;
       r0 += n;
     }
     return true;
   }
 
-  // Row r of the item (its scores at s, times scale·log2(e)): the variants,
-  // the mask, the limits, the softmax, P·V and the output.  False when the
-  // row needs the careful path: keys but no weight, or a result that is not
-  // finite.
-  template <int NKV>
-  __attribute__((always_inline)) static bool finish_row(const mha_kernel_problem& p,
-                                                        const mha_work_item& item, const Scratch& t,
-                                                        const HeadRows& head, int64_t r, float* s) {
-    const int64_t i = item.q_begin + r;
-    const int64_t lo = t.first[r] - head.kb, hi = t.last[r] - head.kb;  // the tile's keys [lo, hi]
-    if (lo > hi) {  // no key: zeros (and the sink's LSE, if any)
-      for (int64_t x = 0; x < head.dvp; x += W) B(0.0f).store_aligned(t.acc + x);
-      write_item_row<Arch>(item, head.row_h, r, t.acc, p.dv, kNegInf, 0.0f, head.sink, head.units);
-      return true;
-    }
-    if (head.variants) {
-      apply_score_variants_row<Arch>(p, s, item.b, head.h, i, head.kb, head.keys, head.units);
-    }
-    if (p.mask_kind != MHA_MASK_NONE) {
-      apply_mask_row(p, item.b, head.h, i, head.kb, head.keys, s, head.units);
+  // Rows r0 .. r0 + R of the item (their scores at t.s, times
+  // scale·log2(e)): the variants, the mask, the limits, the softmax, P·V and
+  // the output.  The rows' softmaxes are interleaved, so that their chains of
+  // dependent operations (maximum, exp, sum) overlap: one row alone is bound
+  // by their latency.  False when a row needs the careful path: keys but no
+  // weight, or a result that is not finite.
+  template <int NKV, int R>
+  __attribute__((always_inline)) static bool finish_rows(const mha_kernel_problem& p,
+                                                         const mha_work_item& item,
+                                                         const Scratch& t, const HeadRows& head,
+                                                         int64_t r0) {
+    int64_t lo[R], hi[R];  // each row's keys [lo, hi] of the tile (none: lo > hi)
+    for (int r = 0; r < R; ++r) {
+      lo[r] = t.first[r0 + r] - head.kb;
+      hi[r] = t.last[r0 + r] - head.kb;
+      float* s = t.s + r * kKeys;
+      const int64_t i = item.q_begin + r0 + r;
+      if (lo[r] <= hi[r] && head.variants) {
+        apply_score_variants_row<Arch>(p, s, item.b, head.h, i, head.kb, head.keys, head.units);
+      }
+      if (lo[r] <= hi[r] && p.mask_kind != MHA_MASK_NONE) {
+        apply_mask_row(p, item.b, head.h, i, head.kb, head.keys, s, head.units);
+      }
     }
     // The limits last: a key outside them takes no part whatever the mask or
-    // the variants gave it.
-    const B first(static_cast<float>(lo)), last(static_cast<float>(hi));
-    B tile_max(kNegInf);
-    for (int v = 0; v < NKV; ++v) {
-      const B lane = B::load_aligned(kLaneIndex + v * W);
-      const B sv =
-          xsimd::select(lane < first || lane > last, B(kNegInf), B::load_aligned(s + v * W));
-      sv.store_aligned(s + v * W);
-      tile_max = xsimd::max(tile_max, sv);
+    // the variants gave it.  (A row without keys is all -inf here; its
+    // results are not used.)
+    float max[R], sum[R];
+    for (int r = 0; r < R; ++r) {
+      float* s = t.s + r * kKeys;
+      const B first(static_cast<float>(lo[r])), last(static_cast<float>(hi[r]));
+      B tile_max(kNegInf);
+      for (int v = 0; v < NKV; ++v) {
+        const B lane = B::load_aligned(kLaneIndex + v * W);
+        const B sv =
+            xsimd::select(lane < first || lane > last, B(kNegInf), B::load_aligned(s + v * W));
+        sv.store_aligned(s + v * W);
+        tile_max = xsimd::max(tile_max, sv);
+      }
+      max[r] = horizontal_max<Arch>(tile_max);
     }
-    const float max = horizontal_max<Arch>(tile_max);
-    B sum(0.0f);
-    for (int v = 0; v < NKV; ++v) {
-      const B e = fast_exp2<Arch>(B::load_aligned(s + v * W) - B(max));
-      e.store_aligned(s + v * W);
-      sum += e;
+    for (int r = 0; r < R; ++r) {
+      float* s = t.s + r * kKeys;
+      B row_sum(0.0f);
+      for (int v = 0; v < NKV; ++v) {
+        const B e = fast_exp2<Arch>(B::load_aligned(s + v * W) - B(max[r]));
+        e.store_aligned(s + v * W);
+        row_sum += e;
+      }
+      sum[r] = xsimd::hadd(row_sum);
     }
-    const float row_sum = xsimd::hadd(sum);
-    if (head.dropout) {
-      apply_dropout_row<Arch>(p.dropout_p, mha_kernel::dropout_row_key(p, item.b, head.h, i),
-                              head.kb, NKV * W, s);
-    }
-    const bool finite = values(s, static_cast<int>(lo), static_cast<int>(hi), t.v, head.dvp, t.acc);
-    if (!finite || !(row_sum > 0.0f) || !std::isfinite(row_sum)) {
-      return false;
-    }
-    if (head.plain) {
-      write_row<Arch>(t.acc, p.dv, 0.0f, row_sum, 1.0f,
-                      static_cast<float*>(item.out) + head.row_h * item.out_strides[0] +
-                          r * item.out_strides[1],
-                      MHA_DTYPE_F32, 1, nullptr);
-    } else {
-      write_item_row<Arch>(item, head.row_h, r, t.acc, p.dv, max, row_sum, head.sink, head.units);
+    for (int r = 0; r < R; ++r) {
+      float* s = t.s + r * kKeys;
+      const int64_t row_i = r0 + r;
+      if (lo[r] > hi[r]) {  // no key: zeros (and the sink's LSE, if any)
+        for (int64_t x = 0; x < head.dvp; x += W) B(0.0f).store_aligned(t.acc + x);
+        write_item_row<Arch>(item, head.row_h, row_i, t.acc, p.dv, kNegInf, 0.0f, head.sink,
+                             head.units);
+        continue;
+      }
+      if (head.dropout) {
+        apply_dropout_row<Arch>(
+            p.dropout_p, mha_kernel::dropout_row_key(p, item.b, head.h, item.q_begin + row_i),
+            head.kb, NKV * W, s);
+      }
+      const bool finite =
+          values(s, static_cast<int>(lo[r]), static_cast<int>(hi[r]), t.v, head.dvp, t.acc);
+      if (!finite || !(sum[r] > 0.0f) || !std::isfinite(sum[r])) return false;
+      if (head.plain) {
+        write_row<Arch>(t.acc, p.dv, 0.0f, sum[r], 1.0f,
+                        static_cast<float*>(item.out) + head.row_h * item.out_strides[0] +
+                            row_i * item.out_strides[1],
+                        MHA_DTYPE_F32, 1, nullptr);
+      } else {
+        write_item_row<Arch>(item, head.row_h, row_i, t.acc, p.dv, max[r], sum[r], head.sink,
+                             head.units);
+      }
     }
     return true;
   }
@@ -324,7 +346,7 @@ class RowsKernel {
   template <int NKV, int R>
   static void score_rows(const float* const* q, const float* kt, int64_t d, float factor,
                          float* s) {
-    B acc[R][NKV];
+    B acc[R][NKV];  // R x NKV independent chains (as many registers: AVX2 has 16)
     for (int r = 0; r < R; ++r) {
       for (int v = 0; v < NKV; ++v) acc[r][v] = B(0.0f);
     }
