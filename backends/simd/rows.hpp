@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "common/dtype.h"
 #include "common/problem.h"
@@ -37,12 +38,26 @@
 
 namespace mha_simd {
 
+// An ISA's half-width vectors, where it has them (AVX-512: AVX2's 8 lanes;
+// void elsewhere).
+template <class Arch, class = void>
+struct HalfWidth {
+  using type = void;
+};
+#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+template <class Arch>
+struct HalfWidth<Arch, std::enable_if_t<std::is_base_of<xsimd::avx512f, Arch>::value>> {
+  using type = xsimd::fma3<xsimd::avx2>;
+};
+#endif
+
 template <class Arch, bool kBf16Dot = false>
 class RowsKernel {
   using B = xsimd::batch<float, Arch>;
   static constexpr int W = static_cast<int>(B::size);
   static constexpr int kKeys = static_cast<int>(mha_kernel::kRowsMaxKeys);
-  static constexpr int KV = kKeys / W;  // vectors of keys: 1 (AVX-512), 2 (AVX2), 4 (NEON)
+  static constexpr int KV = kKeys / W;
+  using Half = typename HalfWidth<Arch>::type;  // vectors of keys: 1 (AVX-512), 2 (AVX2), 4 (NEON)
   static_assert(kKeys % W == 0, "the key tile is whole vectors");
   static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   // Rows whose scores are computed together (each K vector loaded once for
@@ -106,6 +121,11 @@ class RowsKernel {
     }
     const int keys = static_cast<int>(std::max<int64_t>(0, ke - kb));
 
+    if constexpr (!std::is_void<Half>::value) {
+      if (keys <= W / 2) {  // transpose_keys fills only the first half of each kt row
+        for (int64_t x = 0; x < round_up(p.d, W); ++x) B(0.0f).store_aligned(t.kt + x * kKeys);
+      }
+    }
     int64_t loaded_kvh = -1;
     with_key_vectors(keys, [&](auto vectors) {
       constexpr int NKV = decltype(vectors)::value;
@@ -182,22 +202,36 @@ class RowsKernel {
   }
 
   // kt[x][l] = row l's element x (rows `stride` floats apart, `keys` of
-  // them, d elements each) for NKV vectors of lanes, W x W blocks at a time
-  // through the register transpose; lanes past `keys` get 0.
+  // them, d elements each) for NKV vectors of lanes; lanes past `keys` get 0.
+  // At most half a vector of keys on an ISA with half-width vectors
+  // (AVX-512: S5's 6 keys) is transposed in those, into the first half of
+  // each kt row: half the shuffles (run() zeroes the other half).
   template <int NKV>
   static void transpose_keys(const float* rows, int64_t stride, int keys, int64_t d, float* kt) {
-    for (int v = 0; v < NKV; ++v) {
-      for (int64_t x0 = 0; x0 < d; x0 += W) {
-        const int n = static_cast<int>(std::min<int64_t>(W, d - x0));
-        B block[W];
-        for (int l = 0; l < W; ++l) {
-          const int jj = v * W + l;
+    if constexpr (NKV == 1 && !std::is_void<Half>::value) {
+      if (keys <= W / 2) return transpose_lanes<Half, 1>(rows, stride, keys, d, kt);
+    }
+    transpose_lanes<Arch, NKV>(rows, stride, keys, d, kt);
+  }
+
+  // transpose_keys in vectors of TArch, TW x TW blocks at a time through the
+  // register transpose.
+  template <class TArch, int NV>
+  static void transpose_lanes(const float* rows, int64_t stride, int keys, int64_t d, float* kt) {
+    using TB = xsimd::batch<float, TArch>;
+    constexpr int TW = static_cast<int>(TB::size);
+    for (int v = 0; v < NV; ++v) {
+      for (int64_t x0 = 0; x0 < d; x0 += TW) {
+        const int n = static_cast<int>(std::min<int64_t>(TW, d - x0));
+        TB block[TW];
+        for (int l = 0; l < TW; ++l) {
+          const int jj = v * TW + l;
           const float* row = rows + jj * stride + x0;
-          block[l] =
-              jj >= keys ? B(0.0f) : (n == W ? B::load_unaligned(row) : load_partial<Arch>(row, n));
+          block[l] = jj >= keys ? TB(0.0f)
+                                : (n == TW ? TB::load_unaligned(row) : load_partial<TArch>(row, n));
         }
-        transpose_square<Arch>(block);
-        for (int l = 0; l < W; ++l) block[l].store_aligned(kt + (x0 + l) * kKeys + v * W);
+        transpose_square<TArch>(block);
+        for (int l = 0; l < TW; ++l) block[l].store_unaligned(kt + (x0 + l) * kKeys + v * TW);
       }
     }
   }
