@@ -31,7 +31,7 @@ struct WorkPlan {
 WorkPlan plan_work(const mha_kernel_problem& problem, const Backend& backend,
                    int64_t calls_in_team = 1);
 
-// "query-lanes", "decode" or "rows" (MHA_VERBOSE, mha-info).
+// "query-lanes", "decode" or "rows" (MHA_VERBOSE=2's layout=).
 const char* layout_name(int32_t layout);
 
 // The first key any query of a tile starting at q_begin can see: 0, or with a

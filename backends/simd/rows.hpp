@@ -56,8 +56,8 @@ class RowsKernel {
   using B = xsimd::batch<float, Arch>;
   static constexpr int W = static_cast<int>(B::size);
   static constexpr int kKeys = static_cast<int>(mha_kernel::kRowsMaxKeys);
-  static constexpr int KV = kKeys / W;
-  using Half = typename HalfWidth<Arch>::type;  // vectors of keys: 1 (AVX-512), 2 (AVX2), 4 (NEON)
+  static constexpr int KV = kKeys / W;  // vectors of keys: 1 (AVX-512), 2 (AVX2), 4 (NEON)
+  using Half = typename HalfWidth<Arch>::type;
   static_assert(kKeys % W == 0, "the key tile is whole vectors");
   static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   // Rows whose scores are computed together (each K vector loaded once for
@@ -123,7 +123,7 @@ class RowsKernel {
 
     if constexpr (!std::is_void<Half>::value) {
       if (keys <= W / 2) {  // transpose_keys fills only the first half of each kt row
-        for (int64_t x = 0; x < round_up(p.d, W); ++x) B(0.0f).store_aligned(t.kt + x * kKeys);
+        for (int64_t x = 0; x < dp; ++x) B(0.0f).store_aligned(t.kt + x * kKeys);
       }
     }
     int64_t loaded_kvh = -1;
@@ -157,7 +157,7 @@ class RowsKernel {
   // K of keys kb .. kb + keys transposed into t.kt, V copied into t.v, both
   // fp32 whatever their dtype (an int8 row times its scale).  fp32 rows with
   // unit column stride outside a paged cache are read in place; the others
-  // are widened into t.stage first.
+  // are widened first (K into t.stage).
   template <int NKV>
   static void load_kv(const mha_kernel_problem& p, const Scratch& t, int64_t b, int64_t kvh,
                       int64_t kb, int keys, int64_t dvp) {
@@ -194,7 +194,9 @@ class RowsKernel {
                           strides[3], n, scale, dst);
   }
 
-  // n floats from src to dst, zero-padded to whole vectors.
+  // n floats from src to dst, zero-padded to whole vectors: tile_tools.hpp's
+  // pack_rows in vectors, the tail by a masked load (pack_rows' scalar loops
+  // cost S5 5 % more instructions).
   static void copy_row(const float* src, int64_t n, float* dst) {
     int64_t x = 0;
     for (; x + W <= n; x += W) B::load_unaligned(src + x).store_aligned(dst + x);
@@ -406,16 +408,10 @@ class RowsKernel {
     int64_t c0 = 0;
     bool finite = true;
     for (; dvp - c0 > 4 * W; c0 += 4 * W) finite &= values_block<4>(p, lo, hi, v, dvp, c0, acc);
-    switch ((dvp - c0) / W) {
-      case 1:
-        return values_block<1>(p, lo, hi, v, dvp, c0, acc) && finite;
-      case 2:
-        return values_block<2>(p, lo, hi, v, dvp, c0, acc) && finite;
-      case 3:
-        return values_block<3>(p, lo, hi, v, dvp, c0, acc) && finite;
-      default:
-        return values_block<4>(p, lo, hi, v, dvp, c0, acc) && finite;
-    }
+    with_count<4>(static_cast<int>((dvp - c0) / W), [&](auto width) {
+      finite &= values_block<decltype(width)::value>(p, lo, hi, v, dvp, c0, acc);
+    });
+    return finite;
   }
 
   template <int N>
