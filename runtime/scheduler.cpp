@@ -21,7 +21,7 @@ namespace {
 constexpr int64_t kTargetItems = 64;
 constexpr int64_t kMinChunk = 512;
 constexpr int64_t kMaxHeadsPerItem = 8;
-constexpr int64_t kWidenedQueryTiles = 4;
+constexpr int64_t kWidenedQueryTiles = 16;
 // The decode layout keeps every query head of a KV-head group as a row of one
 // item; beyond mha_kernel::kMaxDecodeRows rows (absurd groups) the query-lane
 // layout serves.
@@ -117,7 +117,9 @@ WorkPlan plan_work(const mha_kernel_problem& p, const Backend& backend, int64_t 
   // K and V that a prefill kernel must widen (half precision, int8) or copy
   // (fp32 rows apart) are copied once per item and reused by its query tiles:
   // give an item up to kWidenedQueryTiles tiles, while enough items remain to
-  // balance threads (counting `calls` calls like this one).
+  // balance threads (counting `calls` calls like this one).  Up to 16 rather
+  // than 4: S9's causal items copy every key up to their last query, and
+  // whole heads copy each once (S9, one thread, about 3 % faster).
   const bool copied = !decode && mha_kernel::kv_copied_per_item(p);
   const auto widened_q_tile = [&](int64_t calls) {
     for (int64_t m = kWidenedQueryTiles; m > 1; m /= 2) {
