@@ -315,9 +315,14 @@ class PrefillKernel {
     for (int64_t j0 = key_begin; j0 <= max_last; j0 += keys) {
       // Without a mask the first tile is short: it sets the running maximum
       // with the two-pass path, and the fused path takes over from the next
-      // key on instead of from the next full tile.
-      const int64_t span =
-          j0 == key_begin && p.mask_kind == MHA_MASK_NONE && plain_scores ? kWarmUpKeys : t.kt;
+      // key on instead of from the next full tile.  Keys that fit in one
+      // tile take one two-pass tile: the split would pay the P·V blocks'
+      // loads and stores of the accumulators twice (S4: 2.3 % fewer
+      // instructions on AVX2).
+      const int64_t span = j0 == key_begin && p.mask_kind == MHA_MASK_NONE && plain_scores &&
+                                   max_last + 1 - key_begin > t.kt
+                               ? kWarmUpKeys
+                               : t.kt;
       keys = static_cast<int>(std::min<int64_t>(span, max_last + 1 - j0));
       const KeyTile<kDot> kv = key_tile<kDot>(p, t, b, kvh, item.k_begin, j0, keys);
       // Fused path: once every lane has a finite running maximum, a tile with
