@@ -111,8 +111,15 @@ class PrefetchQueue {
     lines_left_ += rows * lines_per_row;
   }
 
-  // Spreads what was added over about `steps` calls of step().
-  void pace(int64_t steps) { per_step_ = steps > 0 ? (lines_left_ + steps - 1) / steps : 0; }
+  // Spreads what was added over about `steps` calls of step(), at most
+  // kMaxLinesPerStep a call: more at once stalls the micro-kernel's own loads
+  // behind the prefetches (S4, whose short tiles have few steps for a whole
+  // head's rows, 4 % faster with the bound; S1, S2, S9 unchanged).  What
+  // does not fit is left to the hardware.
+  void pace(int64_t steps) {
+    per_step_ = steps > 0 ? (lines_left_ + steps - 1) / steps : 0;
+    if (per_step_ > kMaxLinesPerStep) per_step_ = kMaxLinesPerStep;
+  }
 
   void step() {
     for (int64_t n = 0; n < per_step_ && lines_left_ > 0; ++n) {
@@ -141,6 +148,7 @@ class PrefetchQueue {
     bool for_write;
   };
   static constexpr int kMaxRanges = 4;
+  static constexpr int64_t kMaxLinesPerStep = 4;
   Range ranges_[kMaxRanges] = {};
   int count_ = 0;
   int range_ = 0;
