@@ -545,12 +545,6 @@ class PrefillKernel {
       return static_cast<const char*>(data) +
              (b * strides[0] + head * strides[1] + i * strides[2]) * bytes;
     };
-    if (item.out_strides[2] == 1) {
-      prefetch.add(mha_types::element_at(item.out, item.out_dtype,
-                                         (h - item.h_begin) * item.out_strides[0] +
-                                             (q0 - item.q_begin) * item.out_strides[1]),
-                   item.out_strides[1], nq, p.dv, mha_types::float_bytes(item.out_dtype), true);
-    }
     if (q0 + nq >= item.q_end && h + 1 < item.h_end) {
       if (p.q_strides[3] == 1) {
         prefetch.add(row_address(p.q, p.q_strides, q_bytes, h + 1, item.q_begin), p.q_strides[2],
@@ -575,6 +569,13 @@ class PrefillKernel {
     } else if (q0 >= QT && p.q_strides[3] == 1) {
       prefetch.add(row_address(p.q, p.q_strides, q_bytes, h, q0 - QT), p.q_strides[2], QT, p.d,
                    q_bytes, false);
+    }
+    // Last: what is needed last (and the queue may not reach).
+    if (item.out_strides[2] == 1) {
+      prefetch.add(mha_types::element_at(item.out, item.out_dtype,
+                                         (h - item.h_begin) * item.out_strides[0] +
+                                             (q0 - item.q_begin) * item.out_strides[1]),
+                   item.out_strides[1], nq, p.dv, mha_types::float_bytes(item.out_dtype), true);
     }
   }
 
