@@ -65,8 +65,10 @@ constexpr int64_t kRowsPerItem = 64;
 // that do not lie back to back (a [B, L, H, D] view, the module's
 // [B, L, 3E] projections, a paged cache) are copied -- their strides are
 // usually multiples of 1 KiB, which crowd a key tile's rows into a quarter of
-// the L1's sets.  The runtime gives such items several query tiles, so that
-// one copy serves them all (docs/kernel-design.md).
+// the L1's sets (an AVX-512 kernel, which reads each K row once per query
+// tile, still reads fp32 K in place and copies V).  The runtime gives such
+// items several query tiles, so that one copy serves them all
+// (docs/kernel-design.md).
 inline bool kv_copied_per_item(const mha_kernel_problem& p) {
   return p.kv_dtype != MHA_DTYPE_F32 || p.block_table != nullptr || p.k_strides[3] != 1 ||
          p.k_strides[2] != p.d || p.v_strides[3] != 1 || p.v_strides[2] != p.dv;

@@ -528,12 +528,12 @@ class PrefillKernel {
     });
   }
 
-  // What comes next, to fetch while this tile computes: this tile's output
-  // rows; then, after the last tile of a head in an item of several heads
-  // (short sequences), the next head's Q, K and V; otherwise the item's next
-  // query tile, or after its last, the Q rows just before this tile, which
-  // the runtime's order (descending query tiles of one head: plugin_abi.h)
-  // most likely hands this thread next.
+  // What comes next, to fetch while this tile computes: after the last tile
+  // of a head in an item of several heads (short sequences), the next head's
+  // Q, K and V; otherwise the item's next query tile, or after its last, the
+  // Q rows just before this tile, which the runtime's order (descending
+  // query tiles of one head: plugin_abi.h) most likely hands this thread
+  // next; then this tile's output rows.
   static void queue_next_rows(const mha_kernel_problem& p, const mha_work_item& item, int64_t h,
                               int64_t q0, int64_t nq, PrefetchQueue& prefetch) {
     const int64_t b = item.b;
