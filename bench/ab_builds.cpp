@@ -1,0 +1,238 @@
+// mha_ab_builds: two builds of libmha in one process, timed call by call in
+// alternation -- the A/B that a shared, noisy machine still answers.
+//
+// Separate processes run minutes apart, and on the development VMs the same
+// binary moves by 20-40 % between them; within one process, rounds that
+// alternate the two builds see the same machine.  Each build is loaded with
+// dlmopen into a namespace of its own (its plugins come from its own folder:
+// the runtime's dladdr rule), each round times both for about --seconds, in
+// alternating order, and the report gives each side's minimum and median and
+// the median of the per-round ratios with its quartiles.
+//
+//   mha_ab_builds BASE_LIB_DIR NEW_LIB_DIR [--rounds N] [--threads N]
+//                 [--seconds S] SHAPE
+//   SHAPE: s9 (bench-shapes' S9, packed through mha_attention_varlen)
+//        | B H LQ LK D CAUSAL [blhd]  (CAUSAL 0 or 1; blhd: [B, L, H, D] views)
+//
+// MHA_BACKEND applies to both builds.  Example (S4):
+//   MHA_BACKEND=avx512 mha_ab_builds /tmp/old/lib build/release/lib 32 8 64 64 32 0
+#include <dlfcn.h>
+#include <mha/mha.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+// The entry points a round calls, from one build.
+struct Build {
+  decltype(&mha_tensor_init) tensor_init = nullptr;
+  decltype(&mha_attention_params_init) params_init = nullptr;
+  decltype(&mha_varlen_params_init) varlen_params_init = nullptr;
+  decltype(&mha_attention) attention = nullptr;
+  decltype(&mha_attention_varlen) attention_varlen = nullptr;
+  decltype(&mha_set_num_threads) set_num_threads = nullptr;
+  decltype(&mha_last_error) last_error = nullptr;
+};
+
+template <class F>
+void find(void* library, const char* name, F* f) {
+  *f = reinterpret_cast<F>(dlsym(library, name));
+  if (*f == nullptr) {
+    std::fprintf(stderr, "%s: %s\n", name, dlerror());
+    std::exit(2);
+  }
+}
+
+Build load(const std::string& dir) {
+  const std::string path = dir + "/libmha.so";
+  void* library = dlmopen(LM_ID_NEWLM, path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (library == nullptr) {
+    std::fprintf(stderr, "%s: %s\n", path.c_str(), dlerror());
+    std::exit(2);
+  }
+  Build b;
+  find(library, "mha_tensor_init", &b.tensor_init);
+  find(library, "mha_attention_params_init", &b.params_init);
+  find(library, "mha_varlen_params_init", &b.varlen_params_init);
+  find(library, "mha_attention", &b.attention);
+  find(library, "mha_attention_varlen", &b.attention_varlen);
+  find(library, "mha_set_num_threads", &b.set_num_threads);
+  find(library, "mha_last_error", &b.last_error);
+  return b;
+}
+
+struct Shape {
+  bool packed = false;  // S9 through mha_attention_varlen
+  bool blhd = false;
+  int64_t b = 1, h = 12, lq = 0, lk = 0, d = 64;
+  bool causal = true;
+  std::vector<int64_t> lengths;  // packed: each sequence's
+  std::vector<int32_t> cu_seqlens;
+
+  // bench-shapes' count: 4 · H · D per (query, key) pair that takes part.
+  double flops() const {
+    const auto pairs = [this](int64_t queries, int64_t keys) {
+      return static_cast<double>(causal ? queries * (queries + 1) / 2 : queries * keys);
+    };
+    double n = 0.0;
+    if (packed) {
+      for (const int64_t l : lengths) n += pairs(l, l);
+    } else {
+      n = static_cast<double>(b) * pairs(lq, lk);
+    }
+    return 4.0 * static_cast<double>(h * d) * n;
+  }
+};
+
+// The call of one round on `build`; false (with the library's message) when it fails.
+bool call(const Build& build, const Shape& s, std::vector<float>& q, std::vector<float>& k,
+          std::vector<float>& v, std::vector<float>& out) {
+  mha_tensor tq, tk, tv, to;
+  mha_attention_params params;
+  build.params_init(&params);
+  params.causal = s.causal ? MHA_CAUSAL_TOP_LEFT : MHA_CAUSAL_NONE;
+  mha_status status = MHA_OK;
+  if (s.packed) {
+    const int64_t rows[3] = {s.lq, s.h, s.d};
+    const int64_t cu_shape[1] = {static_cast<int64_t>(s.cu_seqlens.size())};
+    mha_tensor cu;
+    build.tensor_init(&tq, q.data(), MHA_DTYPE_F32, 3, rows, nullptr);
+    build.tensor_init(&tk, k.data(), MHA_DTYPE_F32, 3, rows, nullptr);
+    build.tensor_init(&tv, v.data(), MHA_DTYPE_F32, 3, rows, nullptr);
+    build.tensor_init(&to, out.data(), MHA_DTYPE_F32, 3, rows, nullptr);
+    build.tensor_init(&cu, const_cast<int32_t*>(s.cu_seqlens.data()), MHA_DTYPE_I32, 1, cu_shape,
+                      nullptr);
+    mha_varlen_params varlen;
+    build.varlen_params_init(&varlen);
+    varlen.cu_seqlens_q = &cu;
+    varlen.cu_seqlens_k = &cu;
+    status = build.attention_varlen(&tq, &tk, &tv, &to, &varlen, &params);
+  } else {
+    const int64_t q_shape[4] = {s.b, s.h, s.lq, s.d}, k_shape[4] = {s.b, s.h, s.lk, s.d};
+    const int64_t q_strides[4] = {s.lq * s.h * s.d, s.d, s.h * s.d, 1};
+    const int64_t k_strides[4] = {s.lk * s.h * s.d, s.d, s.h * s.d, 1};
+    build.tensor_init(&tq, q.data(), MHA_DTYPE_F32, 4, q_shape, s.blhd ? q_strides : nullptr);
+    build.tensor_init(&tk, k.data(), MHA_DTYPE_F32, 4, k_shape, s.blhd ? k_strides : nullptr);
+    build.tensor_init(&tv, v.data(), MHA_DTYPE_F32, 4, k_shape, s.blhd ? k_strides : nullptr);
+    build.tensor_init(&to, out.data(), MHA_DTYPE_F32, 4, q_shape, s.blhd ? q_strides : nullptr);
+    status = build.attention(&tq, &tk, &tv, &to, &params);
+  }
+  if (status != MHA_OK) std::fprintf(stderr, "%s\n", build.last_error());
+  return status == MHA_OK;
+}
+
+double quantile(std::vector<double> x, double at) {
+  std::sort(x.begin(), x.end());
+  return x[static_cast<size_t>(std::lround(at * static_cast<double>(x.size() - 1)))];
+}
+
+[[noreturn]] void usage() {
+  std::fprintf(stderr,
+               "mha_ab_builds BASE_LIB_DIR NEW_LIB_DIR [--rounds N] [--threads N] "
+               "[--seconds S] (s9 | B H LQ LK D CAUSAL [blhd])\n");
+  std::exit(2);
+}
+
+// A whole number or a real from the command line; usage() on anything else.
+int64_t whole(const std::string& text) {
+  char* end = nullptr;
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0') usage();
+  return value;
+}
+double real(const std::string& text) {
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0') usage();
+  return value;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 4) usage();
+  const Build builds[2] = {load(argv[1]), load(argv[2])};
+  int rounds = 20, threads = 1;
+  double seconds = 0.2;
+  std::vector<std::string> shape_args;
+  for (int i = 3; i < argc; ++i) {
+    const std::string a = argv[i];
+    if ((a == "--rounds" || a == "--threads" || a == "--seconds") && i + 1 < argc) {
+      const std::string value = argv[++i];
+      if (a == "--rounds") rounds = static_cast<int>(std::clamp<int64_t>(whole(value), 1, 10000));
+      if (a == "--threads") threads = static_cast<int>(std::clamp<int64_t>(whole(value), 1, 4096));
+      if (a == "--seconds") seconds = real(value);
+    } else {
+      shape_args.push_back(a);
+    }
+  }
+  Shape s;
+  if (shape_args.size() == 1 && shape_args[0] == "s9") {
+    s.packed = true;
+    s.cu_seqlens.push_back(0);
+    for (int i = 0; i < 16; ++i) {  // bench-shapes' S9: 64 · (1 + (5i mod 16))
+      s.lengths.push_back(64 * (1 + (5 * i) % 16));
+      s.cu_seqlens.push_back(s.cu_seqlens.back() + static_cast<int32_t>(s.lengths.back()));
+    }
+    s.lq = s.lk = s.cu_seqlens.back();
+  } else if (shape_args.size() == 6 || shape_args.size() == 7) {
+    s.b = whole(shape_args[0]);
+    s.h = whole(shape_args[1]);
+    s.lq = whole(shape_args[2]);
+    s.lk = whole(shape_args[3]);
+    s.d = whole(shape_args[4]);
+    s.causal = shape_args[5] != "0";
+    s.blhd = shape_args.size() == 7 && shape_args[6] == "blhd";
+    if (s.b < 1 || s.h < 1 || s.lq < 1 || s.lk < 1 || s.d < 1) usage();
+  } else {
+    usage();
+  }
+  const auto filled = [](size_t n) {
+    std::vector<float> x(n);
+    for (size_t i = 0; i < n; ++i) {
+      x[i] = static_cast<float>((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
+    }
+    return x;
+  };
+  std::vector<float> q = filled(s.b * s.h * s.lq * s.d), k = filled(s.b * s.h * s.lk * s.d);
+  std::vector<float> v = filled(k.size()), out(q.size());
+  for (const Build& b : builds) b.set_num_threads(threads);
+
+  using Clock = std::chrono::steady_clock;
+  std::vector<double> times[2], ratios;
+  for (int r = -1; r < rounds; ++r) {  // round -1 warms both up
+    double per_call[2] = {0.0, 0.0};
+    for (int turn = 0; turn < 2; ++turn) {
+      const int side = (r & 1) != 0 ? 1 - turn : turn;
+      int calls = 0;
+      const auto start = Clock::now();
+      double elapsed = 0.0;
+      do {
+        if (!call(builds[side], s, q, k, v, out)) return 1;
+        ++calls;
+        elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+      } while (elapsed < seconds);
+      per_call[side] = elapsed / calls;
+    }
+    if (r < 0) continue;
+    times[0].push_back(per_call[0]);
+    times[1].push_back(per_call[1]);
+    ratios.push_back(per_call[1] / per_call[0]);
+  }
+  const char* names[2] = {"base", "new"};
+  for (int side = 0; side < 2; ++side) {
+    const double best = quantile(times[side], 0.0);
+    std::printf("%-4s min %10.4f ms (%7.1f GFLOP/s)  median %10.4f ms\n", names[side], best * 1e3,
+                s.flops() / best * 1e-9, quantile(times[side], 0.5) * 1e3);
+  }
+  std::printf("new/base per round: median %.3f (quartiles %.3f, %.3f) over %d rounds\n",
+              quantile(ratios, 0.5), quantile(ratios, 0.25), quantile(ratios, 0.75), rounds);
+  return 0;
+}
