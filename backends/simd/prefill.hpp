@@ -324,6 +324,15 @@ class PrefillKernel {
                                ? kWarmUpKeys
                                : t.kt;
       keys = static_cast<int>(std::min<int64_t>(span, max_last + 1 - j0));
+      // A tile that would cross the first query's limit (the causal
+      // diagonal, a window's right edge) stops before it, in whole key
+      // groups, when that leaves a few groups: the keys every query sees
+      // then take the fused path, and only the band takes the two-pass one.
+      if (j0 >= max_first && j0 <= min_last && j0 + keys - 1 > min_last) {
+        constexpr int64_t NK = Blk::kScoreKeys;
+        const int64_t before = (min_last + 1 - j0) / NK * NK;
+        if (before >= 2 * NK) keys = static_cast<int>(before);
+      }
       const KeyTile<kDot> kv = key_tile<kDot>(p, t, b, kvh, item.k_begin, j0, keys);
       // Fused path: once every lane has a finite running maximum, a tile with
       // no mask to apply computes its probabilities straight from the score
