@@ -28,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "bench_inputs.h"
+
 namespace {
 
 // The entry points a round calls, from one build.
@@ -91,8 +93,10 @@ struct Shape {
   }
 };
 
-// The call of one round on `build`; false (with the library's message) when it fails.
-bool call(const Build& build, const Shape& s, std::vector<float>& q, std::vector<float>& k,
+// The call of one round on `build`; false (with the library's message) when
+// it fails.  (Not const: mha_tensor_init takes mutable pointers, cu_seqlens
+// included.)
+bool call(const Build& build, Shape& s, std::vector<float>& q, std::vector<float>& k,
           std::vector<float>& v, std::vector<float>& out) {
   mha_tensor tq, tk, tv, to;
   mha_attention_params params;
@@ -107,8 +111,7 @@ bool call(const Build& build, const Shape& s, std::vector<float>& q, std::vector
     build.tensor_init(&tk, k.data(), MHA_DTYPE_F32, 3, rows, nullptr);
     build.tensor_init(&tv, v.data(), MHA_DTYPE_F32, 3, rows, nullptr);
     build.tensor_init(&to, out.data(), MHA_DTYPE_F32, 3, rows, nullptr);
-    build.tensor_init(&cu, const_cast<int32_t*>(s.cu_seqlens.data()), MHA_DTYPE_I32, 1, cu_shape,
-                      nullptr);
+    build.tensor_init(&cu, s.cu_seqlens.data(), MHA_DTYPE_I32, 1, cu_shape, nullptr);
     mha_varlen_params varlen;
     build.varlen_params_init(&varlen);
     varlen.cu_seqlens_q = &cu;
@@ -176,10 +179,10 @@ int main(int argc, char** argv) {
   Shape s;
   if (shape_args.size() == 1 && shape_args[0] == "s9") {
     s.packed = true;
+    s.lengths = mha_bench::s9_lengths(16);
     s.cu_seqlens.push_back(0);
-    for (int i = 0; i < 16; ++i) {  // bench-shapes' S9: 64 · (1 + (5i mod 16))
-      s.lengths.push_back(64 * (1 + (5 * i) % 16));
-      s.cu_seqlens.push_back(s.cu_seqlens.back() + static_cast<int32_t>(s.lengths.back()));
+    for (const int64_t l : s.lengths) {
+      s.cu_seqlens.push_back(s.cu_seqlens.back() + static_cast<int32_t>(l));
     }
     s.lq = s.lk = s.cu_seqlens.back();
   } else if (shape_args.size() == 6 || shape_args.size() == 7) {
@@ -194,15 +197,11 @@ int main(int argc, char** argv) {
   } else {
     usage();
   }
-  const auto filled = [](size_t n) {
-    std::vector<float> x(n);
-    for (size_t i = 0; i < n; ++i) {
-      x[i] = static_cast<float>((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
-    }
-    return x;
-  };
-  std::vector<float> q = filled(s.b * s.h * s.lq * s.d), k = filled(s.b * s.h * s.lk * s.d);
-  std::vector<float> v = filled(k.size()), out(q.size());
+  std::vector<float> q(s.b * s.h * s.lq * s.d), k(s.b * s.h * s.lk * s.d), v(k.size()),
+      out(q.size());
+  mha_bench::fill_uniform(q, 1);
+  mha_bench::fill_uniform(k, 2);
+  mha_bench::fill_uniform(v, 3);
   for (const Build& b : builds) b.set_num_threads(threads);
 
   using Clock = std::chrono::steady_clock;

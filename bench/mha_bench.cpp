@@ -205,12 +205,9 @@ const Shape kVariantShapes[] = {
     }(),
 };
 
-// S9's lengths, 64 · (1 + (5i mod 16)) for sequence i = 0..15: every multiple
-// of 64 from 64 to 1024 once, in a shuffled order.
+// S9's lengths (bench_inputs.h), one per sequence of the batch.
 std::vector<int64_t> seq_lengths(const Shape& s) {
-  std::vector<int64_t> lengths;
-  for (int64_t i = 0; i < s.b; ++i) lengths.push_back(64 * (1 + (5 * i) % 16));
-  return lengths;
+  return mha_bench::s9_lengths(s.b);
 }
 
 int64_t total_tokens(const Shape& s) {
