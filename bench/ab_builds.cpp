@@ -12,6 +12,7 @@
 //   mha_ab_builds BASE_LIB_DIR NEW_LIB_DIR [--rounds N] [--threads N]
 //                 [--seconds S] SHAPE
 //   SHAPE: s9 (bench-shapes' S9, packed through mha_attention_varlen)
+//        | s5 (bench-shapes' S5: the d2l.ai example with its valid lengths)
 //        | B H LQ LK D CAUSAL [blhd]  (CAUSAL 0 or 1; blhd: [B, L, H, D] views)
 //
 // MHA_BACKEND applies to both builds.  Example (S4):
@@ -73,6 +74,7 @@ Build load(const std::string& dir) {
 struct Shape {
   bool packed = false;  // S9 through mha_attention_varlen
   bool blhd = false;
+  bool valid_lens = false;  // S5's
   int64_t b = 1, h = 12, lq = 0, lk = 0, d = 64;
   bool causal = true;
   std::vector<int64_t> lengths;  // packed: each sequence's
@@ -86,6 +88,8 @@ struct Shape {
     double n = 0.0;
     if (packed) {
       for (const int64_t l : lengths) n += pairs(l, l);
+    } else if (valid_lens) {
+      for (int64_t i = 0; i < b; ++i) n += pairs(lq, mha_bench::kS5ValidLens[i]);
     } else {
       n = static_cast<double>(b) * pairs(lq, lk);
     }
@@ -102,6 +106,13 @@ bool call(const Build& build, Shape& s, std::vector<float>& q, std::vector<float
   mha_attention_params params;
   build.params_init(&params);
   params.causal = s.causal ? MHA_CAUSAL_TOP_LEFT : MHA_CAUSAL_NONE;
+  mha_tensor lens;
+  if (s.valid_lens) {
+    const int64_t lens_shape[1] = {s.b};
+    build.tensor_init(&lens, const_cast<int32_t*>(mha_bench::kS5ValidLens), MHA_DTYPE_I32, 1,
+                      lens_shape, nullptr);
+    params.valid_lens = &lens;
+  }
   mha_status status = MHA_OK;
   if (s.packed) {
     const int64_t rows[3] = {s.lq, s.h, s.d};
@@ -139,7 +150,7 @@ double quantile(std::vector<double> x, double at) {
 [[noreturn]] void usage() {
   std::fprintf(stderr,
                "mha_ab_builds BASE_LIB_DIR NEW_LIB_DIR [--rounds N] [--threads N] "
-               "[--seconds S] (s9 | B H LQ LK D CAUSAL [blhd])\n");
+               "[--seconds S] (s9 | s5 | B H LQ LK D CAUSAL [blhd])\n");
   std::exit(2);
 }
 
@@ -185,6 +196,14 @@ int main(int argc, char** argv) {
       s.cu_seqlens.push_back(s.cu_seqlens.back() + static_cast<int32_t>(l));
     }
     s.lq = s.lk = s.cu_seqlens.back();
+  } else if (shape_args.size() == 1 && shape_args[0] == "s5") {
+    s.b = 2;
+    s.h = 5;
+    s.lq = 4;
+    s.lk = 6;
+    s.d = 20;
+    s.causal = false;
+    s.valid_lens = true;
   } else if (shape_args.size() == 6 || shape_args.size() == 7) {
     s.b = whole(shape_args[0]);
     s.h = whole(shape_args[1]);
@@ -228,7 +247,7 @@ int main(int argc, char** argv) {
   const char* names[2] = {"base", "new"};
   for (int side = 0; side < 2; ++side) {
     const double best = quantile(times[side], 0.0);
-    std::printf("%-4s min %10.4f ms (%7.1f GFLOP/s)  median %10.4f ms\n", names[side], best * 1e3,
+    std::printf("%-4s min %12.6f ms (%7.1f GFLOP/s)  median %12.6f ms\n", names[side], best * 1e3,
                 s.flops() / best * 1e-9, quantile(times[side], 0.5) * 1e3);
   }
   std::printf("new/base per round: median %.3f (quartiles %.3f, %.3f) over %d rounds\n",

@@ -114,7 +114,7 @@ const Shape kShapes[] = {
     {"S5", 2, 5, 5, 4, 6, 20, 20, MHA_CAUSAL_NONE, true, benchmark::kMicrosecond, false},
     {"S6", 1, 8, 8, 8192, 8192, 64, 64, MHA_CAUSAL_TOP_LEFT, false, benchmark::kMillisecond, true},
 };
-const int32_t kS5ValidLens[] = {3, 2};
+using mha_bench::kS5ValidLens;
 
 // The dtype variants, for the SIMD backends (the scalar one widens the same way).
 const Shape kDtypeShapes[] = {
