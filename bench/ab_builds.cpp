@@ -10,10 +10,11 @@
 // the median of the per-round ratios with its quartiles.
 //
 //   mha_ab_builds BASE_LIB_DIR NEW_LIB_DIR [--rounds N] [--threads N]
-//                 [--seconds S] SHAPE
+//                 [--seconds S] [--hkv N] SHAPE
 //   SHAPE: s9 (bench-shapes' S9, packed through mha_attention_varlen)
 //        | s5 (bench-shapes' S5: the d2l.ai example with its valid lengths)
-//        | B H LQ LK D CAUSAL [blhd]  (CAUSAL 0 or 1; blhd: [B, L, H, D] views)
+//        | B H LQ LK D CAUSAL [blhd]  (CAUSAL 0 or 1; blhd: [B, L, H, D] views;
+//                                      --hkv: KV heads, H by default)
 //
 // MHA_BACKEND applies to both builds.  Example (S4):
 //   MHA_BACKEND=avx512 mha_ab_builds /tmp/old/lib build/release/lib 32 8 64 64 32 0
@@ -74,8 +75,8 @@ Build load(const std::string& dir) {
 struct Shape {
   bool packed = false;  // S9 through mha_attention_varlen
   bool blhd = false;
-  bool valid_lens = false;  // S5's
-  int64_t b = 1, h = 12, lq = 0, lk = 0, d = 64;
+  bool valid_lens = false;                                 // S5's
+  int64_t b = 1, h = 12, hkv = 0, lq = 0, lk = 0, d = 64;  // hkv 0: = h
   bool causal = true;
   std::vector<int64_t> lengths;  // packed: each sequence's
   std::vector<int32_t> cu_seqlens;
@@ -129,9 +130,9 @@ bool call(const Build& build, Shape& s, std::vector<float>& q, std::vector<float
     varlen.cu_seqlens_k = &cu;
     status = build.attention_varlen(&tq, &tk, &tv, &to, &varlen, &params);
   } else {
-    const int64_t q_shape[4] = {s.b, s.h, s.lq, s.d}, k_shape[4] = {s.b, s.h, s.lk, s.d};
+    const int64_t q_shape[4] = {s.b, s.h, s.lq, s.d}, k_shape[4] = {s.b, s.hkv, s.lk, s.d};
     const int64_t q_strides[4] = {s.lq * s.h * s.d, s.d, s.h * s.d, 1};
-    const int64_t k_strides[4] = {s.lk * s.h * s.d, s.d, s.h * s.d, 1};
+    const int64_t k_strides[4] = {s.lk * s.hkv * s.d, s.d, s.hkv * s.d, 1};
     build.tensor_init(&tq, q.data(), MHA_DTYPE_F32, 4, q_shape, s.blhd ? q_strides : nullptr);
     build.tensor_init(&tk, k.data(), MHA_DTYPE_F32, 4, k_shape, s.blhd ? k_strides : nullptr);
     build.tensor_init(&tv, v.data(), MHA_DTYPE_F32, 4, k_shape, s.blhd ? k_strides : nullptr);
@@ -150,7 +151,7 @@ double quantile(std::vector<double> x, double at) {
 [[noreturn]] void usage() {
   std::fprintf(stderr,
                "mha_ab_builds BASE_LIB_DIR NEW_LIB_DIR [--rounds N] [--threads N] "
-               "[--seconds S] (s9 | s5 | B H LQ LK D CAUSAL [blhd])\n");
+               "[--seconds S] [--hkv N] (s9 | s5 | B H LQ LK D CAUSAL [blhd])\n");
   std::exit(2);
 }
 
@@ -174,15 +175,17 @@ int main(int argc, char** argv) {
   if (argc < 4) usage();
   const Build builds[2] = {load(argv[1]), load(argv[2])};
   int rounds = 20, threads = 1;
+  int64_t hkv = 0;
   double seconds = 0.2;
   std::vector<std::string> shape_args;
   for (int i = 3; i < argc; ++i) {
     const std::string a = argv[i];
-    if ((a == "--rounds" || a == "--threads" || a == "--seconds") && i + 1 < argc) {
+    if ((a == "--rounds" || a == "--threads" || a == "--seconds" || a == "--hkv") && i + 1 < argc) {
       const std::string value = argv[++i];
       if (a == "--rounds") rounds = static_cast<int>(std::clamp<int64_t>(whole(value), 1, 10000));
       if (a == "--threads") threads = static_cast<int>(std::clamp<int64_t>(whole(value), 1, 4096));
       if (a == "--seconds") seconds = real(value);
+      if (a == "--hkv") hkv = whole(value);
     } else {
       shape_args.push_back(a);
     }
@@ -216,7 +219,9 @@ int main(int argc, char** argv) {
   } else {
     usage();
   }
-  std::vector<float> q(s.b * s.h * s.lq * s.d), k(s.b * s.h * s.lk * s.d), v(k.size()),
+  s.hkv = hkv > 0 && !s.packed ? hkv : s.h;  // packed: K and V rows as Q's
+  if (s.h % s.hkv != 0) usage();
+  std::vector<float> q(s.b * s.h * s.lq * s.d), k(s.b * s.hkv * s.lk * s.d), v(k.size()),
       out(q.size());
   mha_bench::fill_uniform(q, 1);
   mha_bench::fill_uniform(k, 2);

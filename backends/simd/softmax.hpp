@@ -123,12 +123,22 @@ inline float update_softmax_row(float* s, int keys, float& row_max, float& row_s
   using B = xsimd::batch<float, Arch>;
   constexpr int W = static_cast<int>(B::size);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  float tile_max = kNegInf;
-  for (int j = 0; j < keys; ++j) tile_max = (s[j] > tile_max || s[j] != s[j]) ? s[j] : tile_max;
+  for (int j = keys; j < kPadded && j % W != 0; ++j) s[j] = kNegInf;
+  // The tile's maximum in vectors, NaN when a score is NaN (the row then
+  // takes the raw pass).  Element by element, its chain of compares was a
+  // tenth of a grouped decode's time (4 rows, D 128).
+  B vector_max(kNegInf);
+  auto nan = vector_max != vector_max;
+  for (int j = 0; j < keys; j += W) {
+    const B x = B::load_aligned(s + j);
+    vector_max = xsimd::max(vector_max, x);
+    nan = nan || x != x;
+  }
+  const float tile_max =
+      xsimd::any(nan) ? std::numeric_limits<float>::quiet_NaN() : horizontal_max<Arch>(vector_max);
   const float new_max = tile_max != tile_max ? tile_max : std::max(row_max, tile_max);
   const float shift = new_max == kNegInf ? 0.0f : new_max;
   const float alpha = row_max == kNegInf ? 0.0f : std::exp2(units.exponent(row_max - shift));
-  for (int j = keys; j < kPadded && j % W != 0; ++j) s[j] = kNegInf;
   B sum(0.0f);
   const B shift_v(shift);
   for (int j = 0; j < keys; j += W) {
