@@ -240,11 +240,10 @@ class DecodeKernel {
       rows.last_key[r] = last;
       rows.row_key[r] = mha_kernel::dropout_row_key(p, b, h, i);
       const int64_t q_at = b * p.q_strides[0] + h * p.q_strides[1] + i * p.q_strides[2];
-      float* dst = rows.q + r * dp;
-      for (int64_t x = 0; x < p.d; ++x) {
-        dst[x] = mha_types::load_float(p.q, p.q_dtype, q_at + x * p.q_strides[3]) * c;
-      }
+      float* dst = rows.q + r * dp;  // widened, then scaled in vectors (once per item)
+      mha_kernel::widen_row(p.q, p.q_dtype, q_at, p.q_strides[3], p.d, 1.0f, dst);
       for (int64_t x = p.d; x < dp; ++x) dst[x] = 0.0f;
+      for (int64_t x = 0; x < dp; x += W) (B::load_aligned(dst + x) * B(c)).store_aligned(dst + x);
       rows.row_max[r] = kNegInf;
       rows.row_sum[r] = 0.0f;
     }
