@@ -34,6 +34,12 @@ inline void prefetch_row(const T* row, int64_t elements) {
   }
 }
 
+// The first `count` rows of `rows`, `elements` each.
+template <class Rows>
+inline void prefetch_rows(const Rows& rows, int count, int64_t elements) {
+  for (int t = 0; t < count; ++t) prefetch_row(rows(t), elements);
+}
+
 // The largest power of two <= n (n >= 1).
 constexpr int pow2_floor(int n) {
   int p = 1;
