@@ -90,7 +90,7 @@ struct Shape {
     if (packed) {
       for (const int64_t l : lengths) n += pairs(l, l);
     } else if (valid_lens) {
-      for (int64_t i = 0; i < b; ++i) n += pairs(lq, mha_bench::kS5ValidLens[i]);
+      for (const int32_t keys : mha_bench::kS5ValidLens) n += pairs(lq, keys);  // S5: B = 2
     } else {
       n = static_cast<double>(b) * pairs(lq, lk);
     }
