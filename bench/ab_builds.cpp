@@ -200,13 +200,9 @@ int main(int argc, char** argv) {
     }
     s.lq = s.lk = s.cu_seqlens.back();
   } else if (shape_args.size() == 1 && shape_args[0] == "s5") {
-    s.b = 2;
-    s.h = 5;
-    s.lq = 4;
-    s.lk = 6;
-    s.d = 20;
-    s.causal = false;
-    s.valid_lens = true;
+    // The d2l.ai example: packed, blhd, valid_lens, B, H, Hkv, Lq, Lk, D, causal.
+    const Shape s5{false, false, true, 2, 5, 0, 4, 6, 20, false, {}, {}};
+    s = s5;
   } else if (shape_args.size() == 6 || shape_args.size() == 7) {
     s.b = whole(shape_args[0]);
     s.h = whole(shape_args[1]);
