@@ -308,8 +308,8 @@ class DecodeKernel {
         // The pass's first rows, which no earlier prefetch requested (the
         // row kernels prefetch kRowsAhead rows ahead within a pass, and past
         // its end the same KV head's next rows): token-major GQA decode
-        // (16 x 4096 keys, in-process A/B) took 0.94 of the time at 1 and 2
-        // threads.  Spreading them over the previous pass's last rows
+        // (16 x 4096 keys, in-process A/B) took 0.93 of the time at 1 thread,
+        // 0.91 at 2.  Spreading them over the previous pass's last rows
         // instead, in place of its prefetches past the tile, took 1.3x: those
         // start the next tile's token rows, every KV head's slice of which the
         // hardware prefetcher then brings in.
