@@ -25,7 +25,6 @@ inline constexpr int32_t kS5ValidLens[2] = {3, 2};
 // S9's sequence lengths (bench/README.md), 64 · (1 + (5i mod 16)) for
 // sequence i = 0..count-1: with 16, every multiple of 64 from 64 to 1024
 // once, in a shuffled order.
-
 inline std::vector<int64_t> s9_lengths(int64_t count) {
   std::vector<int64_t> lengths;
   for (int64_t i = 0; i < count; ++i) lengths.push_back(64 * (1 + (5 * i) % 16));

@@ -386,8 +386,7 @@ class RowsKernel {
   template <int NKV, int R>
   static void score_rows(const float* const* q, const float* kt, int64_t d, float factor,
                          float* s) {
-    constexpr int C =
-        std::clamp(pow2_floor(std::max(1, Blocking<Arch>::kDecodeAccumulators / (R * NKV))), 1, 2);
+    constexpr int C = Blocking<Arch>::kDecodeAccumulators >= 2 * R * NKV ? 2 : 1;
     B acc[C][R][NKV];  // C x R x NKV independent chains (as many registers: AVX2 has 16)
     for (int c = 0; c < C; ++c) {
       for (int r = 0; r < R; ++r) {
@@ -407,11 +406,9 @@ class RowsKernel {
       for (int c = 0; c < C; ++c) step(c, x + c);
     }
     for (; x < d; ++x) step(0, x);
-    for (int width = C / 2; width >= 1; width /= 2) {  // the chains summed as a tree
-      for (int c = 0; c < width; ++c) {
-        for (int r = 0; r < R; ++r) {
-          for (int v = 0; v < NKV; ++v) acc[c][r][v] += acc[c + width][r][v];
-        }
+    for (int c = 1; c < C; ++c) {
+      for (int r = 0; r < R; ++r) {
+        for (int v = 0; v < NKV; ++v) acc[0][r][v] += acc[c][r][v];
       }
     }
     for (int r = 0; r < R; ++r) {
