@@ -75,6 +75,22 @@ template <class Arch, int32_t kKv, int R, class Rows>
       B a0[R], a1[R];
       for (int r = 0; r < R; ++r) a0[r] = a1[r] = B(0.0f);
       int64_t x = 0;
+      // Four vectors a step where the row has them: fewer loop instructions
+      // per FMA (token-major GQA decode from DRAM, in-process A/B: 0.95 of
+      // the time at 1 thread, 0.98 at 2).
+      for (; x + 4 * W <= dp; x += 4 * W) {
+        const B k0 = load_widen<Arch, kKv>(k + x), k1 = load_widen<Arch, kKv>(k + x + W);
+        const B k2 = load_widen<Arch, kKv>(k + x + 2 * W);
+        const B k3 = load_widen<Arch, kKv>(k + x + 3 * W);
+        for (int r = 0; r < R; ++r) {
+          a0[r] = xsimd::fma(B::load_aligned(q + r * dp + x), k0, a0[r]);
+          a1[r] = xsimd::fma(B::load_aligned(q + r * dp + x + W), k1, a1[r]);
+        }
+        for (int r = 0; r < R; ++r) {
+          a0[r] = xsimd::fma(B::load_aligned(q + r * dp + x + 2 * W), k2, a0[r]);
+          a1[r] = xsimd::fma(B::load_aligned(q + r * dp + x + 3 * W), k3, a1[r]);
+        }
+      }
       for (; x + 2 * W <= dp; x += 2 * W) {
         const B k0 = load_widen<Arch, kKv>(k + x), k1 = load_widen<Arch, kKv>(k + x + W);
         for (int r = 0; r < R; ++r) {
@@ -136,13 +152,15 @@ template <class Arch, int32_t kKv, int R, class Rows>
         for (int r = 0; r < R; ++r) {
           for (int c = 0; c < NB; ++c) o[r][c] = B(0.0f);
         }
+        const float* p[R];  // in registers, not reloaded through `probs` every key
+        for (int r = 0; r < R; ++r) p[r] = probs[r];
         for (int j = j0; j < j1; ++j) {
           const element_t<kKv>* v = v_rows(j);
           if (c0 == 0) prefetch_row(v_rows(j + kRowsAhead), dvp);
           B vx[NB];
           for (int c = 0; c < NB; ++c) vx[c] = load_widen<Arch, kKv>(v + (c0 + c) * W);
           for (int r = 0; r < R; ++r) {
-            const B pj(probs[r][j]);
+            const B pj(p[r][j]);
             for (int c = 0; c < NB; ++c) o[r][c] = xsimd::fma(pj, vx[c], o[r][c]);
           }
         }
