@@ -12,6 +12,7 @@
 //   mha_ab_builds BASE_LIB_DIR NEW_LIB_DIR [--rounds N] [--threads N]
 //                 [--seconds S] [--hkv N] SHAPE
 //   SHAPE: s9 (bench-shapes' S9, packed through mha_attention_varlen)
+//        | s8 (bench-shapes' S8: paged fp32 decode, 16 sequences, blocks of 16)
 //        | s5 (bench-shapes' S5: the d2l.ai example with its valid lengths)
 //        | B H LQ LK D CAUSAL [blhd]  (CAUSAL 0 or 1; blhd: [B, L, H, D] views;
 //                                      --hkv: KV heads, H by default)
@@ -80,6 +81,7 @@ struct Shape {
   bool causal = true;
   std::vector<int64_t> lengths;  // packed: each sequence's
   std::vector<int32_t> cu_seqlens;
+  mha_bench::S8Batch* paged = nullptr;  // S8: one query a sequence over its pages
 
   // bench-shapes' count: 4 · H · D per (query, key) pair that takes part.
   double flops() const {
@@ -87,7 +89,9 @@ struct Shape {
       return static_cast<double>(causal ? queries * (queries + 1) / 2 : queries * keys);
     };
     double n = 0.0;
-    if (packed) {
+    if (paged != nullptr) {
+      for (const int32_t keys : paged->used) n += static_cast<double>(keys);
+    } else if (packed) {
       for (const int64_t l : lengths) n += pairs(l, l);
     } else if (valid_lens) {
       for (const int32_t keys : mha_bench::kS5ValidLens) n += pairs(lq, keys);  // S5: B = 2
@@ -97,6 +101,13 @@ struct Shape {
     return 4.0 * static_cast<double>(h * d) * n;
   }
 };
+
+// The first 4 KiB-aligned float of x (S8's pages start on a page, as a
+// serving engine allocates them; x has 1024 floats of slack for it).
+float* page_aligned(std::vector<float>& x) {
+  const auto at = reinterpret_cast<uintptr_t>(x.data());
+  return x.data() + ((4096 - at % 4096) % 4096) / sizeof(float);
+}
 
 // The call of one round on `build`; false (with the library's message) when
 // it fails.  (Not const: mha_tensor_init takes mutable pointers, cu_seqlens
@@ -115,7 +126,28 @@ bool call(const Build& build, Shape& s, std::vector<float>& q, std::vector<float
     params.valid_lens = &lens;
   }
   mha_status status = MHA_OK;
-  if (s.packed) {
+  if (s.paged != nullptr) {
+    mha_bench::S8Batch& batch = *s.paged;
+    using S8 = mha_bench::S8Batch;
+    const int64_t rows[3] = {S8::kSequences, S8::kHeads, S8::kHeadSize};
+    const int64_t pages[4] = {batch.num_blocks, S8::kBlock, S8::kKvHeads, S8::kHeadSize};
+    const int64_t cu_shape[1] = {S8::kSequences + 1}, used_shape[1] = {S8::kSequences};
+    const int64_t table_shape[2] = {S8::kSequences, batch.max_blocks};
+    mha_tensor cu, used, table;
+    build.tensor_init(&tq, q.data(), MHA_DTYPE_F32, 3, rows, nullptr);
+    build.tensor_init(&tk, page_aligned(k), MHA_DTYPE_F32, 4, pages, nullptr);
+    build.tensor_init(&tv, page_aligned(v), MHA_DTYPE_F32, 4, pages, nullptr);
+    build.tensor_init(&to, out.data(), MHA_DTYPE_F32, 3, rows, nullptr);
+    build.tensor_init(&cu, batch.cu_q.data(), MHA_DTYPE_I32, 1, cu_shape, nullptr);
+    build.tensor_init(&used, batch.used.data(), MHA_DTYPE_I32, 1, used_shape, nullptr);
+    build.tensor_init(&table, batch.table.data(), MHA_DTYPE_I32, 2, table_shape, nullptr);
+    mha_varlen_params varlen;
+    build.varlen_params_init(&varlen);
+    varlen.cu_seqlens_q = &cu;
+    varlen.seqused_k = &used;
+    varlen.block_table = &table;
+    status = build.attention_varlen(&tq, &tk, &tv, &to, &varlen, &params);
+  } else if (s.packed) {
     const int64_t rows[3] = {s.lq, s.h, s.d};
     const int64_t cu_shape[1] = {static_cast<int64_t>(s.cu_seqlens.size())};
     mha_tensor cu;
@@ -151,7 +183,7 @@ double quantile(std::vector<double> x, double at) {
 [[noreturn]] void usage() {
   std::fprintf(stderr,
                "mha_ab_builds BASE_LIB_DIR NEW_LIB_DIR [--rounds N] [--threads N] "
-               "[--seconds S] [--hkv N] (s9 | s5 | B H LQ LK D CAUSAL [blhd])\n");
+               "[--seconds S] [--hkv N] (s9 | s8 | s5 | B H LQ LK D CAUSAL [blhd])\n");
   std::exit(2);
 }
 
@@ -199,6 +231,17 @@ int main(int argc, char** argv) {
       s.cu_seqlens.push_back(s.cu_seqlens.back() + static_cast<int32_t>(l));
     }
     s.lq = s.lk = s.cu_seqlens.back();
+  } else if (shape_args.size() == 1 && shape_args[0] == "s8") {
+    static mha_bench::S8Batch batch;
+    using S8 = mha_bench::S8Batch;
+    s.paged = &batch;
+    s.causal = false;
+    s.b = S8::kSequences;
+    s.h = S8::kHeads;
+    s.lq = 1;
+    s.lk = batch.total_k / S8::kSequences + 1;  // K and V: total_k rows, page_aligned's slack
+    s.d = S8::kHeadSize;
+    hkv = S8::kKvHeads;
   } else if (shape_args.size() == 1 && shape_args[0] == "s5") {
     // The d2l.ai example: packed, blhd, valid_lens, B, H, Hkv, Lq, Lk, D, causal.
     const Shape s5{false, false, true, 2, 5, 0, 4, 6, 20, false, {}, {}};

@@ -1,7 +1,10 @@
 // Deterministic benchmark inputs: the same values on every run and machine.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <numeric>
+#include <random>
 #include <vector>
 
 namespace mha_bench {
@@ -30,5 +33,42 @@ inline std::vector<int64_t> s9_lengths(int64_t count) {
   for (int64_t i = 0; i < count; ++i) lengths.push_back(64 * (1 + (5 * i) % 16));
   return lengths;
 }
+
+// S8's batch (bench/README.md): 16 sequences, H 32, Hkv 8, D 128, one query
+// each over context lengths 512 · (1 + (7i mod 16)) (512 to 8192), the cache
+// in blocks of 16 handed out in a shuffled order.
+struct S8Batch {
+  static constexpr int64_t kSequences = 16, kHeads = 32, kKvHeads = 8, kHeadSize = 128, kBlock = 16;
+  std::vector<int32_t> used;   // [kSequences]: each context's length
+  std::vector<int32_t> cu_q;   // [kSequences + 1]: one query each
+  std::vector<int32_t> cu_k;   // [kSequences + 1]: the contexts packed
+  std::vector<int32_t> table;  // [kSequences][max_blocks], -1 past a context
+  int64_t total_k = 0, max_blocks = 0, num_blocks = 0;
+
+  static int64_t context_length(int64_t i) { return 512 * (1 + (7 * i) % 16); }
+
+  S8Batch() {
+    for (int64_t i = 0; i < kSequences; ++i) {
+      used.push_back(static_cast<int32_t>(context_length(i)));
+      cu_k.push_back(static_cast<int32_t>(total_k));
+      total_k += context_length(i);
+      max_blocks = std::max(max_blocks, (context_length(i) + kBlock - 1) / kBlock);
+    }
+    cu_k.push_back(static_cast<int32_t>(total_k));
+    for (int32_t i = 0; i <= kSequences; ++i) cu_q.push_back(i);
+    num_blocks = total_k / kBlock;  // every length is a multiple of 16
+    // Block ids: a shuffled permutation, handed out in order.
+    std::vector<int32_t> order(static_cast<size_t>(num_blocks));
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), std::mt19937_64(8));
+    table.assign(static_cast<size_t>(kSequences * max_blocks), -1);
+    size_t next = 0;
+    for (int64_t i = 0; i < kSequences; ++i) {
+      for (int64_t n = 0; n * kBlock < context_length(i); ++n) {
+        table[static_cast<size_t>(i * max_blocks + n)] = order[next++];
+      }
+    }
+  }
+};
 
 }  // namespace mha_bench

@@ -13,15 +13,12 @@
 #include <mha/mha.h>
 #include <sys/mman.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <new>
-#include <numeric>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -30,11 +27,9 @@
 
 namespace {
 
-constexpr int64_t kSequences = 16, kHeads = 32, kKvHeads = 8, kHeadSize = 128, kBlock = 16;
-
-int64_t context_length(int64_t i) {
-  return 512 * (1 + (7 * i) % 16);
-}
+using mha_bench::S8Batch;
+constexpr int64_t kSequences = S8Batch::kSequences, kHeads = S8Batch::kHeads,
+                  kKvHeads = S8Batch::kKvHeads, kHeadSize = S8Batch::kHeadSize;
 
 struct Variant {
   const char* name;
@@ -87,27 +82,13 @@ struct PagedCall {
   double bytes_read = 0.0;
 
   explicit PagedCall(const Variant& s) {
-    int64_t total_k = 0, max_blocks = 0;
-    for (int64_t i = 0; i < kSequences; ++i) {
-      used.push_back(static_cast<int32_t>(context_length(i)));
-      cu_k.push_back(static_cast<int32_t>(total_k));
-      total_k += context_length(i);
-      max_blocks = std::max(max_blocks, (context_length(i) + kBlock - 1) / kBlock);
-    }
-    cu_k.push_back(static_cast<int32_t>(total_k));
-    for (int32_t i = 0; i <= kSequences; ++i) cu_q.push_back(i);
-    const int64_t num_blocks = total_k / kBlock;  // every length is a multiple of 16
-    // Block ids: a shuffled permutation, handed out in order.
-    std::vector<int32_t> order(static_cast<size_t>(num_blocks));
-    std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(), std::mt19937_64(8));
-    table.assign(static_cast<size_t>(kSequences * max_blocks), -1);
-    size_t next = 0;
-    for (int64_t i = 0; i < kSequences; ++i) {
-      for (int64_t n = 0; n * kBlock < context_length(i); ++n) {
-        table[static_cast<size_t>(i * max_blocks + n)] = order[next++];
-      }
-    }
+    const S8Batch batch;
+    const int64_t total_k = batch.total_k, max_blocks = batch.max_blocks;
+    const int64_t num_blocks = batch.num_blocks;
+    used = batch.used;
+    cu_q = batch.cu_q;
+    cu_k = batch.cu_k;
+    table = batch.table;
     // Values: uniform in [-1, 1], as the other shapes'.
     std::vector<float> k32(static_cast<size_t>(total_k * kKvHeads * kHeadSize));
     std::vector<float> v32(k32.size());
@@ -141,7 +122,7 @@ struct PagedCall {
     mha_tensor_init(&ttable, table.data(), MHA_DTYPE_I32, 2, ts, nullptr);
     // Paged: [num_blocks, 16, Hkv, D]; dense: [total_k, Hkv, D] -- the same
     // bytes, read through the table or in order.
-    const int64_t paged_shape[4] = {num_blocks, kBlock, kKvHeads, kHeadSize};
+    const int64_t paged_shape[4] = {num_blocks, S8Batch::kBlock, kKvHeads, kHeadSize};
     const int64_t dense_shape[3] = {total_k, kKvHeads, kHeadSize};
     const int32_t ndim = s.paged ? 4 : 3;
     const int64_t* shape = s.paged ? paged_shape : dense_shape;
