@@ -66,6 +66,11 @@ class DecodeKernel {
     float* v_scale;        // [KT]
   };
   static constexpr int kTable = KT + kRowsAhead;
+  // A larger L2 does not call for larger token tiles: on a 2 MiB L2 (Intel
+  // family 6 model 207), 64 tokens of S8's fp32 rows (512 KiB) took 0.94-0.96
+  // of the time of 128 (half the L2) at 1 and 2 threads on AVX-512 (AVX2
+  // alike); 16 and 32 tokens were slower than 64 (docs/kernel-design.md).
+  static constexpr int64_t kTokenTileBytes = int64_t{512} << 10;
   static constexpr int kGroup = Blocking<Arch>::kDecodeRows;
 
   // Calls f(r0, std::integral_constant<int, n>) for groups of n <= kGroup
@@ -81,15 +86,16 @@ class DecodeKernel {
   // Keys per tile for an item over `kv_heads` KV heads of token-major K and V:
   // the tile's whole token rows (every KV head's K and V, and int8 scales)
   // within half the L2 cache, so that the heads after the first find the
-  // lines its pass brought in; at least 64 keys, at most KT.  The L2 is the
-  // runtime's (mha_cache_sizes); 512 KiB when the system does not say.
+  // lines its pass brought in, and within kTokenTileBytes; at least 64 keys,
+  // at most KT.  The L2 is the runtime's (mha_cache_sizes); 512 KiB when the
+  // system does not say.
   static int token_tile(const mha_kernel_problem& p, int64_t kv_heads) {
     const int64_t known = mha_simd_chosen_tiles().l2_bytes;
     const int64_t l2 = known > 0 ? known : int64_t{512} << 10;
     const int64_t element = p.kv_dtype == MHA_DTYPE_I8 ? 1 : mha_types::float_bytes(p.kv_dtype);
     const int64_t scales = p.kv_dtype == MHA_DTYPE_I8 ? 8 : 0;
     const int64_t token = kv_heads * ((p.d + p.dv) * element + scales);
-    const int64_t keys = l2 / 2 / token / W * W;
+    const int64_t keys = std::min(l2 / 2, kTokenTileBytes) / token / W * W;
     return static_cast<int>(std::clamp<int64_t>(keys, 64, KT));
   }
 
