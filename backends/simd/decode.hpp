@@ -58,14 +58,14 @@ class DecodeKernel {
     uint8_t* removed;    // [KT]: keys a mask removed from the current row
     int64_t* queued;     // [rows]: the rows whose P·V runs grouped
     float* alpha;        // [rows]: their accumulators' rescaling
-    // A paged cache: the tile's K and V row addresses (with kRowsAhead more
+    // A paged cache: the tile's K and V row addresses (with kRowsAheadMax more
     // for the prefetches) and its int8 row scales, gathered.
-    const void** k_table;  // [KT + kRowsAhead]
-    const void** v_table;  // [KT + kRowsAhead]
+    const void** k_table;  // [KT + kRowsAheadMax]
+    const void** v_table;  // [KT + kRowsAheadMax]
     float* k_scale;        // [KT]
     float* v_scale;        // [KT]
   };
-  static constexpr int kTable = KT + kRowsAhead;
+  static constexpr int kTable = KT + kRowsAheadMax;
   // A larger L2 does not call for larger token tiles: on a 2 MiB L2 (Intel
   // family 6 model 207), 64 tokens of S8's fp32 rows (512 KiB) took 0.94-0.96
   // of the time of 128 (half the L2) at 1 and 2 threads on AVX-512 (AVX2
@@ -172,7 +172,7 @@ class DecodeKernel {
   }
 
   // The addresses of the token rows (KV head 0) of keys j0 .. in a paged
-  // cache (K or V: data with its strides), up to kRowsAhead past the tile
+  // cache (K or V: data with its strides), up to kRowsAheadMax past the tile
   // (the last key the item reads, `last`, repeated past it: entries of the
   // block table beyond it must not be read).  No division per row.
   template <class T>
@@ -257,6 +257,9 @@ class DecodeKernel {
 
     const bool k_direct = p.k_strides[3] == 1 && p.d % W == 0;
     const bool v_direct = p.v_strides[3] == 1 && p.dv % W == 0;
+    // The prefetch distance of the rows read in place (row_kernels.hpp).
+    const int k_ahead = rows_ahead(dp * static_cast<int64_t>(sizeof(T)));
+    const int v_ahead = rows_ahead(dvp * static_cast<int64_t>(sizeof(T)));
     using Rows = std::conditional_t<kPaged, TableRows<T>, StridedRows<T>>;
     // The item's rows come in segments, one per KV head (usually one); with
     // several, each key tile is read KV head after KV head (token_tile).
@@ -312,7 +315,7 @@ class DecodeKernel {
           v_stride = p.v_strides[2];
         }
         // The pass's first rows, which no earlier prefetch requested (the
-        // row kernels prefetch kRowsAhead rows ahead within a pass, and past
+        // row kernels prefetch `ahead` rows ahead within a pass, and past
         // its end the same KV head's next rows): token-major GQA decode
         // (16 x 4096 keys, in-process A/B) took 0.93 of the time at 1 thread,
         // 0.91 at 2.  Spreading them over the previous pass's last rows
@@ -322,17 +325,17 @@ class DecodeKernel {
         // Only token-major items (several KV heads): S3's whole rows of one KV
         // head stream without it (there it measured 1.03x).
         const bool prefetch_pass = segments > 1;
-        if (prefetch_pass && k_direct) prefetch_rows(k_typed, std::min(keys, kRowsAhead), dp);
+        if (prefetch_pass && k_direct) prefetch_rows(k_typed, std::min(keys, k_ahead), dp);
         // 1. Every row's scores, each K vector loaded once for a group of rows.
         for_row_groups(r_begin, r_end, [&](int64_t r0, auto n) {
           constexpr int N = decltype(n)::value;
           if (k_direct) {
             rows_scores<Arch, kKv, N>(rows.q + r0 * dp, dp, k_typed, keys, rows.scores + r0 * KTP,
-                                      KTP);
+                                      KTP, k_ahead);
           } else {
             rows_scores<Arch, MHA_DTYPE_F32, N>(rows.q + r0 * dp, dp,
                                                 StridedRows<float>{rows.k_pack, dp}, keys,
-                                                rows.scores + r0 * KTP, KTP);
+                                                rows.scores + r0 * KTP, KTP, k_ahead);
           }
         });
         if constexpr (kInt8) {
@@ -400,7 +403,7 @@ class DecodeKernel {
             rows.alpha[queued++] = alpha;
           }
         }
-        if (prefetch_pass && v_direct) prefetch_rows(v_typed, std::min(keys, kRowsAhead), dvp);
+        if (prefetch_pass && v_direct) prefetch_rows(v_typed, std::min(keys, v_ahead), dvp);
         // 3. P·V of the queued rows, each V vector loaded once for a group.
         if constexpr (kInt8) {
           if (v_rows == nullptr) {  // V read in place: its scales go into the weights
@@ -421,9 +424,10 @@ class DecodeKernel {
           if (v_rows != nullptr) {
             rows_pv<Arch, MHA_DTYPE_F32, N>(probs, rows.alpha + g0,
                                             StridedRows<float>{v_rows, v_stride}, keys, dvp, acc,
-                                            rows.pv_total);
+                                            rows.pv_total, v_ahead);
           } else {
-            rows_pv<Arch, kKv, N>(probs, rows.alpha + g0, v_typed, keys, dvp, acc, rows.pv_total);
+            rows_pv<Arch, kKv, N>(probs, rows.alpha + g0, v_typed, keys, dvp, acc, rows.pv_total,
+                                  v_ahead);
           }
         });
       }

@@ -20,7 +20,7 @@ struct StridedRows {
   const T* operator()(int64_t t) const { return first + t * stride; }
 };
 
-// The table holds kRowsAhead (row_kernels.hpp) entries past the tile's last
+// The table holds kRowsAheadMax (row_kernels.hpp) entries past the tile's last
 // row, for the prefetches; `offset` selects a KV head within each row's token
 // (the table holds the addresses of KV head 0).
 template <class T>

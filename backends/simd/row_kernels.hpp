@@ -22,9 +22,19 @@ namespace mha_simd {
 // Rows this far ahead of the one being read are requested from memory (the
 // hardware prefetchers see one row at a time; a row of 256 B at D = 128 in
 // bf16 is four lines), into L2 (prefetcht1): on Zen 4, S7d ran 1.3x faster
-// than with the non-temporal hint, whose loads still stalled; 24 to 96 rows
-// ahead measured alike (docs/kernel-design.md).
-constexpr int kRowsAhead = 32;
+// than with the non-temporal hint, whose loads still stalled.  The distance
+// is about 4 KiB of rows, between 8 and kRowsAheadMax rows: on Intel family
+// 6 model 207, S8's fp32 rows (512 B) 8 rows ahead took 0.88-0.91 of the time
+// of 32 on AVX-512 and 0.86-0.88 on AVX2 (4 rows: 1.03-1.06 of 8's); a
+// software prefetch holds an L1 fill buffer until its line arrives, and too
+// many in flight leave the loads waiting (docs/kernel-design.md).  On Zen 4,
+// 24 to 96 rows of 512 B measured alike.
+constexpr int kRowsAheadMax = 32;
+
+constexpr int rows_ahead(int64_t row_bytes) {
+  const int64_t rows = int64_t{4096} / std::max<int64_t>(row_bytes, 1);
+  return static_cast<int>(std::clamp<int64_t>(rows, 8, kRowsAheadMax));
+}
 
 template <class T>
 inline void prefetch_row(const T* row, int64_t elements) {
@@ -51,7 +61,7 @@ constexpr int pow2_floor(int n) {
 // k_rows(j)): q_r = q + r·dp (dp floats, a multiple of W, zero-padded), s_r = s + r·s_stride (room
 // for whole vectors).  Grouped-query attention's rows share their K rows, so
 // every K vector is loaded once for all R rows.  Keys are read one whole row
-// after the other, in address order, the next rows prefetched: reading
+// after the other, in address order, the row `ahead` rows on prefetched: reading
 // several rows in step (more accumulators, fewer loads per FMA) made S3 1.4x
 // slower on Zen 4 (docs/kernel-design.md).  Two partial sums
 // per row hide the FMA latency (one chain cost a single row of int8 keys 20 %
@@ -62,7 +72,7 @@ constexpr int pow2_floor(int n) {
 // on R, so a row's scores do not depend on the rows grouped with it.
 template <class Arch, int32_t kKv, int R, class Rows>
 [[gnu::noinline]] void rows_scores(const float* q, int64_t dp, Rows k_rows, int keys, float* s,
-                                   int64_t s_stride) {
+                                   int64_t s_stride, int ahead = kRowsAheadMax) {
   using B = xsimd::batch<float, Arch>;
   constexpr int W = static_cast<int>(B::size);
   B part[R][W];  // the sums of W keys, for one reduction per row
@@ -71,7 +81,7 @@ template <class Arch, int32_t kKv, int R, class Rows>
     for (int t = 0; t < W; ++t) {
       const int row = j0 + std::min(t, last);
       const element_t<kKv>* k = k_rows(row);
-      prefetch_row(k_rows(row + kRowsAhead), dp);
+      prefetch_row(k_rows(row + ahead), dp);
       B a0[R], a1[R];
       for (int r = 0; r < R; ++r) a0[r] = a1[r] = B(0.0f);
       int64_t x = 0;
@@ -135,7 +145,8 @@ inline int with_block_of(int count, F&& f) {
 // Each element is the same chain of operations whatever R and NB are.
 template <class Arch, int32_t kKv, int R, class Rows>
 [[gnu::noinline]] void rows_pv(const float* const* probs, const float* alpha, Rows v_rows, int keys,
-                               int64_t dvp, float* const* acc, float* total) {
+                               int64_t dvp, float* const* acc, float* total,
+                               int ahead = kRowsAheadMax) {
   using B = xsimd::batch<float, Arch>;
   constexpr int W = static_cast<int>(B::size);
   constexpr int kPvRun = 32;
@@ -156,7 +167,7 @@ template <class Arch, int32_t kKv, int R, class Rows>
         for (int r = 0; r < R; ++r) p[r] = probs[r];
         for (int j = j0; j < j1; ++j) {
           const element_t<kKv>* v = v_rows(j);
-          if (c0 == 0) prefetch_row(v_rows(j + kRowsAhead), dvp);
+          if (c0 == 0) prefetch_row(v_rows(j + ahead), dvp);
           B vx[NB];
           for (int c = 0; c < NB; ++c) vx[c] = load_widen<Arch, kKv>(v + (c0 + c) * W);
           for (int r = 0; r < R; ++r) {
