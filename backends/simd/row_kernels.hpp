@@ -61,10 +61,10 @@ constexpr int pow2_floor(int n) {
 // k_rows(j)): q_r = q + r·dp (dp floats, a multiple of W, zero-padded), s_r = s + r·s_stride (room
 // for whole vectors).  Grouped-query attention's rows share their K rows, so
 // every K vector is loaded once for all R rows.  Keys are read one whole row
-// after the other, in address order, the row `ahead` rows on prefetched: reading
-// several rows in step (more accumulators, fewer loads per FMA) made S3 1.4x
-// slower on Zen 4 (docs/kernel-design.md).  Two partial sums
-// per row hide the FMA latency (one chain cost a single row of int8 keys 20 %
+// after the other, in address order, each prefetching the row `ahead` rows on
+// (rows_ahead): reading several rows in step (more accumulators, fewer loads
+// per FMA) made S3 1.4x slower on Zen 4 (docs/kernel-design.md).  Two partial
+// sums per row hide the FMA latency (one chain cost a single row of int8 keys 20 %
 // on avx2, where widening adds to each link); W keys share one horizontal
 // reduction per row.  The last group reads its last key again in place of the
 // missing ones, so every group runs the same register-resident code; s beyond
