@@ -13,6 +13,7 @@
 //                 [--seconds S] [--hkv N] SHAPE
 //   SHAPE: s9 (bench-shapes' S9, packed through mha_attention_varlen)
 //        | s8 (bench-shapes' S8: paged fp32 decode, 16 sequences, blocks of 16)
+//        | s8bf16 (S8:bf16kv, the same cache in bf16)
 //        | s5 (bench-shapes' S5: the d2l.ai example with its valid lengths)
 //        | B H LQ LK D CAUSAL [blhd]  (CAUSAL 0 or 1; blhd: [B, L, H, D] views;
 //                                      --hkv: KV heads, H by default)
@@ -32,6 +33,7 @@
 #include <vector>
 
 #include "bench_inputs.h"
+#include "common/dtype.h"
 
 namespace {
 
@@ -82,6 +84,7 @@ struct Shape {
   std::vector<int64_t> lengths;  // packed: each sequence's
   std::vector<int32_t> cu_seqlens;
   mha_bench::S8Batch* paged = nullptr;  // S8: one query a sequence over its pages
+  bool bf16_cache = false;              // S8:bf16kv: K and V in bf16 (k16, v16)
 
   // bench-shapes' count: 4 · H · D per (query, key) pair that takes part.
   double flops() const {
@@ -102,12 +105,16 @@ struct Shape {
   }
 };
 
-// The first 4 KiB-aligned float of x (S8's pages start on a page, as a
-// serving engine allocates them; x has 1024 floats of slack for it).
-float* page_aligned(std::vector<float>& x) {
+// The first 4 KiB-aligned element of x (S8's pages start on a page, as a
+// serving engine allocates them; x has 4 KiB of slack for it).
+template <class T>
+T* page_aligned(std::vector<T>& x) {
   const auto at = reinterpret_cast<uintptr_t>(x.data());
-  return x.data() + ((4096 - at % 4096) % 4096) / sizeof(float);
+  return x.data() + ((4096 - at % 4096) % 4096) / sizeof(T);
 }
+
+// S8:bf16kv's cache: K and V rounded to bf16, with the same slack.
+std::vector<uint16_t> k16, v16;
 
 // The call of one round on `build`; false (with the library's message) when
 // it fails.  (Not const: mha_tensor_init takes mutable pointers, cu_seqlens
@@ -135,8 +142,13 @@ bool call(const Build& build, Shape& s, std::vector<float>& q, std::vector<float
     const int64_t table_shape[2] = {S8::kSequences, batch.max_blocks};
     mha_tensor cu, used, table;
     build.tensor_init(&tq, q.data(), MHA_DTYPE_F32, 3, rows, nullptr);
-    build.tensor_init(&tk, page_aligned(k), MHA_DTYPE_F32, 4, pages, nullptr);
-    build.tensor_init(&tv, page_aligned(v), MHA_DTYPE_F32, 4, pages, nullptr);
+    if (s.bf16_cache) {
+      build.tensor_init(&tk, page_aligned(k16), MHA_DTYPE_BF16, 4, pages, nullptr);
+      build.tensor_init(&tv, page_aligned(v16), MHA_DTYPE_BF16, 4, pages, nullptr);
+    } else {
+      build.tensor_init(&tk, page_aligned(k), MHA_DTYPE_F32, 4, pages, nullptr);
+      build.tensor_init(&tv, page_aligned(v), MHA_DTYPE_F32, 4, pages, nullptr);
+    }
     build.tensor_init(&to, out.data(), MHA_DTYPE_F32, 3, rows, nullptr);
     build.tensor_init(&cu, batch.cu_q.data(), MHA_DTYPE_I32, 1, cu_shape, nullptr);
     build.tensor_init(&used, batch.used.data(), MHA_DTYPE_I32, 1, used_shape, nullptr);
@@ -183,7 +195,7 @@ double quantile(std::vector<double> x, double at) {
 [[noreturn]] void usage() {
   std::fprintf(stderr,
                "mha_ab_builds BASE_LIB_DIR NEW_LIB_DIR [--rounds N] [--threads N] "
-               "[--seconds S] [--hkv N] (s9 | s8 | s5 | B H LQ LK D CAUSAL [blhd])\n");
+               "[--seconds S] [--hkv N] (s9 | s8 | s8bf16 | s5 | B H LQ LK D CAUSAL [blhd])\n");
   std::exit(2);
 }
 
@@ -231,7 +243,7 @@ int main(int argc, char** argv) {
       s.cu_seqlens.push_back(s.cu_seqlens.back() + static_cast<int32_t>(l));
     }
     s.lq = s.lk = s.cu_seqlens.back();
-  } else if (shape_args.size() == 1 && shape_args[0] == "s8") {
+  } else if (shape_args.size() == 1 && (shape_args[0] == "s8" || shape_args[0] == "s8bf16")) {
     static mha_bench::S8Batch batch;
     using S8 = mha_bench::S8Batch;
     s.paged = &batch;
@@ -242,6 +254,7 @@ int main(int argc, char** argv) {
     s.lk = batch.total_k / S8::kSequences + 1;  // K and V: total_k rows, page_aligned's slack
     s.d = S8::kHeadSize;
     hkv = S8::kKvHeads;
+    s.bf16_cache = shape_args[0] == "s8bf16";
   } else if (shape_args.size() == 1 && shape_args[0] == "s5") {
     // The d2l.ai example: packed, blhd, valid_lens, B, H, Hkv, Lq, Lk, D, causal.
     const Shape s5{false, false, true, 2, 5, 0, 4, 6, 20, false, {}, {}};
@@ -265,6 +278,14 @@ int main(int argc, char** argv) {
   mha_bench::fill_uniform(q, 1);
   mha_bench::fill_uniform(k, 2);
   mha_bench::fill_uniform(v, 3);
+  if (s.bf16_cache) {
+    k16.resize(k.size());
+    v16.resize(v.size());
+    for (size_t i = 0; i < k.size(); ++i) {
+      k16[i] = mha_types::f32_to_bf16(k[i]);
+      v16[i] = mha_types::f32_to_bf16(v[i]);
+    }
+  }
   for (const Build& b : builds) b.set_num_threads(threads);
 
   using Clock = std::chrono::steady_clock;

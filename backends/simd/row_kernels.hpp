@@ -25,7 +25,8 @@ namespace mha_simd {
 // than with the non-temporal hint, whose loads still stalled.  The distance
 // is about 4 KiB of rows, between 8 and kRowsAheadMax rows: on Intel family
 // 6 model 207, S8's fp32 rows (512 B) 8 rows ahead took 0.88-0.91 of the time
-// of 32 on AVX-512 and 0.86-0.88 on AVX2 (4 rows: 1.03-1.06 of 8's); a
+// of 32 on AVX-512 and 0.86-0.88 on AVX2 (4 rows: 1.03-1.06 of 8's), and
+// bf16 rows (256 B) ran fastest 16 rows ahead (8 or 32: 1.03-1.06); a
 // software prefetch holds an L1 fill buffer until its line arrives, and too
 // many in flight leave the loads waiting (docs/kernel-design.md).  On Zen 4,
 // 24 to 96 rows of 512 B measured alike.
