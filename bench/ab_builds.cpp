@@ -84,7 +84,8 @@ struct Shape {
   std::vector<int64_t> lengths;  // packed: each sequence's
   std::vector<int32_t> cu_seqlens;
   mha_bench::S8Batch* paged = nullptr;  // S8: one query a sequence over its pages
-  bool bf16_cache = false;              // S8:bf16kv: K and V in bf16 (k16, v16)
+  bool bf16_cache = false;              // S8:bf16kv: K and V in bf16
+  std::vector<uint16_t> k16{}, v16{};   // S8:bf16kv's cache, with k's and v's slack
 
   // bench-shapes' count: 4 · H · D per (query, key) pair that takes part.
   double flops() const {
@@ -113,9 +114,6 @@ T* page_aligned(std::vector<T>& x) {
   return x.data() + ((4096 - at % 4096) % 4096) / sizeof(T);
 }
 
-// S8:bf16kv's cache: K and V rounded to bf16, with the same slack.
-std::vector<uint16_t> k16, v16;
-
 // The call of one round on `build`; false (with the library's message) when
 // it fails.  (Not const: mha_tensor_init takes mutable pointers, cu_seqlens
 // included.)
@@ -143,8 +141,8 @@ bool call(const Build& build, Shape& s, std::vector<float>& q, std::vector<float
     mha_tensor cu, used, table;
     build.tensor_init(&tq, q.data(), MHA_DTYPE_F32, 3, rows, nullptr);
     if (s.bf16_cache) {
-      build.tensor_init(&tk, page_aligned(k16), MHA_DTYPE_BF16, 4, pages, nullptr);
-      build.tensor_init(&tv, page_aligned(v16), MHA_DTYPE_BF16, 4, pages, nullptr);
+      build.tensor_init(&tk, page_aligned(s.k16), MHA_DTYPE_BF16, 4, pages, nullptr);
+      build.tensor_init(&tv, page_aligned(s.v16), MHA_DTYPE_BF16, 4, pages, nullptr);
     } else {
       build.tensor_init(&tk, page_aligned(k), MHA_DTYPE_F32, 4, pages, nullptr);
       build.tensor_init(&tv, page_aligned(v), MHA_DTYPE_F32, 4, pages, nullptr);
@@ -279,11 +277,11 @@ int main(int argc, char** argv) {
   mha_bench::fill_uniform(k, 2);
   mha_bench::fill_uniform(v, 3);
   if (s.bf16_cache) {
-    k16.resize(k.size());
-    v16.resize(v.size());
+    s.k16.resize(k.size());
+    s.v16.resize(v.size());
     for (size_t i = 0; i < k.size(); ++i) {
-      k16[i] = mha_types::f32_to_bf16(k[i]);
-      v16[i] = mha_types::f32_to_bf16(v[i]);
+      s.k16[i] = mha_types::f32_to_bf16(k[i]);
+      s.v16[i] = mha_types::f32_to_bf16(v[i]);
     }
   }
   for (const Build& b : builds) b.set_num_threads(threads);
