@@ -7,7 +7,9 @@
 # cross: the aarch64 cross compiler, qemu-user and arm64 libraries (adds the
 #        arm64 architecture to dpkg)
 # python: what `pip install ./python` builds with (the compiler, CMake, Ninja,
-#         xsimd, BLIS, Python's headers) and what the package's tests run on:
+#         xsimd, BLIS, Python's headers; libtorch's and pybind11's headers
+#         for the module that reads torch tensors in C++) and what the
+#         package's tests run on:
 #         Debian's python3 with venv and pip, NumPy, PyTorch (1.13) and pytest
 #         (the package's build requirements, scikit-build-core and nanobind,
 #         come from PyPI through pip)
@@ -28,7 +30,8 @@ for group in "${@:-native}"; do
              libgomp1:arm64 libxsimd-dev:arm64 libgtest-dev:arm64) ;;
     python)
       want+=(g++ cmake ninja-build pkgconf libxsimd-dev libblis-openmp-dev python3 python3-dev
-             python3-venv python3-pip python3-numpy python3-torch python3-pytest) ;;
+             python3-venv python3-pip python3-numpy python3-torch python3-pytest libtorch-dev
+             pybind11-dev) ;;
     plot)
       want+=(python3 python3-matplotlib) ;;
     mpi)

@@ -184,8 +184,10 @@ stage_python() {
     --disable-pip-version-check --root-user-action=ignore \
     --config-settings=build-dir="$PWD/build/python-build" ./python
   # The settings the tests choose themselves: none from the caller's environment.
+  # MHA_EXPECT_TORCH_TENSORS: libtorch-dev is installed, so the package must
+  # have built mha._torch_tensors (a test checks it is there and loads).
   (unset MHA_BACKEND MHA_NUM_THREADS MHA_PLUGIN_DIR MHA_VERBOSE
-   "$venv/bin/python" -m pytest -q -p no:cacheprovider python/tests)
+   MHA_EXPECT_TORCH_TENSORS=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider python/tests)
 }
 
 # libmha-mpi: OpenMPI from Debian, the native tree reconfigured to build

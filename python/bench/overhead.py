@@ -7,10 +7,11 @@ The C call is timed by mha_bench (attention/<backend>/S5/threads:<n>, a loop of
 mha_attention calls over the same problem, built from the same source); the Python call
 by this script, with the same backend and thread count, on NumPy arrays and on torch
 tensors, with the output allocated per call and into `out`.  A round times the C call
-(mha_bench's median over its repetitions) and then each Python call (the median over
---samples samples of the mean of --calls calls); the figures are the medians over
---rounds rounds, so that a change of the machine's speed during the run (these machines
-are shared) moves both sides alike.  The overhead is the Python figure minus the C one.
+(mha_bench's repetitions) and then each Python call (--samples samples, each the mean of
+--calls calls).  Two figures for each: the best over all rounds -- on a shared machine
+the noise only ever adds time, so the fastest sample is the most repeatable measure of a
+fixed cost -- and the median over the rounds of each round's median.  The overhead is the
+Python figure minus the C one, best against best.
 Run it from the venv the package is installed in:
 
     python python/bench/overhead.py --mha-bench build/native/bench/mha_bench
@@ -32,8 +33,8 @@ B, H, LQ, LK, D = 2, 5, 4, 6, 20
 VALID_LENS = [3, 2]
 
 
-def median_per_call_us(call, calls, samples):
-    """The median over `samples` of the mean time of `calls` calls, in microseconds."""
+def per_call_us(call, calls, samples):
+    """(best, median) over `samples` of the mean time of `calls` calls, in microseconds."""
     for _ in range(max(calls // 10, 10)):
         call()
     means = []
@@ -42,7 +43,7 @@ def median_per_call_us(call, calls, samples):
         for _ in range(calls):
             call()
         means.append((time.perf_counter_ns() - t0) / calls / 1e3)
-    return statistics.median(means)
+    return min(means), statistics.median(means)
 
 
 def python_variants():
@@ -82,16 +83,18 @@ def python_variants():
 
 
 def c_call_us(mha_bench, backend, threads, repetitions):
-    """mha_bench's median µs per call of attention/<backend>/S5/threads:<threads>."""
+    """(best, median) over mha_bench's repetitions of attention/<backend>/S5/threads:<threads>,
+    in µs per call."""
     name = f"attention/{backend}/S5/threads:{threads}"
     result = subprocess.run(
         [mha_bench, f"--benchmark_filter=^{name}(/real_time)?$", "--benchmark_format=json",
-         f"--benchmark_repetitions={repetitions}", "--benchmark_report_aggregates_only=true"],
+         f"--benchmark_repetitions={repetitions}"],
         check=True, capture_output=True, text=True)
-    for row in json.loads(result.stdout)["benchmarks"]:
-        if row.get("aggregate_name") == "median":
-            return row["us_per_call"]
-    raise SystemExit(f"{mha_bench} reported no median for {name}")
+    times = [row["us_per_call"] for row in json.loads(result.stdout)["benchmarks"]
+             if row.get("run_type") == "iteration"]
+    if not times:
+        raise SystemExit(f"{mha_bench} reported no repetition of {name}")
+    return min(times), statistics.median(times)
 
 
 def cpu_name():
@@ -126,14 +129,20 @@ def main():
         if args.mha_bench:
             c_rounds.append(c_call_us(args.mha_bench, backend, args.threads, args.repetitions))
         for name, call in variants:
-            python_rounds[name].append(median_per_call_us(call, args.calls, args.samples))
-    c_us = statistics.median(c_rounds) if c_rounds else None
+            python_rounds[name].append(per_call_us(call, args.calls, args.samples))
+
+    def summary(rounds):
+        """(best of all, median of the rounds' medians)."""
+        return min(r[0] for r in rounds), statistics.median(r[1] for r in rounds)
+
+    c_us = summary(c_rounds) if c_rounds else None
+    print(f"{'µs per call':36s} {'best':>8s} {'median':>8s}")
     if c_us is not None:
-        print(f"{'C call (mha_bench)':36s} {c_us:8.3f} µs")
+        print(f"{'C call (mha_bench)':36s} {c_us[0]:8.3f} {c_us[1]:8.3f}")
     for name, rounds in python_rounds.items():
-        us = statistics.median(rounds)
-        overhead = "" if c_us is None else f"   overhead {us - c_us:+7.3f} µs"
-        print(f"{'Python: ' + name:36s} {us:8.3f} µs{overhead}")
+        best, median = summary(rounds)
+        overhead = "" if c_us is None else f"   overhead {best - c_us[0]:+7.3f} (best)"
+        print(f"{'Python: ' + name:36s} {best:8.3f} {median:8.3f}{overhead}")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@
 #include "attention_params.h"
 #include "bindings.h"
 #include "call_settings.h"
+#include "torch_array.h"
 
 namespace nb = nanobind;
 
@@ -64,6 +65,9 @@ void register_attention(nb::module_& module) {
              nb::arg("alibi_slopes").none(), nb::arg("backend").none(), nb::arg("threads").none(),
              "out = softmax(query @ key^T * scale + mask) @ value, written into `out` (and the "
              "log-sum-exp into `lse`).  Internal: use mha.scaled_dot_product_attention.");
+  module.def("torch_output", &new_torch_output, nb::arg("query"), nb::arg("value"),
+             "A new contiguous tensor of query's dtype, shape [..., L, value.shape[-1]], made "
+             "by libtorch's C++ API; None when it cannot be made so.  Internal.");
 }
 
 }  // namespace mha_python

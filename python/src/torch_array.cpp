@@ -1,6 +1,7 @@
 #include "torch_array.h"
 
 #include "errors.h"
+#include "torch_tensor_api.h"
 
 #include <Python.h>
 #include <nanobind/stl/string.h>
@@ -17,6 +18,9 @@ namespace {
 // process.  Called with the GIL held.
 struct Torch {
   PyTypeObject* tensor_type = nullptr;
+  // mha._torch_tensors' reader, when the package has it and it loads into
+  // this process's torch; null: every tensor is read through its attributes.
+  const TorchTensorApi* fast = nullptr;
   PyObject* is_grad_enabled = nullptr;
   // The attribute names, interned once: a lookup by a C string would build a
   // new str for each (S5 reads six attributes of five tensors a call).
@@ -35,6 +39,21 @@ struct Torch {
                  {"int8", MHA_DTYPE_I8, nullptr},       {"int32", MHA_DTYPE_I32, nullptr},
                  {"int64", MHA_DTYPE_I64, nullptr}};
 };
+
+// The table of mha._torch_tensors, or null (with no Python error) when the
+// package was built without it or it refuses this process's torch.
+const TorchTensorApi* fast_reader() {
+  PyObject* module = PyImport_ImportModule(MHA_TORCH_TENSOR_API_MODULE);
+  if (module == nullptr) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  Py_DECREF(module);  // sys.modules keeps it, and with it the table
+  const auto* api =
+      static_cast<const TorchTensorApi*>(PyCapsule_Import(MHA_TORCH_TENSOR_API_CAPSULE, 0));
+  if (api == nullptr) PyErr_Clear();
+  return api != nullptr && api->version == kTorchTensorApiVersion ? api : nullptr;
+}
 
 // module.name, kept: a strong reference never released.
 PyObject* keep(const nb::object& module, const char* name) {
@@ -59,6 +78,7 @@ const Torch* torch_functions() {
     torch.shape = PyUnicode_InternFromString("shape");
     torch.stride = PyUnicode_InternFromString("stride");
     torch.data_ptr = PyUnicode_InternFromString("data_ptr");
+    torch.fast = fast_reader();
     torch.tensor_type = reinterpret_cast<PyTypeObject*>(keep(torch_module, "Tensor"));
   } catch (const nb::python_error&) {
     return nullptr;  // a torch without them: tensors take nanobind's way
@@ -103,20 +123,43 @@ int32_t read_ints(nb::handle tuple, int64_t* values) {
   return n;
 }
 
+// The refusal of a tensor that requires grad while autograd is on.
+[[noreturn]] void refuse_grad(const char* name) {
+  throw GradRequired(std::string(name) +
+                     " requires grad, but this mha function has no gradient (only "
+                     "mha.scaled_dot_product_attention, mha.multi_head_attention_forward "
+                     "and mha.torch.MultiheadAttention have): call it under "
+                     "torch.no_grad() (or torch.inference_mode()), or pass tensors that "
+                     "do not require grad");
+}
+
+// The fields mha._torch_tensors read, with PyTorch's rule checked.
+void take_fields(const TorchTensorApi& fast, const TorchTensorFields& fields, const char* name,
+                 TorchArray* array) {
+  if (fields.requires_grad != 0 && fast.grad_enabled() != 0) refuse_grad(name);
+  array->data = fields.data;
+  array->dtype = static_cast<mha_dtype>(fields.dtype);
+  array->rank = fields.rank;
+  for (int32_t d = 0; d < fields.rank; ++d) {
+    array->shape[d] = fields.shape[d];
+    array->strides[d] = fields.strides[d];
+  }
+}
+
 }  // namespace
 
 bool read_torch(nb::handle object, const char* name, TorchArray* array) {
   const Torch* torch = torch_functions();
   if (torch == nullptr || !PyObject_TypeCheck(object.ptr(), torch->tensor_type)) return false;
+  if (TorchTensorFields fields{};
+      torch->fast != nullptr && torch->fast->read(object.ptr(), &fields) != 0) {
+    take_fields(*torch->fast, fields, name, array);
+    return true;
+  }
   try {
     if (!is_true(attribute(object, torch->is_cpu))) return false;
     if (is_true(attribute(object, torch->requires_grad)) && is_true(call(torch->is_grad_enabled))) {
-      throw GradRequired(std::string(name) +
-                         " requires grad, but this mha function has no gradient (only "
-                         "mha.scaled_dot_product_attention, mha.multi_head_attention_forward "
-                         "and mha.torch.MultiheadAttention have): call it under "
-                         "torch.no_grad() (or torch.inference_mode()), or pass tensors that "
-                         "do not require grad");
+      refuse_grad(name);
     }
     const nb::object dtype = attribute(object, torch->dtype);
     array->dtype = MHA_DTYPE_INVALID;
@@ -142,6 +185,17 @@ bool read_torch(nb::handle object, const char* name, TorchArray* array) {
     return false;
   }
   return true;
+}
+
+nb::object new_torch_output(nb::handle query, nb::handle value) {
+  const Torch* torch = torch_functions();
+  TorchTensorFields fields{};
+  if (torch == nullptr || torch->fast == nullptr || torch->fast->read(value.ptr(), &fields) == 0 ||
+      fields.rank == 0) {
+    return nb::none();
+  }
+  PyObject* out = torch->fast->empty(query.ptr(), fields.shape[fields.rank - 1]);
+  return out != nullptr ? nb::steal(out) : nb::none();
 }
 
 }  // namespace mha_python

@@ -1,10 +1,12 @@
-// PyTorch tensors read from their own attributes (is_cpu, requires_grad,
-// dtype, shape, stride(), data_ptr()).  With PyTorch 1.13 a DLPack export
-// costs more: to_dlpack builds an as_strided view through the dispatcher,
-// and Tensor.__dlpack__ (what nanobind's generic import calls) adds Python
-// code on top.  On S5 (python/bench/overhead.py, five tensors a call) this
-// way saves about 0.25 us a tensor over to_dlpack and 0.7 us over
-// __dlpack__.  PyTorch's rules for mha are checked here too.
+// PyTorch tensors read from the at::Tensor behind them by the optional module
+// mha._torch_tensors (torch_tensor_api.h), else from their own attributes
+// (is_cpu, requires_grad, dtype, shape, stride(), data_ptr()).  With PyTorch
+// 1.13 a DLPack export costs more: to_dlpack builds an as_strided view through
+// the dispatcher, and Tensor.__dlpack__ (what nanobind's generic import calls)
+// adds Python code on top.  On S5 (python/bench/overhead.py, five tensors a
+// call) the attributes save about 0.25 us a tensor over to_dlpack and 0.7 us
+// over __dlpack__, and the C++ read about 0.45 us more.  PyTorch's rules for
+// mha are checked here too.
 #pragma once
 
 #include <mha/mha.h>
@@ -34,5 +36,10 @@ struct TorchArray {
 // and mha.multi_head_attention_forward call the library there).
 // The tensor's memory lives as long as the object, which the caller holds.
 bool read_torch(nanobind::handle object, const char* name, TorchArray* array);
+
+// A new contiguous tensor for attention's result on torch tensors: query's
+// shape with value's last dimension, query's dtype; None when
+// mha._torch_tensors cannot make it (the caller allocates through torch).
+nanobind::object new_torch_output(nanobind::handle query, nanobind::handle value);
 
 }  // namespace mha_python
