@@ -255,8 +255,16 @@ def _valid_lens_argument(valid_lens):
     """An integer array as it is, or a (nested) list of ints as a small int64 array."""
     if valid_lens is None or type(valid_lens) is np.ndarray:
         return valid_lens
-    if type(valid_lens) is list and all(type(n) is int for n in valid_lens):
-        return np.array(valid_lens, dtype=np.int64)  # the common case: [B] lengths
+    if type(valid_lens) is list:
+        # The common case, [B] lengths as Python ints, in one conversion: NumPy
+        # makes int64 of ints only (bools, floats, big or mixed values give
+        # another dtype, ragged lists an error: the checks below word those).
+        try:
+            lens = np.array(valid_lens)
+        except (ValueError, OverflowError):
+            lens = None
+        if lens is not None and lens.dtype == np.int64:
+            return lens
     if not isinstance(valid_lens, (list, tuple)):
         if is_array(valid_lens):
             return array_argument(valid_lens, "valid_lens")
