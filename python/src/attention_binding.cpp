@@ -68,6 +68,9 @@ void register_attention(nb::module_& module) {
   module.def("torch_output", &new_torch_output, nb::arg("query"), nb::arg("value"),
              "A new contiguous tensor of query's dtype, shape [..., L, value.shape[-1]], made "
              "by libtorch's C++ API; None when it cannot be made so.  Internal.");
+  module.def("torch_tensor_reader", &torch_tensor_reader,
+             "How torch tensors are read: 'libtorch' (mha._torch_tensors), 'attributes' or "
+             "'torch not imported'.  Internal (diagnostics).");
 }
 
 }  // namespace mha_python

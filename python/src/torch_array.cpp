@@ -4,8 +4,12 @@
 #include "torch_tensor_api.h"
 
 #include <Python.h>
+#include <link.h>
 #include <nanobind/stl/string.h>
 
+#include <climits>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 namespace nb = nanobind;
@@ -40,9 +44,37 @@ struct Torch {
                  {"int64", MHA_DTYPE_I64, nullptr}};
 };
 
+// Whether the libtorch_python mha._torch_tensors was linked against (its real
+// path, MHA_TORCH_PYTHON_LIBRARY) is already loaded: by the running torch,
+// then.  Checked before the module is imported, so that a package built for
+// one torch never loads another torch's libraries (and their static
+// initialisers) into a process whose torch is a different one.
+bool linked_torch_loaded() {
+#ifdef MHA_TORCH_PYTHON_LIBRARY
+  char wanted[PATH_MAX];
+  if (realpath(MHA_TORCH_PYTHON_LIBRARY, wanted) == nullptr) return false;
+  // Only objects named libtorch_python* are resolved (torch loads hundreds).
+  return dl_iterate_phdr(
+             [](dl_phdr_info* info, size_t, void* target) {
+               const char* name = info->dlpi_name;
+               const char* base = name != nullptr ? std::strrchr(name, '/') : nullptr;
+               char loaded[PATH_MAX];
+               return base != nullptr && std::strncmp(base, "/libtorch_python", 16) == 0 &&
+                              realpath(name, loaded) != nullptr &&
+                              std::strcmp(loaded, static_cast<const char*>(target)) == 0
+                          ? 1
+                          : 0;
+             },
+             wanted) != 0;
+#else
+  return false;  // the package has no mha._torch_tensors
+#endif
+}
+
 // The table of mha._torch_tensors, or null (with no Python error) when the
-// package was built without it or it refuses this process's torch.
+// package was built without it, or it refuses this process's torch.
 const TorchTensorApi* fast_reader() {
+  if (!linked_torch_loaded()) return nullptr;
   PyObject* module = PyImport_ImportModule(MHA_TORCH_TENSOR_API_MODULE);
   if (module == nullptr) {
     PyErr_Clear();
@@ -196,6 +228,12 @@ nb::object new_torch_output(nb::handle query, nb::handle value) {
   }
   PyObject* out = torch->fast->empty(query.ptr(), fields.shape[fields.rank - 1]);
   return out != nullptr ? nb::steal(out) : nb::none();
+}
+
+const char* torch_tensor_reader() {
+  const Torch* torch = torch_functions();
+  if (torch == nullptr) return "torch not imported";
+  return torch->fast != nullptr ? "libtorch" : "attributes";
 }
 
 }  // namespace mha_python

@@ -42,4 +42,8 @@ bool read_torch(nanobind::handle object, const char* name, TorchArray* array);
 // mha._torch_tensors cannot make it (the caller allocates through torch).
 nanobind::object new_torch_output(nanobind::handle query, nanobind::handle value);
 
+// How tensors are read in this process: "libtorch" (mha._torch_tensors),
+// "attributes", or "torch not imported".  For diagnostics and the tests.
+const char* torch_tensor_reader();
+
 }  // namespace mha_python

@@ -40,6 +40,8 @@ def test_the_fast_reader_is_built_where_expected():
     if os.environ.get("MHA_EXPECT_TORCH_TENSORS") != "1":
         pytest.skip("MHA_EXPECT_TORCH_TENSORS=1 not set (scripts/test.sh sets it)")
     assert fast_reader_present()
+    mha.scaled_dot_product_attention(*(torch.zeros((1, 1, 2, 8)) for _ in range(3)))
+    assert mha._mha.torch_tensor_reader() == "libtorch"
 
 
 def layouts(rng):
