@@ -34,6 +34,7 @@ struct Torch {
   PyObject* shape = nullptr;
   PyObject* stride = nullptr;
   PyObject* data_ptr = nullptr;
+  PyObject* is_neg = nullptr;
   struct Dtype {
     const char* name;
     mha_dtype dtype;
@@ -110,6 +111,7 @@ const Torch* torch_functions() {
     torch.shape = PyUnicode_InternFromString("shape");
     torch.stride = PyUnicode_InternFromString("stride");
     torch.data_ptr = PyUnicode_InternFromString("data_ptr");
+    torch.is_neg = PyUnicode_InternFromString("is_neg");
     torch.fast = fast_reader();
     torch.tensor_type = reinterpret_cast<PyTypeObject*>(keep(torch_module, "Tensor"));
   } catch (const nb::python_error&) {
@@ -190,6 +192,13 @@ bool read_torch(nb::handle object, const char* name, TorchArray* array) {
   }
   try {
     if (!is_true(attribute(object, torch->is_cpu))) return false;
+    if (is_true(call_method(object, torch->is_neg))) {
+      // Its memory holds the negatives of its values; mha reads arrays in place.
+      throw nb::type_error((std::string(name) +
+                            " is a lazily negated view (torch._neg_view): call .resolve_neg() "
+                            "on it first")
+                               .c_str());
+    }
     if (is_true(attribute(object, torch->requires_grad)) && is_true(call(torch->is_grad_enabled))) {
       refuse_grad(name);
     }

@@ -44,10 +44,11 @@ int read_tensor(PyObject* object, TorchTensorFields* fields) {
   if (!THPVariable_CheckExact(object)) return 0;
   try {
     const at::Tensor& tensor = THPVariable_Unpack(object);
-    // Sparse, meta, quantized or nested tensors: the general way reads (or
+    // Sparse, meta, quantized or nested tensors, and lazily negated views
+    // (whose memory holds the values' negatives): the general way reads (or
     // refuses) them.  (sizes() throws for symbolic shapes: caught below.)
     if (!tensor.defined() || !tensor.is_cpu() || tensor.layout() != c10::kStrided ||
-        !tensor.has_storage() || tensor.is_quantized()) {
+        !tensor.has_storage() || tensor.is_quantized() || tensor.is_neg()) {
       return 0;
     }
     const mha_dtype dtype = library_dtype(tensor.scalar_type());

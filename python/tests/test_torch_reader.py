@@ -111,3 +111,14 @@ def test_tensors_it_cannot_read_are_refused_the_general_way():
                          (torch.zeros((1,) * 9), "query")):
         with pytest.raises((TypeError, ValueError), match=message):
             mha.scaled_dot_product_attention(bad, q, q)
+
+
+def test_a_lazily_negated_view_is_refused_not_read_as_its_memory():
+    q = torch.ones((1, 1, 2, 8))
+    v = torch._neg_view(torch.arange(24.0).reshape(1, 1, 3, 8))
+    assert v.is_neg()
+    for value in (v, through_attributes(v)):
+        with pytest.raises(TypeError, match="value is a lazily negated view"):
+            mha.scaled_dot_product_attention(q, torch.ones((1, 1, 3, 8)), value)
+    out = mha.scaled_dot_product_attention(q, torch.ones((1, 1, 3, 8)), v.resolve_neg())
+    assert torch.allclose(out[0, 0, 0], -torch.arange(8.0, 16.0), rtol=1e-5, atol=0)
