@@ -39,8 +39,9 @@ struct TorchTensorApi {
   // 1 with *fields filled when `object` is a torch.Tensor or nn.Parameter (not
   // a subclass: it may redefine what its attributes say) on the CPU, strided,
   // with storage, not a lazily negated view, of at most MHA_MAX_DIMS
-  // dimensions and a dtype mha has a name for; 0 for anything else, with no Python error set, so
-  // the caller reads it the general way (which words the errors).  GIL held.
+  // dimensions and a dtype mha has a name for; 0 for anything else, with no
+  // Python error set, so the caller reads it the general way (which words
+  // the errors).  GIL held.
   int (*read)(PyObject* object, TorchTensorFields* fields);
   // torch.is_grad_enabled() of the calling thread.
   int (*grad_enabled)();
