@@ -50,6 +50,7 @@
 #include "blis_unfused.h"
 #include "common/dtype.h"
 #include "common/visibility.h"
+#include "host_cpu.h"
 #include "peak.h"
 #include "peak_loops.h"
 #include "usable_backends.h"
@@ -897,6 +898,7 @@ int main(int argc, char** argv) {
   std::string names;
   for (const std::string& b : backends) names += (names.empty() ? "" : " ") + b;
   benchmark::AddCustomContext("mha_version", mha_version());
+  benchmark::AddCustomContext("mha_cpu", mha_bench::host_cpu());
   benchmark::AddCustomContext("mha_cpu_features", mha_cpu_features());
   benchmark::AddCustomContext("mha_usable_backends", names);
   benchmark::AddCustomContext("blis_arch", blis_arch);

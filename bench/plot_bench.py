@@ -93,10 +93,15 @@ def main():
     axes[0][0].set_ylim(-0.6, len(shapes) - 0.4)
     fig.legend(*axes[0][0].get_legend_handles_labels(), loc="lower center", ncol=len(impls),
                fontsize="small")
-    fig.suptitle(f"mha {ctx.get('mha_version', '')}, {ctx.get('num_cpus', '?')} CPUs, "
-                 f"{ctx.get('date', '')[:10]}: each bar against the peak or the bandwidth "
-                 "measured in the same run", fontsize="medium")
-    fig.tight_layout(rect=(0, 0.03, 1, 1))  # room for the legend below
+    fig.suptitle(f"mha {ctx.get('mha_version', '')}, {ctx.get('num_cpus', '?')} CPUs "
+                 f"({ctx.get('mha_cpu', 'CPU not recorded')}), {ctx.get('date', '')[:10]}:\n"
+                 "each bar against the peak or the bandwidth measured in the same run",
+                 fontsize="medium")
+    # Room for the legend below and for the two title lines above (in inches,
+    # whatever the figure's height; this matplotlib's tight_layout does not
+    # count the figure's title).
+    height = fig.get_figheight()
+    fig.tight_layout(rect=(0, 0.35 / height, 1, 1 - 0.45 / height))
     fig.savefig(args.png, dpi=100)
     print(f"wrote {args.png}")
     return 0

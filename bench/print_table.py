@@ -135,6 +135,7 @@ def main():
     print(f"host {ctx.get('host_name', '?')}: {ctx.get('num_cpus', '?')} CPUs at "
           f"{ctx.get('mhz_per_cpu', '?')} MHz; mha {ctx.get('mha_version', '?')}; "
           f"usable backends: {ctx.get('mha_usable_backends', '?')}")
+    print(f"CPU: {ctx.get('mha_cpu', '?')}")
     print(f"CPU features: {ctx.get('mha_cpu_features', '?')}")
     print(f"BLIS kernels: {ctx.get('blis_arch', '?')}")
     print(f"BLIS threads: {ctx.get('blis_threading', '?')}")
