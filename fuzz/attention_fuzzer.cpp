@@ -2691,8 +2691,12 @@ int run_block_case(FuzzedDataProvider& fdp) {
       expect_invalid = true;
       break;
     case 2:
-      params.full_lk = std::max<int64_t>(1, Lk + params.key_offset - 1);
-      expect_invalid = true;
+      // One key short of the block's end (a block of one key at offset 0 has
+      // no such length: 0 means "the block ends the problem").
+      if (Lk + params.key_offset >= 2) {
+        params.full_lk = Lk + params.key_offset - 1;
+        expect_invalid = true;
+      }
       break;
     case 3:
       params.full_lq = MHA_MAX_EXTENT + fdp.ConsumeIntegralInRange<int64_t>(1, 5);
