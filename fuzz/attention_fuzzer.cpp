@@ -81,6 +81,7 @@
 // double, or a broken tensor refused with nothing written.
 #include <fuzzer/FuzzedDataProvider.h>
 #include <mha/mha.h>
+#include <sanitizer/common_interface_defs.h>
 
 #include <algorithm>
 #include <cmath>
@@ -2845,6 +2846,14 @@ int run_positional_case(FuzzedDataProvider& fdp) {
   return 0;
 }
 }  // namespace
+
+// A sanitizer's report ends with the case that was running (a finding of
+// the fuzzer's own checks prints it already).
+extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
+  __sanitizer_set_death_callback(
+      [] { std::fprintf(stderr, "\n==== attention_fuzzer: the case: %s\n", g_case.c_str()); });
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider fdp(data, size);

@@ -42,11 +42,14 @@ int64_t heads_per_short_item(const mha_kernel_problem& p, const mha_tile_sizes& 
 }
 
 // How many keys a query tile of q_tile queries can see at most: all of them,
-// or with a sliding window's left edge, the window widened by the tile.
+// or with a sliding window's left edge, the window widened by the tile; at
+// least 1.  (A block of a larger problem can lie wholly left of the window:
+// its first query's first key is then past its last key, and a span below 1
+// gave items whose key ranges ran backwards, over memory before K and V.)
 int64_t key_span(const mha_kernel_problem& p, int64_t q_tile) {
   if (p.lower_diag <= -mha_rules::kNoCausalLimit) return p.lk;
-  if (p.causal_diag >= mha_rules::kNoCausalLimit) {
-    return p.lk - mha_rules::first_visible_key(0, p.lower_diag);  // the first tile's
+  if (p.causal_diag >= mha_rules::kNoCausalLimit) {  // the first tile's
+    return std::max<int64_t>(1, p.lk - mha_rules::first_visible_key(0, p.lower_diag));
   }
   return std::max<int64_t>(1, std::min(p.lk, q_tile + p.causal_diag - p.lower_diag));
 }

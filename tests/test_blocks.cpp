@@ -167,7 +167,7 @@ void run_block_case(const BlockCase& c) {
 class Blocks : public BackendTest {};
 
 TEST_P(Blocks, MergedBlocksEqualTheWholeCall) {
-  std::vector<BlockCase> cases(11);
+  std::vector<BlockCase> cases(12);
   cases[0].what = "no rule of positions";
   cases[1].what = "causal, top-left", cases[1].causal = MHA_CAUSAL_TOP_LEFT;
   cases[2].what = "causal, bottom-right", cases[2].causal = MHA_CAUSAL_BOTTOM_RIGHT;
@@ -188,7 +188,35 @@ TEST_P(Blocks, MergedBlocksEqualTheWholeCall) {
   cases[10].what = "long: split-KV inside a block", cases[10].Lq = 40, cases[10].Lk = 5000;
   cases[10].q_cuts = {0, 40}, cases[10].k_cuts = {0, 2500, 5000}, cases[10].B = 1;
   cases[10].causal = MHA_CAUSAL_BOTTOM_RIGHT, cases[10].alibi = true;
+  // Later query blocks lie wholly right of the first key block's window: no
+  // key of it is visible to them (their key ranges once ran backwards).
+  cases[11].what = "window's left edge only", cases[11].left = 20;
   for (const BlockCase& c : cases) run_block_case(c);
+}
+
+// A one-key block that no query of the block sees (the window's left edge
+// past it, no right edge): zeros and an LSE of -inf, nothing read outside the
+// one-element K and V (a fuzzer finding: the items' key ranges ran backwards,
+// and every backend read K and V rows before and after them).
+TEST_P(Blocks, BlockLeftOfTheWindowReadsNothingOutside) {
+  std::vector<float> q{0.3f}, k{-0.2f}, v{0.7f}, out{123.0f}, lse{123.0f}, slope{0.5f};
+  const mha_tensor tq = describe(q.data(), MHA_DTYPE_F32, {1, 1, 1, 1});
+  const mha_tensor tk = describe(k.data(), MHA_DTYPE_F32, {1, 1, 1, 1});
+  const mha_tensor tv = describe(v.data(), MHA_DTYPE_F32, {1, 1, 1, 1});
+  mha_tensor tout = describe(out.data(), MHA_DTYPE_F32, {1, 1, 1, 1});
+  mha_tensor tlse = describe(lse.data(), MHA_DTYPE_F32, {1, 1, 1});
+  const mha_tensor tslope = describe(slope.data(), MHA_DTYPE_F32, {1});
+  mha_attention_params p;
+  mha_attention_params_init(&p);
+  p.lse = &tlse;
+  p.query_offset = 32;  // full_lq 0: the block ends the problem (33 queries)
+  p.key_offset = 20;
+  p.full_lk = 48;
+  p.window_left = 9;  // query 32 sees keys from 32 + 48 - 33 - 9 = 38 on
+  p.alibi_slopes = &tslope;
+  ASSERT_EQ(mha_attention(&tq, &tk, &tv, &tout, &p), MHA_OK) << mha_last_error();
+  EXPECT_EQ(out[0], 0.0f);
+  EXPECT_EQ(lse[0], -INFINITY);
 }
 
 // The backward of the blocks, each given the whole call's out and LSE rows,
