@@ -81,7 +81,6 @@
 // double, or a broken tensor refused with nothing written.
 #include <fuzzer/FuzzedDataProvider.h>
 #include <mha/mha.h>
-#include <sanitizer/common_interface_defs.h>
 
 #include <algorithm>
 #include <cmath>
@@ -118,11 +117,24 @@ std::string g_case;  // a description of the current case, for reports
   std::abort();
 }
 
-// MHA_FUZZ_TRACE set: each case's description on stderr once it has run, to
-// see which cases an input reaches (how the seeds of a new case are chosen).
-void trace_case() {
+// MHA_FUZZ_TRACE set: each case's description on stderr as it is drawn, one
+// line per case -- which cases an input reaches (how the seeds of a new case
+// are chosen), and what a case was when a sanitizer stops it halfway (its
+// report cannot print g_case: libFuzzer keeps the death callback).
+bool tracing() {
   static const bool on = std::getenv("MHA_FUZZ_TRACE") != nullptr;
-  if (on) std::fprintf(stderr, "case: %s\n", g_case.c_str());
+  return on;
+}
+
+// Starts the description of a case.
+void begin_case(const std::string& text) {
+  g_case = text;
+  if (tracing()) std::fprintf(stderr, "case: %s", text.c_str());
+}
+
+// Ends a case's line in the trace.
+void end_case() {
+  if (tracing()) std::fprintf(stderr, "\n");
 }
 
 // Appends to the description of the current case.
@@ -133,6 +145,7 @@ __attribute__((format(printf, 1, 2))) void note(const char* format, ...) {
   std::vsnprintf(text, sizeof text, format, args);
   va_end(args);
   g_case += text;
+  if (tracing()) std::fprintf(stderr, "%s", text);
 }
 
 // ------------------------------------------------------------------ layouts
@@ -351,7 +364,7 @@ std::string start_case(FuzzedDataProvider& fdp, const char* kind) {
   const int32_t threads = fdp.ConsumeIntegralInRange<int32_t>(1, 4);
   use_backend(backend);
   if (mha_set_num_threads(threads) != MHA_OK) finding("mha_set_num_threads failed");
-  g_case = std::string(kind) + "backend " + backend;
+  begin_case(std::string(kind) + "backend " + backend);
   note(" threads %d", threads);
   return backend;
 }
@@ -2731,7 +2744,7 @@ int run_block_case(FuzzedDataProvider& fdp) {
 // negative stride or size, another dtype or rank, no data) refused with
 // nothing written.
 int run_positional_case(FuzzedDataProvider& fdp) {
-  g_case = "positional encoding:";
+  begin_case("positional encoding:");
   mha_test::Rng rng(fdp.ConsumeIntegral<uint16_t>());
   const int64_t shape[3] = {fdp.ConsumeIntegralInRange<int64_t>(1, 3),
                             fdp.ConsumeIntegralInRange<int64_t>(1, 70),
@@ -2847,14 +2860,6 @@ int run_positional_case(FuzzedDataProvider& fdp) {
 }
 }  // namespace
 
-// A sanitizer's report ends with the case that was running (a finding of
-// the fuzzer's own checks prints it already).
-extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
-  __sanitizer_set_death_callback(
-      [] { std::fprintf(stderr, "\n==== attention_fuzzer: the case: %s\n", g_case.c_str()); });
-  return 0;
-}
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider fdp(data, size);
   // Each case reads the bytes the ones before it left (older corpus entries
@@ -2872,7 +2877,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const Case run : kCases) {
     if (run != kCases[0] && fdp.remaining_bytes() == 0) break;
     run(fdp);
-    trace_case();
+    end_case();
   }
   return 0;
 }
