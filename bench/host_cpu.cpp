@@ -31,7 +31,7 @@ std::string host_cpu() {
     if (key == "CPU part") part = value;
   }
   if (!name.empty()) {
-    return family.empty() ? name : name + ", family " + family + " model " + model;
+    return family.empty() ? name : name + " (family " + family + ", model " + model + ")";
   }
   if (!part.empty()) return "implementer " + implementer + " part " + part;
   return "unknown";

@@ -25,7 +25,7 @@ def entry(name, **counters):
 
 RUN = {
     "context": {"date": "2026-11-24T00:00:00", "num_cpus": 2, "mha_version": "0.1.0",
-                "mha_cpu": "AMD EPYC, family 26 model 2"},
+                "mha_cpu": "AMD EPYC (family 26, model 2)"},
     "benchmarks": [
         entry("peak/fma/avx512/threads:1", GFLOPS=100.0),
         entry("peak/fma/avx512/threads:2", GFLOPS=200.0),
@@ -69,7 +69,7 @@ def main():
                         if "| avx512 " in line and "| S1 " in line and "| 1 " in line), "")
             check("81.0 %" in row and "x1.80" in row, "S1 at 1 thread against BLIS: " + repr(row))
             check("x1.95" in text, "S1's scaling from 1 to 2 threads")
-            check("CPU: AMD EPYC, family 26 model 2" in text, "the CPU the figures come from")
+            check("CPU: AMD EPYC (family 26, model 2)" in text, "the CPU the figures come from")
         elif part == "plot":
             try:
                 import matplotlib  # noqa: F401
