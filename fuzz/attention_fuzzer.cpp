@@ -79,6 +79,12 @@
 // Bytes left over after that: mha_positional_encoding_add in place
 // (run_positional_case), any axis order and padding, against the encoding in
 // double, or a broken tensor refused with nothing written.
+//
+// Bytes left over after that: mha_module_forward (run_module_forward_case):
+// the module drawn as for its backward case, the output in either layout, the
+// attention weights per head, averaged or not wanted -- against the module's
+// float64 reference within its error bounds, or a broken call (shapes,
+// dtypes, overlaps, bad parameters, NULLs) refused with nothing written.
 #include <fuzzer/FuzzedDataProvider.h>
 #include <mha/mha.h>
 
@@ -2340,46 +2346,70 @@ mha_tensor rows3(Guarded& g, int64_t b, int64_t l, int64_t f, bool seq_first) {
       seq_first ? std::vector<int64_t>{f, b * f, 1} : std::vector<int64_t>{l * f, f, 1});
 }
 
-int run_module_backward_case(FuzzedDataProvider& fdp) {
-  const std::string backend = start_case(fdp, "module backward: ");
-  const int64_t B = fdp.ConsumeIntegralInRange<int64_t>(1, 2);
-  const int64_t H = fdp.ConsumeIntegralInRange<int64_t>(1, 3);
-  const int64_t E = H * fdp.ConsumeIntegralInRange<int64_t>(1, 8);
-  const int inputs = fdp.ConsumeIntegralInRange<int>(0, 2);  // separate, key = value, self
-  const int64_t Lq = fdp.ConsumeIntegralInRange<int64_t>(1, 40);
-  const int64_t Lk = inputs == 2 ? Lq : fdp.ConsumeIntegralInRange<int64_t>(1, 70);
-  const int64_t Eq =
-      inputs == 2 || fdp.ConsumeBool() ? E : fdp.ConsumeIntegralInRange<int64_t>(1, 20);
-  const int64_t Ek =
-      inputs == 2 || fdp.ConsumeBool() ? Eq : fdp.ConsumeIntegralInRange<int64_t>(1, 20);
-  const int64_t Ev = inputs != 0 ? Ek : fdp.ConsumeIntegralInRange<int64_t>(1, 20);
-  const bool bias = fdp.ConsumeBool(), seq_first = fdp.ConsumeBool();
-  note(" B %lld H %lld E %lld Eq/Ek/Ev %lld/%lld/%lld Lq %lld Lk %lld inputs %d bias %d seq %d",
-       static_cast<long long>(B), static_cast<long long>(H), static_cast<long long>(E),
-       static_cast<long long>(Eq), static_cast<long long>(Ek), static_cast<long long>(Ev),
-       static_cast<long long>(Lq), static_cast<long long>(Lk), inputs, bias, seq_first);
-  mha_test::Rng rng(fdp.ConsumeIntegral<uint32_t>());
-
-  mha_module_config config;
-  mha_module_config_init(&config);
-  config.embed_dim = E;
-  config.num_heads = H;
-  config.query_dim = Eq;
-  config.key_dim = Ek;
-  config.value_dim = Ev;
-  config.bias = bias ? 1 : 0;
-  config.dropout = fdp.ConsumeBool() ? 0.25f : 0.0f;
+// A module and the data and parameters of one call, drawn from the fuzzer's
+// bytes for the forward and the backward cases alike: any feature sizes,
+// self-attention (inputs 2), key = value (1) or three inputs (0), either
+// layout, every mask and variant, dropout in training mode; the weights and
+// the data random.  The bytes are read in one fixed order, so that the
+// corpus's module entries keep their meaning.  `dout` (the backward's output
+// gradient) is drawn only when asked for.
+struct ModuleSetup {
+  int64_t B = 0, H = 0, E = 0, Lq = 0, Lk = 0, Eq = 0, Ek = 0, Ev = 0;
+  int inputs = 0;
+  bool bias = false, seq_first = false, with_sinks = false;
+  int kpm_kind = 0, am_kind = 0;
+  mha_test::Rng rng{0};
+  mha_module_config config{};
   mha_module* module = nullptr;
-  if (mha_module_create(&config, &module) != MHA_OK) {
-    finding(std::string("module create failed: ") + mha_last_error());
-  }
   mha_test::ModuleWeights w;
-  w.embed_dim = E;
-  w.num_heads = H;
-  w.query_dim = Eq;
-  w.key_dim = Ek;
-  w.value_dim = Ev;
-  const auto set = [&](const char* name, int64_t rows, int64_t cols, std::vector<double>& kept) {
+  Guarded xq{0}, xk{0}, xv{0}, gout{0};
+  mha_tensor query{}, key{}, value{}, dout{};
+  mha_module_forward_params params{};
+  mha_test::ModuleInputs in;
+  std::vector<uint8_t> kpm_bool, am_bool;
+  std::vector<float> kpm_f32, am_f32, slopes, sinks;
+  std::vector<int32_t> lens;
+  mha_tensor tkpm{}, tam{}, tlens{}, tslopes{}, tsinks{};
+
+  ModuleSetup(FuzzedDataProvider& fdp, bool with_dout) {
+    B = fdp.ConsumeIntegralInRange<int64_t>(1, 2);
+    H = fdp.ConsumeIntegralInRange<int64_t>(1, 3);
+    E = H * fdp.ConsumeIntegralInRange<int64_t>(1, 8);
+    inputs = fdp.ConsumeIntegralInRange<int>(0, 2);
+    Lq = fdp.ConsumeIntegralInRange<int64_t>(1, 40);
+    Lk = inputs == 2 ? Lq : fdp.ConsumeIntegralInRange<int64_t>(1, 70);
+    Eq = inputs == 2 || fdp.ConsumeBool() ? E : fdp.ConsumeIntegralInRange<int64_t>(1, 20);
+    Ek = inputs == 2 || fdp.ConsumeBool() ? Eq : fdp.ConsumeIntegralInRange<int64_t>(1, 20);
+    Ev = inputs != 0 ? Ek : fdp.ConsumeIntegralInRange<int64_t>(1, 20);
+    bias = fdp.ConsumeBool();
+    seq_first = fdp.ConsumeBool();
+    note(" B %lld H %lld E %lld Eq/Ek/Ev %lld/%lld/%lld Lq %lld Lk %lld inputs %d bias %d seq %d",
+         static_cast<long long>(B), static_cast<long long>(H), static_cast<long long>(E),
+         static_cast<long long>(Eq), static_cast<long long>(Ek), static_cast<long long>(Ev),
+         static_cast<long long>(Lq), static_cast<long long>(Lk), inputs, bias, seq_first);
+    rng = mha_test::Rng(fdp.ConsumeIntegral<uint32_t>());
+
+    mha_module_config_init(&config);
+    config.embed_dim = E;
+    config.num_heads = H;
+    config.query_dim = Eq;
+    config.key_dim = Ek;
+    config.value_dim = Ev;
+    config.bias = bias ? 1 : 0;
+    config.dropout = fdp.ConsumeBool() ? 0.25f : 0.0f;
+    if (mha_module_create(&config, &module) != MHA_OK) {
+      finding(std::string("module create failed: ") + mha_last_error());
+    }
+    set_weights();
+    draw_data(with_dout);
+    draw_params(fdp);
+  }
+  ~ModuleSetup() { mha_module_destroy(module); }
+  ModuleSetup(const ModuleSetup&) = delete;
+  ModuleSetup& operator=(const ModuleSetup&) = delete;
+
+ private:
+  void set(const char* name, int64_t rows, int64_t cols, std::vector<double>& kept) {
     std::vector<float> values(static_cast<size_t>(rows * std::max<int64_t>(cols, 1)));
     for (float& x : values) x = rng.uniform(-0.5f, 0.5f);
     kept.assign(values.begin(), values.end());
@@ -2388,99 +2418,123 @@ int run_module_backward_case(FuzzedDataProvider& fdp) {
     if (mha_module_set_weight(module, name, &t) != MHA_OK) {
       finding(std::string("set_weight failed: ") + mha_last_error());
     }
-  };
-  set("q_proj_weight", E, Eq, w.w_q);
-  set("k_proj_weight", E, Ek, w.w_k);
-  set("v_proj_weight", E, Ev, w.w_v);
-  set("out_proj.weight", E, E, w.w_o);
-  w.b_q.assign(static_cast<size_t>(E), 0.0);
-  w.b_k = w.b_v = w.b_o = w.b_q;
-  if (bias) {
-    std::vector<double> in_bias;
-    set("in_proj_bias", 3 * E, 0, in_bias);
-    w.b_q.assign(in_bias.begin(), in_bias.begin() + E);
-    w.b_k.assign(in_bias.begin() + E, in_bias.begin() + 2 * E);
-    w.b_v.assign(in_bias.begin() + 2 * E, in_bias.end());
-    set("out_proj.bias", E, 0, w.b_o);
   }
 
-  Guarded xq(B * Lq * Eq), xk(B * Lk * Ek), xv(B * Lk * Ev), gout(B * Lq * E);
-  mha_tensor query = rows3(xq, B, Lq, Eq, seq_first);
-  mha_tensor key = inputs == 2 ? query : rows3(xk, B, Lk, Ek, seq_first);
-  mha_tensor value = inputs != 0 ? key : rows3(xv, B, Lk, Ev, seq_first);
-  mha_tensor dout = rows3(gout, B, Lq, E, seq_first);
-  for (const mha_tensor* t : {&query, &key, &value, &dout}) {
-    mha_test::for_each_offset(
-        *t, [&](int64_t at) { static_cast<float*>(t->data)[at] = rng.uniform(-1.0f, 1.0f); });
+  void set_weights() {
+    w.embed_dim = E;
+    w.num_heads = H;
+    w.query_dim = Eq;
+    w.key_dim = Ek;
+    w.value_dim = Ev;
+    set("q_proj_weight", E, Eq, w.w_q);
+    set("k_proj_weight", E, Ek, w.w_k);
+    set("v_proj_weight", E, Ev, w.w_v);
+    set("out_proj.weight", E, E, w.w_o);
+    w.b_q.assign(static_cast<size_t>(E), 0.0);
+    w.b_k = w.b_v = w.b_o = w.b_q;
+    if (bias) {
+      std::vector<double> in_bias;
+      set("in_proj_bias", 3 * E, 0, in_bias);
+      w.b_q.assign(in_bias.begin(), in_bias.begin() + E);
+      w.b_k.assign(in_bias.begin() + E, in_bias.begin() + 2 * E);
+      w.b_v.assign(in_bias.begin() + 2 * E, in_bias.end());
+      set("out_proj.bias", E, 0, w.b_o);
+    }
   }
 
-  mha_module_forward_params params;
-  mha_module_forward_params_init(&params);
-  mha_test::ModuleInputs in;
-  in.query = &query;
-  in.key = &key;
-  in.value = &value;
-  params.causal = in.causal = fdp.ConsumeIntegralInRange<int32_t>(0, 2);
-  if (fdp.ConsumeBool())
-    params.window_left = in.window_left = fdp.ConsumeIntegralInRange<int64_t>(0, 30);
-  if (fdp.ConsumeBool())
-    params.window_right = in.window_right = fdp.ConsumeIntegralInRange<int64_t>(0, 30);
-  if (config.dropout > 0.0f && fdp.ConsumeBool()) {
-    params.training = 1;
-    params.dropout_seed = in.dropout_seed = fdp.ConsumeIntegral<uint64_t>();
-    in.dropout_p = static_cast<double>(config.dropout);
+  void draw_data(bool with_dout) {
+    xq = Guarded(B * Lq * Eq);
+    xk = Guarded(B * Lk * Ek);
+    xv = Guarded(B * Lk * Ev);
+    gout = Guarded(with_dout ? B * Lq * E : 0);
+    query = rows3(xq, B, Lq, Eq, seq_first);
+    key = inputs == 2 ? query : rows3(xk, B, Lk, Ek, seq_first);
+    value = inputs != 0 ? key : rows3(xv, B, Lk, Ev, seq_first);
+    if (with_dout) dout = rows3(gout, B, Lq, E, seq_first);
+    for (const mha_tensor* t : {&query, &key, &value, &dout}) {
+      if (t->data == nullptr) continue;
+      mha_test::for_each_offset(
+          *t, [&](int64_t at) { static_cast<float*>(t->data)[at] = rng.uniform(-1.0f, 1.0f); });
+    }
   }
-  if (fdp.ConsumeBool()) {
-    params.softcap = fdp.ConsumeBool() ? 1.5f : 30.0f;
-    in.softcap = static_cast<double>(params.softcap);
+
+  void draw_params(FuzzedDataProvider& fdp) {
+    mha_module_forward_params_init(&params);
+    in.query = &query;
+    in.key = &key;
+    in.value = &value;
+    params.causal = in.causal = fdp.ConsumeIntegralInRange<int32_t>(0, 2);
+    if (fdp.ConsumeBool())
+      params.window_left = in.window_left = fdp.ConsumeIntegralInRange<int64_t>(0, 30);
+    if (fdp.ConsumeBool())
+      params.window_right = in.window_right = fdp.ConsumeIntegralInRange<int64_t>(0, 30);
+    if (config.dropout > 0.0f && fdp.ConsumeBool()) {
+      params.training = 1;
+      params.dropout_seed = in.dropout_seed = fdp.ConsumeIntegral<uint64_t>();
+      in.dropout_p = static_cast<double>(config.dropout);
+    }
+    if (fdp.ConsumeBool()) {
+      params.softcap = fdp.ConsumeBool() ? 1.5f : 30.0f;
+      in.softcap = static_cast<double>(params.softcap);
+    }
+    slopes.resize(static_cast<size_t>(H));
+    sinks.resize(static_cast<size_t>(H));
+    lens.resize(static_cast<size_t>(B));
+    kpm_kind = fdp.ConsumeIntegralInRange<int>(0, 2);
+    if (kpm_kind == 1) {
+      kpm_bool.resize(static_cast<size_t>(B * Lk));
+      for (auto& m : kpm_bool) m = rng.chance(0.2) ? 1 : 0;
+      tkpm = mha_test::describe(kpm_bool.data(), MHA_DTYPE_BOOL, {B, Lk});
+    } else if (kpm_kind == 2) {
+      kpm_f32.resize(static_cast<size_t>(B * Lk));
+      for (auto& m : kpm_f32) m = rng.chance(0.1) ? -kInf : rng.uniform(-2.0f, 2.0f);
+      tkpm = mha_test::describe(kpm_f32.data(), MHA_DTYPE_F32, {B, Lk});
+    }
+    if (kpm_kind != 0) params.key_padding_mask = in.key_padding_mask = &tkpm;
+    am_kind = fdp.ConsumeIntegralInRange<int>(0, 2);
+    if (am_kind == 1) {
+      am_bool.resize(static_cast<size_t>(Lq * Lk));
+      for (auto& m : am_bool) m = rng.chance(0.2) ? 1 : 0;
+      tam = mha_test::describe(am_bool.data(), MHA_DTYPE_BOOL, {Lq, Lk});
+    } else if (am_kind == 2) {
+      am_f32.resize(static_cast<size_t>(B * H * Lq * Lk));
+      for (auto& m : am_f32) m = rng.uniform(-2.0f, 2.0f);
+      tam = mha_test::describe(am_f32.data(), MHA_DTYPE_F32, {B * H, Lq, Lk});
+    }
+    if (am_kind != 0) params.attn_mask = in.attn_mask = &tam;
+    if (fdp.ConsumeBool()) {
+      for (auto& l : lens) l = static_cast<int32_t>(rng.integer(0, Lk));
+      tlens = mha_test::describe(lens.data(), MHA_DTYPE_I32, {B});
+      params.valid_lens = in.valid_lens = &tlens;
+    }
+    if (fdp.ConsumeBool()) {
+      for (auto& x : slopes) x = rng.uniform(0.0f, 0.5f);
+      tslopes = mha_test::describe(slopes.data(), MHA_DTYPE_F32, {H});
+      params.alibi_slopes = in.alibi_slopes = &tslopes;
+    }
+    with_sinks = fdp.ConsumeBool();
+    if (with_sinks) {
+      for (auto& x : sinks) x = rng.chance(0.2) ? -kInf : rng.uniform(-2.0f, 3.0f);
+      tsinks = mha_test::describe(sinks.data(), MHA_DTYPE_F32, {H});
+      params.sinks = in.sinks = &tsinks;
+    }
+    note(" causal %d window %lld,%lld dropout %d softcap %g kpm %d am %d lens %d alibi %d sinks %d",
+         params.causal, static_cast<long long>(params.window_left),
+         static_cast<long long>(params.window_right), params.training,
+         static_cast<double>(params.softcap), kpm_kind, am_kind, params.valid_lens != nullptr,
+         params.alibi_slopes != nullptr, with_sinks);
   }
-  std::vector<uint8_t> kpm_bool, am_bool;
-  std::vector<float> kpm_f32, am_f32, slopes(static_cast<size_t>(H)), sinks(static_cast<size_t>(H));
-  std::vector<int32_t> lens(static_cast<size_t>(B));
-  mha_tensor tkpm{}, tam{}, tlens{}, tslopes{}, tsinks{};
-  const int kpm_kind = fdp.ConsumeIntegralInRange<int>(0, 2);
-  if (kpm_kind == 1) {
-    kpm_bool.resize(static_cast<size_t>(B * Lk));
-    for (auto& m : kpm_bool) m = rng.chance(0.2) ? 1 : 0;
-    tkpm = mha_test::describe(kpm_bool.data(), MHA_DTYPE_BOOL, {B, Lk});
-  } else if (kpm_kind == 2) {
-    kpm_f32.resize(static_cast<size_t>(B * Lk));
-    for (auto& m : kpm_f32) m = rng.chance(0.1) ? -kInf : rng.uniform(-2.0f, 2.0f);
-    tkpm = mha_test::describe(kpm_f32.data(), MHA_DTYPE_F32, {B, Lk});
-  }
-  if (kpm_kind != 0) params.key_padding_mask = in.key_padding_mask = &tkpm;
-  const int am_kind = fdp.ConsumeIntegralInRange<int>(0, 2);
-  if (am_kind == 1) {
-    am_bool.resize(static_cast<size_t>(Lq * Lk));
-    for (auto& m : am_bool) m = rng.chance(0.2) ? 1 : 0;
-    tam = mha_test::describe(am_bool.data(), MHA_DTYPE_BOOL, {Lq, Lk});
-  } else if (am_kind == 2) {
-    am_f32.resize(static_cast<size_t>(B * H * Lq * Lk));
-    for (auto& m : am_f32) m = rng.uniform(-2.0f, 2.0f);
-    tam = mha_test::describe(am_f32.data(), MHA_DTYPE_F32, {B * H, Lq, Lk});
-  }
-  if (am_kind != 0) params.attn_mask = in.attn_mask = &tam;
-  if (fdp.ConsumeBool()) {
-    for (auto& l : lens) l = static_cast<int32_t>(rng.integer(0, Lk));
-    tlens = mha_test::describe(lens.data(), MHA_DTYPE_I32, {B});
-    params.valid_lens = in.valid_lens = &tlens;
-  }
-  if (fdp.ConsumeBool()) {
-    for (auto& x : slopes) x = rng.uniform(0.0f, 0.5f);
-    tslopes = mha_test::describe(slopes.data(), MHA_DTYPE_F32, {H});
-    params.alibi_slopes = in.alibi_slopes = &tslopes;
-  }
-  const bool with_sinks = fdp.ConsumeBool();
-  if (with_sinks) {
-    for (auto& x : sinks) x = rng.chance(0.2) ? -kInf : rng.uniform(-2.0f, 3.0f);
-    tsinks = mha_test::describe(sinks.data(), MHA_DTYPE_F32, {H});
-    params.sinks = in.sinks = &tsinks;
-  }
-  note(" causal %d window %lld,%lld dropout %d softcap %g kpm %d am %d lens %d alibi %d sinks %d",
-       params.causal, static_cast<long long>(params.window_left),
-       static_cast<long long>(params.window_right), params.training,
-       static_cast<double>(params.softcap), kpm_kind, am_kind, params.valid_lens != nullptr,
-       params.alibi_slopes != nullptr, with_sinks);
+};
+
+int run_module_backward_case(FuzzedDataProvider& fdp) {
+  const std::string backend = start_case(fdp, "module backward: ");
+  ModuleSetup m(fdp, true);
+  const int64_t B = m.B, H = m.H, E = m.E, Lq = m.Lq, Lk = m.Lk, Eq = m.Eq, Ek = m.Ek, Ev = m.Ev;
+  const int inputs = m.inputs;
+  const bool bias = m.bias, with_sinks = m.with_sinks;
+  mha_tensor &query = m.query, &key = m.key, &value = m.value, &dout = m.dout;
+  mha_module* module = m.module;
+  const mha_module_forward_params& params = m.params;
 
   // The gradients: each wanted or not; the inputs' in either layout, shared
   // (summed) where the inputs are.
@@ -2573,11 +2627,11 @@ int run_module_backward_case(FuzzedDataProvider& fdp) {
     if (status == MHA_OK) finding("module backward: an invalid call was accepted");
     if (message.empty()) finding("module backward: a refused call left no message");
     if (!untouched()) finding("module backward: a refused call modified a gradient");
-    mha_module_destroy(module);
     return 0;
   }
   if (status != MHA_OK) finding("module backward: a valid call failed: " + message);
-  const mha_test::ModuleBackwardReference ref = mha_test::reference_module_backward(w, in, dout);
+  const mha_test::ModuleBackwardReference ref =
+      mha_test::reference_module_backward(m.w, m.in, dout);
   const auto check = [&](const mha_tensor* got, const Guarded& g, size_t index,
                          std::vector<const mha_test::ReferenceGradient*> want, const char* name) {
     if (got == nullptr) {
@@ -2628,7 +2682,163 @@ int run_module_backward_case(FuzzedDataProvider& fdp) {
   check(grads.v_proj_bias, gbv, 9, {&ref.b_v}, "v_proj_bias");
   check(grads.out_proj_bias, gbo, 10, {&ref.b_o}, "out_proj_bias");
   if (with_sinks) check(grads.sinks, gs, 11, {&ref.sinks}, "sinks");
-  mha_module_destroy(module);
+  return 0;
+}
+
+// mha_module_forward: the module drawn as for the backward case, the output
+// in either layout, the attention weights per head, averaged over the heads,
+// or not wanted -- against the module's float64 reference within its error
+// bounds, with nothing written outside out and the weights and the inputs
+// left alone; or the call broken in one way and refused with nothing written.
+int run_module_forward_case(FuzzedDataProvider& fdp) {
+  start_case(fdp, "module forward: ");
+  ModuleSetup m(fdp, false);
+  const int64_t B = m.B, H = m.H, Lq = m.Lq, Lk = m.Lk;
+  const bool out_seq_first = fdp.ConsumeBool();
+  Guarded out_buf(B * Lq * m.E);
+  mha_tensor out = rows3(out_buf, B, Lq, m.E, out_seq_first);
+  const int weights_kind = fdp.ConsumeIntegralInRange<int>(0, 2);  // none, per head, averaged
+  Guarded weights_buf(weights_kind == 0 ? 0 : (weights_kind == 1 ? B * H : B) * Lq * Lk);
+  mha_tensor weights{};
+  mha_module_forward_params params = m.params;
+  if (weights_kind != 0) {
+    weights = weights_kind == 1
+                  ? mha_test::describe(weights_buf.base(), MHA_DTYPE_F32, {B, H, Lq, Lk})
+                  : mha_test::describe(weights_buf.base(), MHA_DTYPE_F32, {B, Lq, Lk});
+    params.attn_weights = &weights;
+    params.average_attn_weights = weights_kind == 2 ? 1 : 0;
+  }
+  note(" out seq %d weights %d", out_seq_first, weights_kind);
+
+  // At most one way of breaking the call.
+  bool broken = true;
+  mha_module* module = m.module;
+  const mha_tensor* query = &m.query;
+  mha_tensor wrong{};
+  switch (fdp.ConsumeIntegralInRange<int>(0, 20)) {
+    case 0:
+      out.shape[2] += 1;
+      note(" broken: out's features");
+      break;
+    case 1:
+      out.dtype = MHA_DTYPE_BF16;
+      note(" broken: out in bf16");
+      break;
+    case 2:
+      wrong = m.query;
+      wrong.shape[2] += 1;
+      query = &wrong;
+      note(" broken: query's features");
+      break;
+    case 3:
+      if (weights_kind == 0) {
+        broken = false;
+        break;
+      }
+      weights.shape[weights.ndim - 1] += 1;
+      note(" broken: attn_weights' shape");
+      break;
+    case 4:
+      if (params.key_padding_mask == nullptr) {
+        broken = false;
+        break;
+      }
+      wrong = *params.key_padding_mask;
+      wrong.shape[1] += 1;
+      params.key_padding_mask = &wrong;
+      note(" broken: key_padding_mask's shape");
+      break;
+    case 5:
+      if (params.attn_mask == nullptr) {
+        broken = false;
+        break;
+      }
+      wrong = *params.attn_mask;
+      wrong.shape[0] += 1;
+      params.attn_mask = &wrong;
+      note(" broken: attn_mask's shape");
+      break;
+    case 6:
+      if (params.valid_lens == nullptr) {
+        broken = false;
+        break;
+      }
+      wrong = *params.valid_lens;
+      wrong.shape[0] += 1;
+      params.valid_lens = &wrong;
+      note(" broken: valid_lens' shape");
+      break;
+    case 7:
+      params.struct_size = 7;
+      note(" broken: params->struct_size");
+      break;
+    case 8:
+      out.data = m.query.data;
+      note(" broken: out over query");
+      break;
+    case 9:
+      if (weights_kind == 0) {
+        broken = false;
+        break;
+      }
+      weights.data = out.data;
+      note(" broken: attn_weights over out");
+      break;
+    case 10:
+      params.causal = 3;
+      note(" broken: params->causal");
+      break;
+    case 11:
+      params.softcap = -1.0f;
+      note(" broken: a negative softcap");
+      break;
+    case 12:
+      module = nullptr;
+      note(" broken: no module");
+      break;
+    case 13:
+      query = nullptr;
+      note(" broken: no query");
+      break;
+    default:
+      broken = false;
+  }
+
+  Guarded* buffers[] = {&out_buf, &weights_buf, &m.xq, &m.xk, &m.xv};
+  std::vector<std::vector<float>> before;
+  for (Guarded* g : buffers) before.push_back(g->all);
+  const mha_status status = mha_module_forward(module, query, &m.key, &m.value, &out, &params);
+  const std::string message = mha_last_error();
+  for (size_t n = 2; n < std::size(buffers); ++n) {
+    if (!same_bytes(buffers[n]->all, before[n])) finding("module forward: an input was modified");
+  }
+  if (broken) {
+    if (status == MHA_OK) finding("module forward: an invalid call was accepted");
+    if (message.empty()) finding("module forward: a refused call left no message");
+    if (!same_bytes(out_buf.all, before[0]) || !same_bytes(weights_buf.all, before[1])) {
+      finding("module forward: a refused call wrote its output");
+    }
+    return 0;
+  }
+  if (status != MHA_OK) finding("module forward: a valid call failed: " + message);
+  if (changed_outside(out_buf, out, before[0]) != 0) finding("module forward: written outside out");
+  if (weights_kind != 0 && changed_outside(weights_buf, weights, before[1]) != 0) {
+    finding("module forward: written outside attn_weights");
+  }
+  const mha_test::ModuleReference ref = mha_test::reference_module(m.w, m.in);
+  const auto check = [](const mha_tensor& got, const std::vector<double>& want,
+                        const std::vector<double>& bound, const char* name) {
+    const mha_test::BoundCheck c = mha_test::check_within(got, want, bound);
+    if (c.outside != 0) {
+      note(" %lld of %lld outside, worst %.3g of the bound; first: %s",
+           static_cast<long long>(c.outside), static_cast<long long>(c.elements), c.worst_ratio,
+           c.first.c_str());
+      finding(std::string("module forward: ") + name + " off");
+    }
+  };
+  check(out, ref.out, ref.out_bound, "out");
+  if (weights_kind == 1) check(weights, ref.weights, ref.weights_bound, "attn_weights");
+  if (weights_kind == 2) check(weights, ref.average, ref.average_bound, "averaged attn_weights");
   return 0;
 }
 
@@ -2873,6 +3083,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       run_module_backward_case,  // the module's backward pass
       run_block_case,            // a call as a block of a larger problem
       run_positional_case,       // the positional encoding, in place
+      run_module_forward_case,   // the module's forward pass
   };
   for (const Case run : kCases) {
     if (run != kCases[0] && fdp.remaining_bytes() == 0) break;
