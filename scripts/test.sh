@@ -5,8 +5,9 @@
 #   scripts/test.sh native asan     only these stages
 # Stages: native (Release, heavy tests included), asan (AddressSanitizer +
 # UndefinedBehaviorSanitizer, functional tests), tsan (ThreadSanitizer with
-# clang and LLVM's libomp, the concurrency tests), fuzz (the libFuzzer target
-# with clang, ASan and UBSan, 60 s on the seed corpus), leaks (valgrind over
+# clang and LLVM's libomp, the concurrency tests), fuzz (the libFuzzer targets
+# with clang, ASan and UBSan: the C API 60 s and mha-run's .npy reader 20 s,
+# on their seed corpora), leaks (valgrind over
 # build/native/bin/leak_check), isa-limits (mha-info and the backend-selection
 # tests under qemu-x86_64 -cpu Haswell and -cpu Nehalem, from build/native),
 # aarch64 (cross build, the functional suite under qemu-aarch64), python (the
@@ -67,15 +68,20 @@ stage_fuzz() {
   configure build/fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
     -DMHA_BUILD_FUZZER=ON -DMHA_SANITIZE=address,undefined \
     -DMHA_BUILD_TESTS=OFF -DMHA_BUILD_BENCH=OFF -DMHA_BUILD_TOOLS=OFF -DMHA_BUILD_MPI=OFF
-  cmake --build build/fuzz -j"$jobs" --target attention_fuzzer
+  cmake --build build/fuzz -j"$jobs" --target attention_fuzzer npy_fuzzer
   # New inputs go to a scratch corpus; fuzz/corpus (the seeds, and every
   # finding so far) is only read.  A fixed seed keeps CI reproducible; fuzz
   # longer with another seed by hand (fuzz/README.md).
-  rm -rf build/fuzz/corpus build/fuzz/findings
-  mkdir -p build/fuzz/corpus build/fuzz/findings
+  rm -rf build/fuzz/corpus build/fuzz/findings build/fuzz/npy-corpus
+  mkdir -p build/fuzz/corpus build/fuzz/findings build/fuzz/npy-corpus
   ASAN_OPTIONS=abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     build/fuzz/bin/attention_fuzzer -seed=1 -max_total_time=60 -timeout=30 -max_len=512 \
     -print_final_stats=1 -artifact_prefix=build/fuzz/findings/ build/fuzz/corpus fuzz/corpus
+  # The .npy reader of mha-run (about 80 000 inputs a second).
+  ASAN_OPTIONS=abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    build/fuzz/bin/npy_fuzzer -seed=1 -max_total_time=20 -timeout=10 -max_len=1024 \
+    -print_final_stats=1 -artifact_prefix=build/fuzz/findings/ build/fuzz/npy-corpus \
+    fuzz/npy_corpus
 }
 
 stage_leaks() {

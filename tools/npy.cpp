@@ -78,15 +78,25 @@ struct Sizes {
   int64_t elements;
   std::size_t bytes;
 };
+// The product of the non-zero dimensions must fit in 63 bits even when a zero
+// dimension makes the array empty, as NumPy requires: the strides are
+// products of the dimensions ((0, 2^62, 4) would overflow them).
 Sizes sizes_of(const std::vector<int64_t>& shape, std::size_t itemsize, const char* descr) {
-  uint64_t elements = 1;
+  uint64_t nonzero = 1;
+  bool empty = false;
   for (const int64_t d : shape) {
     if (d < 0) throw NpyError("negative dimension in shape " + shape_to_string(shape));
-    if (__builtin_mul_overflow(elements, static_cast<uint64_t>(d), &elements) ||
-        elements > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      throw NpyError("shape " + shape_to_string(shape) + " has more elements than fit in 63 bits");
+    if (d == 0) {
+      empty = true;
+      continue;
+    }
+    if (__builtin_mul_overflow(nonzero, static_cast<uint64_t>(d), &nonzero) ||
+        nonzero > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      throw NpyError("shape " + shape_to_string(shape) +
+                     " has dimensions whose product does not fit in 63 bits");
     }
   }
+  const uint64_t elements = empty ? 0 : nonzero;
   uint64_t bytes = 0;
   if (__builtin_mul_overflow(elements, static_cast<uint64_t>(itemsize), &bytes) ||
       bytes > std::numeric_limits<std::size_t>::max() ||

@@ -314,6 +314,22 @@ TEST(Npy, FortranOrderIsReadAsStrides) {
   EXPECT_EQ(back.value_as_double(1), 1000.0);  // (1,0,0,0) is next in memory
 }
 
+// An empty array may have large dimensions besides its zero one, as long as
+// their product fits in 63 bits (NumPy's rule): it is read, with the strides
+// of its layout, and written back unchanged.
+TEST(Npy, EmptyArraysWithLargeDimensions) {
+  const Bytes file = make_file(1, dict_of("<f4", "False", "(3, 0, 4294967296, 4)"), Bytes());
+  const NpyArray a = parse_npy(file.data(), file.size());
+  EXPECT_EQ(a.size(), 0);
+  EXPECT_EQ(a.nbytes(), 0u);
+  EXPECT_EQ(a.shape(), (std::vector<int64_t>{3, 0, 4294967296, 4}));
+  EXPECT_EQ(a.strides(), (std::vector<int64_t>{0, 17179869184, 4, 1}));
+  const Bytes again = encode_npy(a);
+  const NpyArray b = parse_npy(again.data(), again.size());
+  EXPECT_EQ(b.shape(), a.shape());
+  EXPECT_EQ(b.size(), 0);
+}
+
 TEST(Npy, CheckedAccess) {
   NpyArray a(NpyDtype::F32, {2, 3});
   EXPECT_THROW(a.offset({2, 0}), NpyError);
@@ -449,6 +465,12 @@ std::vector<Malformed> malformed_files() {
       {"data_missing", f(dict_of("<f8", "False", "(1000000000, 1000000000)"), Bytes()),
        "truncated data"},
       {"zero_size_with_data", f(dict_of("<f4", "False", "(0, 3)"), Bytes(4, 0)), "size mismatch"},
+      // No elements, but the other dimensions' product (the strides) overflows
+      // (npy_fuzzer's finding: signed overflow in the strides).
+      {"empty_product_overflow",
+       f(dict_of("<f8", "False", "(0, 1111, 1111111111111111111, 111, 111, 1, 1)")), "63 bits"},
+      {"empty_product_overflow_fortran", f(dict_of("<f4", "True", "(4294967296, 0, 4294967296)")),
+       "63 bits"},
   };
   return t;
 }
