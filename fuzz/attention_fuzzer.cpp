@@ -2715,6 +2715,18 @@ int run_module_forward_case(FuzzedDataProvider& fdp) {
   mha_module* module = m.module;
   const mha_tensor* query = &m.query;
   mha_tensor wrong{};
+  // An optional input one element longer along `dim`: refused; absent, the
+  // call stays valid.
+  const auto grow = [&](const mha_tensor*& input, int dim, const char* name) {
+    if (input == nullptr) {
+      broken = false;
+      return;
+    }
+    wrong = *input;
+    wrong.shape[dim] += 1;
+    input = &wrong;
+    note(" broken: %s's shape", name);
+  };
   switch (fdp.ConsumeIntegralInRange<int>(0, 20)) {
     case 0:
       out.shape[2] += 1;
@@ -2739,34 +2751,13 @@ int run_module_forward_case(FuzzedDataProvider& fdp) {
       note(" broken: attn_weights' shape");
       break;
     case 4:
-      if (params.key_padding_mask == nullptr) {
-        broken = false;
-        break;
-      }
-      wrong = *params.key_padding_mask;
-      wrong.shape[1] += 1;
-      params.key_padding_mask = &wrong;
-      note(" broken: key_padding_mask's shape");
+      grow(params.key_padding_mask, 1, "key_padding_mask");
       break;
     case 5:
-      if (params.attn_mask == nullptr) {
-        broken = false;
-        break;
-      }
-      wrong = *params.attn_mask;
-      wrong.shape[0] += 1;
-      params.attn_mask = &wrong;
-      note(" broken: attn_mask's shape");
+      grow(params.attn_mask, 0, "attn_mask");
       break;
     case 6:
-      if (params.valid_lens == nullptr) {
-        broken = false;
-        break;
-      }
-      wrong = *params.valid_lens;
-      wrong.shape[0] += 1;
-      params.valid_lens = &wrong;
-      note(" broken: valid_lens' shape");
+      grow(params.valid_lens, 0, "valid_lens");
       break;
     case 7:
       params.struct_size = 7;
