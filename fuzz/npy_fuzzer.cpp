@@ -8,7 +8,13 @@
 // the data the file's last nbytes, the strides those of a C- or Fortran-order
 // layout of the shape, every element readable; and it must survive a round
 // trip: encode_npy, then parse_npy again, gives the same dtype, shape, order
-// and data.  Anything else aborts with a description.
+// and data.  The same bytes as a file (a memfd) through read_npy, whose
+// reader takes the preamble, the header and the data in separate reads, must
+// give the same outcome: refused by both, or the same array.  Anything else
+// aborts with a description.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -76,15 +82,45 @@ void check_array(const mha_tools::NpyArray& a, const uint8_t* file, size_t file_
   }
 }
 
+// read_npy on the bytes as a file: the array, or false when it refuses them.
+bool read_as_file(const uint8_t* data, size_t size, mha_tools::NpyArray* array) {
+  const int fd = memfd_create("npy_fuzzer", MFD_CLOEXEC);
+  if (fd < 0 || (size > 0 && write(fd, data, size) != static_cast<ssize_t>(size))) {
+    std::fprintf(stderr, "npy_fuzzer: cannot make a memfd\n");
+    std::abort();
+  }
+  bool read = true;
+  try {
+    *array = mha_tools::read_npy("/proc/self/fd/" + std::to_string(fd));
+  } catch (const mha_tools::NpyError&) {
+    read = false;
+  }
+  close(fd);
+  return read;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  mha_tools::NpyArray array;
+  mha_tools::NpyArray array, from_file;
+  bool parsed = true;
   try {
     array = mha_tools::parse_npy(data, size);
   } catch (const mha_tools::NpyError&) {
-    return 0;  // refused, as a malformed file must be
+    parsed = false;  // refused, as a malformed file must be
   }
+  const bool read = read_as_file(data, size, &from_file);
+  if (parsed != read) {
+    finding(
+        parsed ? "read_npy refuses what parse_npy reads" : "read_npy reads what parse_npy refuses",
+        parsed ? array : from_file);
+  }
+  if (!parsed) return 0;
   check_array(array, data, size);
+  if (from_file.dtype() != array.dtype() || from_file.shape() != array.shape() ||
+      from_file.fortran_order() != array.fortran_order() ||
+      std::memcmp(from_file.data(), array.data(), array.nbytes()) != 0) {
+    finding("read_npy and parse_npy disagree", array);
+  }
   return 0;
 }
