@@ -79,8 +79,22 @@ inline void apply_mask_row(const mha_kernel_problem& p, int64_t b, int64_t h, in
 // Causal, window and valid-length limits on a tile: key j (relative to the
 // item) is hidden from lane q when j < first_key[q] or j > last_key[q].  Only
 // tiles that cross some query's limit get here.  The comparisons run in
-// floats relative to the tile (bounds: scratch of 2·nqv·W floats), where
-// every value is a small integer: exact for any sequence length.
+// floats relative to the tile, where every value is a small integer: exact
+// for any sequence length.  visibility_bounds writes them (bounds: 2·nqv·W
+// floats, each lane's first and last visible key of the tile, -1 to keys).
+template <class Arch>
+inline void visibility_bounds(const int64_t* first_key, const int64_t* last_key, float* bounds,
+                              int nqv, int64_t j_rel0, int keys) {
+  constexpr int W = static_cast<int>(xsimd::batch<float, Arch>::size);
+  const int64_t lanes = int64_t{nqv} * W;
+  for (int64_t r = 0; r < lanes; ++r) {
+    const int64_t first = std::min<int64_t>(std::max<int64_t>(first_key[r] - j_rel0, -1), keys);
+    const int64_t last = std::min<int64_t>(std::max<int64_t>(last_key[r] - j_rel0, -1), keys);
+    bounds[r] = static_cast<float>(first);
+    bounds[lanes + r] = static_cast<float>(last);
+  }
+}
+
 template <class Arch, int kStride>
 inline void apply_visibility_tile(float* scores, const int64_t* first_key, const int64_t* last_key,
                                   float* bounds, int nqv, int64_t j_rel0, int keys) {
@@ -88,14 +102,9 @@ inline void apply_visibility_tile(float* scores, const int64_t* first_key, const
   constexpr int W = static_cast<int>(B::size);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t lanes = int64_t{nqv} * W;
-  float* tile_first = bounds;
-  float* tile_last = bounds + lanes;
-  for (int64_t r = 0; r < lanes; ++r) {
-    const int64_t first = std::min<int64_t>(std::max<int64_t>(first_key[r] - j_rel0, -1), keys);
-    const int64_t last = std::min<int64_t>(std::max<int64_t>(last_key[r] - j_rel0, -1), keys);
-    tile_first[r] = static_cast<float>(first);
-    tile_last[r] = static_cast<float>(last);
-  }
+  visibility_bounds<Arch>(first_key, last_key, bounds, nqv, j_rel0, keys);
+  const float* tile_first = bounds;
+  const float* tile_last = bounds + lanes;
   for (int v = 0; v < nqv; ++v) {
     const B first = B::load_aligned(tile_first + v * W);
     const B last = B::load_aligned(tile_last + v * W);

@@ -30,9 +30,15 @@ constexpr float kMaxGrowth = 24.0f;
 // off in the first FMA (score - row_max accumulates from q0·k0 - row_max),
 // so the epilogue is only the exps: on CPUs whose 512-bit operations share
 // two ports with the FMAs (Intel), every operation there costs products.
-template <class Arch, int kStride, int NV, int NK, bool kFused>
+// kBounded (with kFused): a tile crossing the queries' limits (a causal
+// diagonal, a window's edge); key `key0 + n` of the tile counts for the lanes
+// whose bounds (visibility_bounds: each lane's first and last visible key)
+// hold it, and is 0 for the others -- masked by lane, not element by element.
+template <class Arch, int kStride, int NV, int NK, bool kFused, bool kBounded = false>
 inline void score_block(const float* qt, const float* k_rows, int64_t k_stride, int64_t d,
-                        float* scores, const float* row_max, float* tile_sum) {
+                        float* scores, const float* row_max, float* tile_sum,
+                        const float* first_key = nullptr, const float* last_key = nullptr,
+                        int key0 = 0) {
   using B = xsimd::batch<float, Arch>;
   constexpr int W = static_cast<int>(B::size);
   const float* k[NK];
@@ -75,9 +81,18 @@ inline void score_block(const float* qt, const float* k_rows, int64_t k_stride, 
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) {
       B sum = B::load_aligned(tile_sum + v * W);
+      B first(0.0f), last(0.0f);
+      if constexpr (kBounded) {
+        first = B::load_aligned(first_key + v * W);
+        last = B::load_aligned(last_key + v * W);
+      }
 #pragma GCC unroll 8
       for (int n = 0; n < NK; ++n) {
-        const B e = fast_exp2<Arch>(acc[v][n]);
+        B e = fast_exp2<Arch>(acc[v][n]);
+        if constexpr (kBounded) {
+          const B key(static_cast<float>(key0 + n));
+          e = xsimd::select(key >= first && key <= last, e, B(0.0f));
+        }
         e.store_aligned(scores + n * kStride + v * W);
         sum += e;
       }

@@ -344,9 +344,21 @@ class PrefillKernel {
       // needs them in fp32, takes the two-pass path.)
       const bool within_bounds = j0 >= max_first && j0 + keys - 1 <= min_last;
       const bool maskless = p.mask_kind == MHA_MASK_NONE && within_bounds && plain_scores;
-      const bool fused = maskless && !careful && lanes_have_maximum &&
-                         !(kDot && p.dropout_p > 0.0f) &&
-                         compute_scores<kDot, true>(t, kv, p.d, units, nqv, keys, prefetch);
+      bool fused = maskless && !careful && lanes_have_maximum && !(kDot && p.dropout_p > 0.0f) &&
+                   compute_scores<kDot, true>(t, kv, p.d, units, nqv, keys, prefetch);
+      // A tile crossing the queries' limits (the causal diagonal, a window's
+      // edge) and nothing else takes the fused path too (fp32), masked by
+      // lane, when V is finite there: the banded P·V then leaves each row's
+      // hidden keys out or weighs them 0, as the two-pass path does.
+      if constexpr (!kDot) {
+        if (!within_bounds && p.mask_kind == MHA_MASK_NONE && plain_scores && !careful &&
+            lanes_have_maximum && rows_finite<Arch>(kv.v, kv.v_stride, keys, dvp)) {
+          set_band(t, nqv, j0 - item.k_begin, keys);
+          visibility_bounds<Arch>(t.first_key, t.last_key, t.tile_bounds, nqv, j0 - item.k_begin,
+                                  keys);
+          fused = compute_scores<false, true>(t, kv, p.d, units, nqv, keys, prefetch, true);
+        }
+      }
       // A key a mask or a -inf logit removed must not pass on a NaN or
       // infinity of its V row through 0 · V; such tiles (rare) take the
       // guarded P·V (fp32: the bf16 path hands the query tile over).
@@ -396,8 +408,7 @@ class PrefillKernel {
                          t.acc + r * dvp);
         }
       } else {
-        accumulate_pv<kDot>(t, kv, dvp, nq, keys, prefetch, !fused && !within_bounds,
-                            j0 - item.k_begin);
+        accumulate_pv<kDot>(t, kv, dvp, nq, keys, prefetch, !within_bounds, j0 - item.k_begin);
       }
     }
     return true;
@@ -656,6 +667,11 @@ class PrefillKernel {
   // vectors whose band (set_band) meets a key group compute it -- the
   // vectors of a group that need it are a run, computed together; what is
   // left out is masked to -inf afterwards.
+  //
+  // Fused and banded (fp32 only): each lane's probabilities are masked to 0
+  // outside its limits by the micro-kernel (t.tile_bounds from
+  // visibility_bounds), and the vectors left out of a key group get zeros, so
+  // that the banded P·V reads only probabilities of this tile.
   template <bool kDot, bool kFused>
   static bool compute_scores(const Tile& t, const KeyTile<kDot>& kv, int64_t d,
                              const ScoreUnits& units, int nqv, int keys, PrefetchQueue& prefetch,
@@ -664,6 +680,14 @@ class PrefillKernel {
     if constexpr (kFused) {
       for (int v = 0; v < nqv; ++v) B(0.0f).store_aligned(t.tile_sum + v * W);
     }
+    const float* first_bound = t.tile_bounds;
+    const float* last_bound = t.tile_bounds + int64_t{nqv} * W;
+    // Zero probabilities for vectors [v_begin, v_end) of keys j .. j + nk.
+    const auto zero = [&](int v_begin, int v_end, int j, int nk) {
+      for (int n = j; n < j + nk; ++n) {
+        for (int v = v_begin; v < v_end; ++v) B(0.0f).store_aligned(t.scores + n * QT + v * W);
+      }
+    };
     bool within = true;
     for (int v_group = 0; v_group < nqv; v_group += QV) {
       const int group_end = std::min(QV, nqv - v_group) + v_group;
@@ -676,6 +700,10 @@ class PrefillKernel {
           while (v_end > v0 && (t.band[v_end - 1] >= j + nk || t.band[QT / W + v_end - 1] <= j)) {
             --v_end;
           }
+          if constexpr (kFused && !kDot) {
+            zero(v_group, v0, j, nk);
+            zero(v_end, group_end, j, nk);
+          }
           if (v0 == v_end) continue;
         }
         const int nv = v_end - v0;
@@ -687,6 +715,11 @@ class PrefillKernel {
                   reinterpret_cast<const uint32_t*>(t.qt) + v0 * W, kv.k + j * kv.k_stride,
                   kv.k_stride, (d + 1) / 2, units.q_factor, t.scores + j * QT + v0 * W,
                   t.p_pairs + j / 2 * QT + v0 * W, t.row_max + v0 * W, t.tile_sum + v0 * W);
+            } else if (kFused && banded) {
+              score_block<Arch, QT, kNV, kNK, kFused, kFused>(
+                  t.qt + v0 * W, kv.k + j * kv.k_stride, kv.k_stride, d, t.scores + j * QT + v0 * W,
+                  t.row_max + v0 * W, t.tile_sum + v0 * W, first_bound + v0 * W,
+                  last_bound + v0 * W, j);
             } else {
               score_block<Arch, QT, kNV, kNK, kFused>(t.qt + v0 * W, kv.k + j * kv.k_stride,
                                                       kv.k_stride, d, t.scores + j * QT + v0 * W,
