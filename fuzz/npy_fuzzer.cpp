@@ -46,6 +46,13 @@ std::vector<int64_t> layout_strides(const std::vector<int64_t>& shape, bool fort
   return strides;
 }
 
+// The same dtype, shape, order and data bytes.
+bool same_array(const mha_tools::NpyArray& a, const mha_tools::NpyArray& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+         a.fortran_order() == b.fortran_order() && a.nbytes() == b.nbytes() &&
+         std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
+
 void check_array(const mha_tools::NpyArray& a, const uint8_t* file, size_t file_size) {
   using mha_tools::npy_itemsize;
   if (a.rank() > mha_tools::kNpyMaxRank) finding("a rank past kNpyMaxRank", a);
@@ -76,10 +83,7 @@ void check_array(const mha_tools::NpyArray& a, const uint8_t* file, size_t file_
   } catch (const mha_tools::NpyError& e) {
     finding(std::string("its own encoding is refused: ") + e.what(), a);
   }
-  if (b.dtype() != a.dtype() || b.shape() != a.shape() || b.fortran_order() != a.fortran_order() ||
-      b.nbytes() != a.nbytes() || std::memcmp(a.data(), b.data(), a.nbytes()) != 0) {
-    finding("the round trip changed the array", a);
-  }
+  if (!same_array(a, b)) finding("the round trip changed the array", a);
 }
 
 // read_npy on the bytes as a file: the array, or false when it refuses them.
@@ -117,10 +121,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (!parsed) return 0;
   check_array(array, data, size);
-  if (from_file.dtype() != array.dtype() || from_file.shape() != array.shape() ||
-      from_file.fortran_order() != array.fortran_order() ||
-      std::memcmp(from_file.data(), array.data(), array.nbytes()) != 0) {
-    finding("read_npy and parse_npy disagree", array);
-  }
+  if (!same_array(array, from_file)) finding("read_npy and parse_npy disagree", array);
   return 0;
 }

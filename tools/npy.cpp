@@ -462,7 +462,7 @@ NpyArray::NpyArray(NpyDtype dtype, std::vector<int64_t> shape, bool fortran_orde
   size_ = sizes.elements;
   nbytes_ = sizes.bytes;
   strides_.assign(shape_.size(), 0);
-  int64_t running = 1;  // cannot overflow: the product of all sizes fits
+  int64_t running = 1;  // cannot overflow: the non-zero sizes' product fits (sizes_of)
   const int r = rank();
   for (int i = 0; i < r; ++i) {
     const int d = fortran_order_ ? i : r - 1 - i;

@@ -400,8 +400,7 @@ class PrefillKernel {
       if constexpr (kDot) {
         // P rounded to bf16 once (the fused kernel stored its pairs already).
         if (!fused) Dot::template pair_probabilities<QT>(t.scores, keys, nqv, t.p_pairs);
-        accumulate_pv<kDot>(t, kv, dvp, nq, keys, prefetch, !fused && !within_bounds,
-                            j0 - item.k_begin);
+        accumulate_pv<kDot>(t, kv, dvp, nq, keys, prefetch, !within_bounds, j0 - item.k_begin);
       } else if (skip_removed) {
         for (int64_t r = 0; r < nq; ++r) {
           pv_guarded_row(t.scores + r, t.removed + r, QT, keys, t.alpha[r], kv.v, kv.v_stride, dvp,
@@ -715,7 +714,7 @@ class PrefillKernel {
                   reinterpret_cast<const uint32_t*>(t.qt) + v0 * W, kv.k + j * kv.k_stride,
                   kv.k_stride, (d + 1) / 2, units.q_factor, t.scores + j * QT + v0 * W,
                   t.p_pairs + j / 2 * QT + v0 * W, t.row_max + v0 * W, t.tile_sum + v0 * W);
-            } else if (kFused && banded) {
+            } else if (kFused && banded) {  // masked by lane (kBounded = kFused, true here)
               score_block<Arch, QT, kNV, kNK, kFused, kFused>(
                   t.qt + v0 * W, kv.k + j * kv.k_stride, kv.k_stride, d, t.scores + j * QT + v0 * W,
                   t.row_max + v0 * W, t.tile_sum + v0 * W, first_bound + v0 * W,
