@@ -73,7 +73,13 @@ inline void score_block(const float* qt, const float* k_rows, int64_t k_stride, 
     }
   }
   if constexpr (!kFused) {
+    // Unrolled, so that acc stays in registers: a loop GCC leaves rolled
+    // here keeps acc on the stack, spilled around the prefetches and stored
+    // twice at the end (72 extra stores per block: S4's score blocks ran at
+    // 80 % of the peak).
+#pragma GCC unroll 8
     for (int n = 0; n < NK; ++n) {
+#pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) acc[v][n].store_aligned(scores + n * kStride + v * W);
     }
   } else {
