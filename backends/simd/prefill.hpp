@@ -260,7 +260,17 @@ class PrefillKernel {
     // furthest last one.
     int64_t min_last = item.k_end - 1, max_last = item.k_begin - 1;
     int64_t min_first = item.k_end, max_first = item.k_begin;
-    for (int64_t r = 0; r < nq; ++r) {
+    // Without causal rule, window or valid lengths every query sees all the
+    // item's keys (the per-query rule was 3 % of S4's time).
+    const bool unlimited = p.valid_lens == nullptr && p.causal_diag >= mha_rules::kNoCausalLimit &&
+                           p.lower_diag <= -mha_rules::kNoCausalLimit;
+    if (unlimited) {
+      min_last = max_last = item.k_end - 1;
+      min_first = max_first = item.k_begin;
+      std::fill(t.first_key, t.first_key + nq, int64_t{0});
+      std::fill(t.last_key, t.last_key + nq, item.k_end - 1 - item.k_begin);
+    }
+    for (int64_t r = 0; r < (unlimited ? 0 : nq); ++r) {
       const int64_t last = std::min(mha_kernel::last_visible_key(p, b, q0 + r), item.k_end - 1);
       const int64_t first = std::max(mha_kernel::first_visible_key(p, q0 + r), item.k_begin);
       min_last = std::min(min_last, last);
@@ -294,7 +304,15 @@ class PrefillKernel {
       t.row_max[r] = kNegInf;
       t.row_sum[r] = 0.0f;
     }
-    for (int64_t x = 0; x < nq * dvp; x += W) B(0.0f).store_aligned(t.acc + x);
+    // The accumulators start at the first tile's P·V: it overwrites them
+    // when it covers every row and column, else they are zeroed before it.
+    bool acc_started = false;
+    const auto start_acc = [&](bool overwritten) {
+      if (!overwritten) {
+        for (int64_t x = 0; x < nq * dvp; x += W) B(0.0f).store_aligned(t.acc + x);
+      }
+      acc_started = true;
+    };
 
     PrefetchQueue prefetch;
     queue_next_rows(p, item, h, q0, nq, prefetch);
@@ -397,6 +415,8 @@ class PrefillKernel {
       if (p.dropout_p > 0.0f) {
         apply_dropout_tile<Arch, QT>(p.dropout_p, t.row_key, t.scores, nqv, j0, keys);
       }
+      const bool overwrite = !acc_started && !kDot && within_bounds && !skip_removed;
+      if (!acc_started) start_acc(overwrite);
       if constexpr (kDot) {
         // P rounded to bf16 once (the fused kernel stored its pairs already).
         if (!fused) Dot::template pair_probabilities<QT>(t.scores, keys, nqv, t.p_pairs);
@@ -407,9 +427,11 @@ class PrefillKernel {
                          t.acc + r * dvp);
         }
       } else {
-        accumulate_pv<kDot>(t, kv, dvp, nq, keys, prefetch, !within_bounds, j0 - item.k_begin);
+        accumulate_pv<kDot>(t, kv, dvp, nq, keys, prefetch, !within_bounds, j0 - item.k_begin,
+                            overwrite);
       }
     }
+    if (!acc_started) start_acc(false);  // no key at all
     return true;
   }
 
@@ -751,7 +773,7 @@ class PrefillKernel {
   template <bool kDot>
   static void accumulate_pv(const Tile& t, const KeyTile<kDot>& kv, int64_t dvp, int64_t nq,
                             int keys, PrefetchQueue& prefetch, bool banded = false,
-                            int64_t j_rel0 = 0) {
+                            int64_t j_rel0 = 0, bool overwrite = false) {
     constexpr int R = Blk::kPvRows, C = Blk::kPvVectors;
     const int vectors = static_cast<int>(dvp / W);
     for (int64_t r0 = 0; r0 < nq; r0 += R) {
@@ -790,6 +812,9 @@ class PrefillKernel {
               Dot::template pv_block<QT, kNR, kNC>(
                   t.p_pairs + lo / 2 * QT + r0, t.alpha + r0, kv.v + lo / 2 * kv.v_stride + c0 * W,
                   kv.v_stride, (hi - lo + 1) / 2, t.acc + r0 * dvp + c0 * W, dvp);
+            } else if (overwrite) {  // the first tile, every row and column (not banded)
+              pv_block<Arch, QT, kNR, kNC, true>(t.scores + r0, t.alpha + r0, kv.v + c0 * W,
+                                                 kv.v_stride, keys, t.acc + r0 * dvp + c0 * W, dvp);
             } else {
               pv_block<Arch, QT, kNR, kNC>(t.scores + lo * QT + r0, t.alpha + r0,
                                            kv.v + lo * kv.v_stride + c0 * W, kv.v_stride, hi - lo,
