@@ -21,22 +21,31 @@ inline void gemm_block(const float* a, int64_t a_m, int64_t a_k, const float* b,
                        int64_t kdim, float* c, int64_t c_m) {
   using V = xsimd::batch<float, Arch>;
   constexpr int W = static_cast<int>(V::size);
+  // Every loop over acc unrolled, so that acc stays in registers (a rolled
+  // one keeps it on the stack around the k loop).
   V acc[MR][NV];
+#pragma GCC unroll 8
   for (int m = 0; m < MR; ++m) {
+#pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) {
       acc[m][v] = kAccumulate ? V::load_aligned(c + m * c_m + v * W) : V(0.0f);
     }
   }
   for (int64_t k = 0; k < kdim; ++k) {
     V bv[NV];
+#pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) bv[v] = V::load_aligned(b + k * b_k + v * W);
     const float* ak = a + k * a_k;
+#pragma GCC unroll 8
     for (int m = 0; m < MR; ++m) {
       const V am(ak[m * a_m]);
+#pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) acc[m][v] = xsimd::fma(am, bv[v], acc[m][v]);
     }
   }
+#pragma GCC unroll 8
   for (int m = 0; m < MR; ++m) {
+#pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) acc[m][v].store_aligned(c + m * c_m + v * W);
   }
 }
