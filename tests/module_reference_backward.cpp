@@ -67,8 +67,8 @@ ReferenceGradient transposed_product(const Matrix& a, const Matrix& b, double ep
   return g;
 }
 
-// G = A·W (A [R, n], W [n, m]).
-ReferenceGradient product(const Matrix& a, const Matrix& w, double eps_a) {
+// G = A·W (A [R, n], W [n, m]), A's elements off by a_bound's.
+ReferenceGradient product(const Matrix& a, const Matrix& w, const Matrix& a_bound) {
   ReferenceGradient g;
   g.value.assign(static_cast<size_t>(a.rows * w.cols), 0.0);
   for (int64_t r = 0; r < a.rows; ++r) {
@@ -77,7 +77,7 @@ ReferenceGradient product(const Matrix& a, const Matrix& w, double eps_a) {
       for (int64_t n = 0; n < a.cols; ++n) {
         sum += a(r, n) * w(n, m);
         abs_sum += std::fabs(a(r, n) * w(n, m));
-        err += eps_a * std::fabs(w(n, m));
+        err += a_bound(r, n) * std::fabs(w(n, m));
       }
       g.value[static_cast<size_t>(r * w.cols + m)] = sum;
       g.tolerance = std::max(g.tolerance, err + dot_bound(a.cols) * abs_sum);
@@ -126,6 +126,36 @@ Matrix projection(const Matrix& x, const Matrix& w, const std::vector<double>& b
   return p;
 }
 
+// What the library's fp32 x·Wᵀ + b may differ by from `value` (the same
+// product in float64) beyond rho·|value|, the part the terms' bound covers:
+// an fp32 sum of the bias and x.cols products is off by g(x.cols + 1) times
+// the magnitudes summed -- not times |value|: where the products cancel,
+// the value is far smaller than they are -- and the attention reference is
+// given the value rounded to fp32.
+Matrix projection_excess(const Matrix& x, const Matrix& w, const std::vector<double>& bias,
+                         const Matrix& value, double rho) {
+  Matrix err(x.rows, w.rows);
+  for (int64_t r = 0; r < x.rows; ++r)
+    for (int64_t n = 0; n < w.rows; ++n) {
+      double magnitude = std::fabs(bias[static_cast<size_t>(n)]);
+      for (int64_t c = 0; c < x.cols; ++c) magnitude += std::fabs(x(r, c) * w(n, c));
+      const double bound = dot_bound(x.cols + 1) * magnitude + kU * std::fabs(value(r, n));
+      err(r, n) = std::max(0.0, bound - rho * std::fabs(value(r, n)));
+    }
+  return err;
+}
+
+// A [B·L, E] matrix in the C order of its heads, [B, H, L, D].
+std::vector<double> in_heads_order(const Matrix& m, int64_t batch, int64_t len, int64_t heads) {
+  const int64_t d = m.cols / heads;
+  std::vector<double> out(m.v.size());
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t l = 0; l < len; ++l)
+      for (int64_t n = 0; n < m.cols; ++n)
+        out[static_cast<size_t>(((b * heads + n / d) * len + l) * d + n % d)] = m(b * len + l, n);
+  return out;
+}
+
 }  // namespace
 
 ModuleBackwardReference reference_module_backward(const ModuleWeights& w, const ModuleInputs& in,
@@ -139,18 +169,34 @@ ModuleBackwardReference reference_module_backward(const ModuleWeights& w, const 
 
   // The attention's gradients on the projected heads.
   std::vector<float> qs, ks, vs, dcs, mask_values;
-  const mha_tensor qt = heads_of(projection(xq, wq, w.b_q), batch, lq, heads, qs);
-  const mha_tensor kt = heads_of(projection(xk, wk, w.b_k), batch, lk, heads, ks);
-  const mha_tensor vt = heads_of(projection(xv, wv, w.b_v), batch, lk, heads, vs);
+  const Matrix pq = projection(xq, wq, w.b_q), pk = projection(xk, wk, w.b_k),
+               pv = projection(xv, wv, w.b_v);
+  const mha_tensor qt = heads_of(pq, batch, lq, heads, qs);
+  const mha_tensor kt = heads_of(pk, batch, lk, heads, ks);
+  const mha_tensor vt = heads_of(pv, batch, lk, heads, vs);
+  // Each input of the attention is off by at most rho of itself, as far as
+  // its projection's products do not cancel; the excess is propagated.
+  const int64_t widest = std::max({w.query_dim, w.key_dim, w.value_dim});
+  const double rho = dot_bound(e) + dot_bound(widest);
   const Matrix dy = rows_of(dout);
-  Matrix dc(dy.rows, e);  // dC = dout·W_o
+  Matrix dc(dy.rows, e), dc_err(dy.rows, e);  // dC = dout·W_o, and the excess of its error
   for (int64_t r = 0; r < dy.rows; ++r)
     for (int64_t m = 0; m < e; ++m) {
-      double sum = 0;
-      for (int64_t n = 0; n < e; ++n) sum += dy(r, n) * wo(n, m);
+      double sum = 0, magnitude = 0;
+      for (int64_t n = 0; n < e; ++n) {
+        sum += dy(r, n) * wo(n, m);
+        magnitude += std::fabs(dy(r, n) * wo(n, m));
+      }
       dc(r, m) = sum;
+      dc_err(r, m) =
+          std::max(0.0, dot_bound(e) * magnitude + kU * std::fabs(sum) - rho * std::fabs(sum));
     }
   const mha_tensor dct = heads_of(dc, batch, lq, heads, dcs);
+  InputErrors input_errors;
+  input_errors.q = in_heads_order(projection_excess(xq, wq, w.b_q, pq, rho), batch, lq, heads);
+  input_errors.k = in_heads_order(projection_excess(xk, wk, w.b_k, pk, rho), batch, lk, heads);
+  input_errors.v = in_heads_order(projection_excess(xv, wv, w.b_v, pv, rho), batch, lk, heads);
+  input_errors.dout = in_heads_order(dc_err, batch, lq, heads);
 
   // PyTorch's masks as one additive mask [B, H, Lq, Lk] (-inf: not allowed).
   mha_tensor mask{};
@@ -183,35 +229,45 @@ ModuleBackwardReference reference_module_backward(const ModuleWeights& w, const 
   ap.sinks = in.sinks;
   ap.softcap = static_cast<float>(in.softcap);
   ap.alibi_slopes = in.alibi_slopes;
-  const BackwardReference att = reference_backward(qt, kt, vt, dct, &ap);
+  const BackwardReference att =
+      reference_backward(qt, kt, vt, dct, &ap, false, nullptr, &input_errors);
 
-  const int64_t widest = std::max({w.query_dim, w.key_dim, w.value_dim});
-  const double rho = dot_bound(e) + dot_bound(widest);
+  // Each element of dP_x may be off by the attention's own fp32 error, its
+  // inputs' relative errors rho (each term a product of two of them), and
+  // twice the first-order bound of what their excess moves it (twice: a
+  // margin for the second-order terms).
   const auto eps = [&](const std::vector<double>& g, double terms) {
     return gradient_tolerance(g, terms, att.max_abs_logit) + 2.0 * rho * terms;
   };
-  const double eps_q = eps(att.dq, att.terms_dq), eps_k = eps(att.dk, att.terms_dk),
-               eps_v = eps(att.dv, att.terms_dv);
+  const auto bounds = [&](const std::vector<double>& g, double terms,
+                          const std::vector<double>& propagated, int64_t len) {
+    std::vector<double> b(propagated.size());
+    for (size_t n = 0; n < b.size(); ++n) b[n] = eps(g, terms) + 2.0 * propagated[n];
+    return rows_of_heads(b, batch, heads, len, d);
+  };
+  const Matrix bound_q = bounds(att.dq, att.terms_dq, att.propagated_dq, lq);
+  const Matrix bound_k = bounds(att.dk, att.terms_dk, att.propagated_dk, lk);
+  const Matrix bound_v = bounds(att.dv, att.terms_dv, att.propagated_dv, lk);
   const Matrix dpq = rows_of_heads(att.dq, batch, heads, lq, d);
   const Matrix dpk = rows_of_heads(att.dk, batch, heads, lk, d);
   const Matrix dpv = rows_of_heads(att.dv, batch, heads, lk, d);
 
   ModuleBackwardReference ref;
-  ref.w_q = transposed_product(dpq, xq, eps_q, nullptr);
-  ref.w_k = transposed_product(dpk, xk, eps_k, nullptr);
-  ref.w_v = transposed_product(dpv, xv, eps_v, nullptr);
+  ref.w_q = transposed_product(dpq, xq, 0.0, &bound_q);
+  ref.w_k = transposed_product(dpk, xk, 0.0, &bound_k);
+  ref.w_v = transposed_product(dpv, xv, 0.0, &bound_v);
   const Matrix ones_q(dpq.rows, 1), ones_k(dpk.rows, 1);
   const auto ones = [](int64_t rows) {
     Matrix m(rows, 1);
     std::fill(m.v.begin(), m.v.end(), 1.0);
     return m;
   };
-  ref.b_q = transposed_product(dpq, ones(dpq.rows), eps_q, nullptr);
-  ref.b_k = transposed_product(dpk, ones(dpk.rows), eps_k, nullptr);
-  ref.b_v = transposed_product(dpv, ones(dpv.rows), eps_v, nullptr);
-  ref.query = product(dpq, wq, eps_q);
-  ref.key = product(dpk, wk, eps_k);
-  ref.value = product(dpv, wv, eps_v);
+  ref.b_q = transposed_product(dpq, ones(dpq.rows), 0.0, &bound_q);
+  ref.b_k = transposed_product(dpk, ones(dpk.rows), 0.0, &bound_k);
+  ref.b_v = transposed_product(dpv, ones(dpv.rows), 0.0, &bound_v);
+  ref.query = product(dpq, wq, bound_q);
+  ref.key = product(dpk, wk, bound_k);
+  ref.value = product(dpv, wv, bound_v);
 
   Matrix concat(batch * lq, e), concat_bound(batch * lq, e);
   concat.v = forward.concat;
@@ -227,7 +283,7 @@ ModuleBackwardReference reference_module_backward(const ModuleWeights& w, const 
   ref.b_o.tolerance = 2.0 * kU * max_abs(ref.b_o.value) + 1e-30;
   if (!att.dsinks.empty()) {
     ref.sinks.value = att.dsinks;
-    ref.sinks.tolerance = eps(att.dsinks, att.terms_dsinks);
+    ref.sinks.tolerance = eps(att.dsinks, att.terms_dsinks) + 2.0 * max_abs(att.propagated_dsinks);
   }
   return ref;
 }

@@ -13,11 +13,18 @@
 //
 // The tolerances.  An fp32 dot product of K terms is off by at most
 // g(K)·Σ|a||b| with g(K) = 4·sqrt(K)·2^-24 (module_reference.h's bound).
-//   - dP_x (the attention's gradients): reference_backward's tolerance, plus
-//     2ρ of its terms' magnitudes, ρ = g(E) + g(max(Eq, Ek, Ev)): the relative
-//     error of its inputs dC and Q, K, V, each term being a product of two;
-//   - a gradient G = Σ_r A_r·B_r with A's elements off by at most ε_A and B
-//     exact: ε_A·Σ_r|B_r| + g(rows)·Σ_r|A_r||B_r|, its largest value over
+//   - dP_x (the attention's gradients), element by element:
+//     reference_backward's tolerance; plus 2ρ of its terms' magnitudes,
+//     ρ = g(E) + g(max(Eq, Ek, Ev)), the relative error of its inputs dC and
+//     Q, K, V, each term being a product of two; plus twice the first-order
+//     bound (reference_backward.h's InputErrors) of what moves them beyond
+//     ρ: an fp32 projection is off by g(F + 1) times the magnitudes it sums
+//     (F features and the bias; dC by g(E) times its own), and where those
+//     cancel the value is far smaller than they are -- a projected q of
+//     3.4e-4 summed from magnitudes of 1.8 moved every dK by 4e-5 of itself,
+//     past a bound relative to q alone (found by the fuzzer);
+//   - a gradient G = Σ_r A_r·B_r with A's element r off by at most ε_r and
+//     B exact: Σ_r ε_r·|B_r| + g(rows)·Σ_r|A_r||B_r|, its largest value over
 //     G's elements (A = dP, B = X for dW_x; A = dP, B = 1 for db_x; A = dP,
 //     B = W_x for dX_x; A = C with module_reference's per-element bound,
 //     B = dout for dW_o);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "dropout_rule.h"
@@ -17,7 +18,8 @@ using namespace reference_access;
 
 BackwardReference reference_backward(const mha_tensor& q, const mha_tensor& k, const mha_tensor& v,
                                      const mha_tensor& dout, const mha_attention_params* params,
-                                     bool want_dlogit, const mha_tensor* out) {
+                                     bool want_dlogit, const mha_tensor* out,
+                                     const InputErrors* input_errors) {
   require_tensor(q, "q", 4, 4);
   require_tensor(k, "k", 4, 4);
   require_tensor(v, "v", 4, 4);
@@ -55,6 +57,30 @@ BackwardReference reference_backward(const mha_tensor& q, const mha_tensor& k, c
   // Sums of the terms' magnitudes, per element of dq, dk, dv, dsinks.
   std::vector<double> mq(ref.dq.size(), 0.0), mk(ref.dk.size(), 0.0), mv_(ref.dv.size(), 0.0);
   std::vector<double> msinks(static_cast<size_t>(heads), 0.0);
+  // With input_errors: first-order bounds per element of dq, dk, dv, dsinks
+  // (reference_backward.h), and per key of a row: δs, δx, δP, δdP.
+  const InputErrors* errs = input_errors;
+  std::vector<double> eq, ek, ev, esinks;
+  std::vector<double> s_err(static_cast<size_t>(lk)), x_err(static_cast<size_t>(lk));
+  std::vector<double> p_err(static_cast<size_t>(lk)), dp_err(static_cast<size_t>(lk));
+  if (errs != nullptr) {
+    eq.assign(ref.dq.size(), 0.0);
+    ek.assign(ref.dk.size(), 0.0);
+    ev.assign(ref.dv.size(), 0.0);
+    esinks.assign(static_cast<size_t>(heads), 0.0);
+  }
+  const auto q_err = [&](int64_t b, int64_t h, int64_t i, int64_t c) {
+    return errs->q[static_cast<size_t>(((b * heads + h) * lq + i) * d + c)];
+  };
+  const auto k_err = [&](int64_t b, int64_t h, int64_t j, int64_t c) {
+    return errs->k[static_cast<size_t>(((b * kv_heads + h) * lk + j) * d + c)];
+  };
+  const auto v_err = [&](int64_t b, int64_t h, int64_t j, int64_t c) {
+    return errs->v[static_cast<size_t>(((b * kv_heads + h) * lk + j) * dv + c)];
+  };
+  const auto dout_err = [&](int64_t b, int64_t h, int64_t i, int64_t c) {
+    return errs->dout[static_cast<size_t>(((b * heads + h) * lq + i) * dv + c)];
+  };
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t hk = h / group;
@@ -90,6 +116,15 @@ BackwardReference reference_backward(const mha_tensor& q, const mha_tensor& k, c
             x = softcap * std::tanh(x / softcap);
             dx /= c * c;  // 1 - tanh² without its cancellation near saturation
           }
+          if (errs != nullptr) {
+            double e = 0;
+            for (int64_t c = 0; c < d; ++c) {
+              e += q_err(b, h, i, c) * std::fabs(at4(k, b, hk, j, c)) +
+                   std::fabs(at4(q, b, h, i, c)) * k_err(b, hk, j, c);
+            }
+            s_err[static_cast<size_t>(j)] = e;
+            x_err[static_cast<size_t>(j)] = std::fabs(dx) * e;
+          }
           x -= alibi_slope * static_cast<double>(std::llabs(diagonal - j));
           if (additive_mask) x += value_at(*mv.t, m);
           if (x == -kInf) part = false;
@@ -123,6 +158,30 @@ BackwardReference reference_backward(const mha_tensor& q, const mha_tensor& k, c
           delta += weight[u] * factor[u] * dp[u];
           delta_terms += std::fabs(weight[u] * factor[u] * dp[u]);
         }
+        // The inputs' errors, to first order: weights, dP and delta.
+        double x_err_mean = 0, delta_err = 0;
+        if (errs != nullptr) {
+          for (int64_t j = 0; j < lk; ++j) {
+            const auto u = static_cast<size_t>(j);
+            if (weight[u] != 0) x_err_mean += weight[u] * x_err[u];
+          }
+          for (int64_t j = 0; j < lk; ++j) {
+            const auto u = static_cast<size_t>(j);
+            p_err[u] = weight[u] * (x_err[u] + x_err_mean);
+            dp_err[u] = 0;
+            if (weight[u] == 0) continue;
+            for (int64_t c = 0; c < dv; ++c) {
+              dp_err[u] += dout_err(b, h, i, c) * std::fabs(at4(v, b, hk, j, c)) +
+                           std::fabs(at4(dout, b, h, i, c)) * v_err(b, hk, j, c);
+            }
+            delta_err += factor[u] * (p_err[u] * std::fabs(dp[u]) + weight[u] * dp_err[u]);
+          }
+          if (out != nullptr) {
+            delta_err = 0;
+            for (int64_t c = 0; c < dv; ++c)
+              delta_err += dout_err(b, h, i, c) * std::fabs(at4(*out, b, h, i, c));
+          }
+        }
         if (out != nullptr) {  // the backward's delta: dout · the out it is given
           double given = 0, given_terms = 0;
           for (int64_t c = 0; c < dv; ++c) {
@@ -133,8 +192,13 @@ BackwardReference reference_backward(const mha_tensor& q, const mha_tensor& k, c
           delta_terms = std::max(delta_terms, given_terms);
         }
         if (!ref.dsinks.empty() && sink != -kInf) {
-          ref.dsinks[static_cast<size_t>(h)] -= std::exp(sink - row_max) / sum * delta;
-          msinks[static_cast<size_t>(h)] += std::exp(sink - row_max) / sum * delta_terms;
+          const double p_sink = std::exp(sink - row_max) / sum;
+          ref.dsinks[static_cast<size_t>(h)] -= p_sink * delta;
+          msinks[static_cast<size_t>(h)] += p_sink * delta_terms;
+          if (errs != nullptr) {
+            esinks[static_cast<size_t>(h)] +=
+                p_sink * x_err_mean * std::fabs(delta) + p_sink * delta_err;
+          }
         }
         for (int64_t j = 0; j < lk; ++j) {
           const auto u = static_cast<size_t>(j);
@@ -146,6 +210,13 @@ BackwardReference reference_backward(const mha_tensor& q, const mha_tensor& k, c
           ref.terms_dlogit = std::max(ref.terms_dlogit, ds_terms);
           const double dscore = ds * slope[u];
           const double dscore_terms = ds_terms * std::fabs(slope[u]);
+          double dscore_err = 0;
+          if (errs != nullptr) {
+            const double ds_err = p_err[u] * std::fabs(factor[u] * dp[u] - delta) +
+                                  weight[u] * (factor[u] * dp_err[u] + delta_err);
+            const double slope_err = softcap > 0 ? scale * scale / softcap * s_err[u] : 0.0;
+            dscore_err = ds_err * std::fabs(slope[u]) + std::fabs(ds) * slope_err;
+          }
           for (int64_t c = 0; c < d; ++c) {
             const auto qi = static_cast<size_t>(((b * heads + h) * lq + i) * d + c);
             const auto kj = static_cast<size_t>(((b * kv_heads + hk) * lk + j) * d + c);
@@ -153,11 +224,21 @@ BackwardReference reference_backward(const mha_tensor& q, const mha_tensor& k, c
             mq[qi] += dscore_terms * std::fabs(at4(k, b, hk, j, c));
             ref.dk[kj] += dscore * at4(q, b, h, i, c);
             mk[kj] += dscore_terms * std::fabs(at4(q, b, h, i, c));
+            if (errs != nullptr) {
+              eq[qi] += dscore_err * std::fabs(at4(k, b, hk, j, c)) +
+                        std::fabs(dscore) * k_err(b, hk, j, c);
+              ek[kj] += dscore_err * std::fabs(at4(q, b, h, i, c)) +
+                        std::fabs(dscore) * q_err(b, h, i, c);
+            }
           }
           for (int64_t c = 0; c < dv; ++c) {
             const auto vj = static_cast<size_t>(((b * kv_heads + hk) * lk + j) * dv + c);
             ref.dv[vj] += weight[u] * factor[u] * at4(dout, b, h, i, c);
             mv_[vj] += std::fabs(weight[u] * factor[u] * at4(dout, b, h, i, c));
+            if (errs != nullptr) {
+              ev[vj] += factor[u] * (p_err[u] * std::fabs(at4(dout, b, h, i, c)) +
+                                     weight[u] * dout_err(b, h, i, c));
+            }
           }
         }
       }
@@ -167,6 +248,10 @@ BackwardReference reference_backward(const mha_tensor& q, const mha_tensor& k, c
   ref.terms_dk = max_abs(mk);
   ref.terms_dv = max_abs(mv_);
   ref.terms_dsinks = max_abs(msinks);
+  ref.propagated_dq = std::move(eq);
+  ref.propagated_dk = std::move(ek);
+  ref.propagated_dv = std::move(ev);
+  ref.propagated_dsinks = std::move(esinks);
   return ref;
 }
 

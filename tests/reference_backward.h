@@ -25,6 +25,30 @@ struct BackwardReference {
   // fp32 rounding scales with where the terms cancel (one key: dS is 0, made
   // of terms near 1).
   double terms_dq = 0, terms_dk = 0, terms_dv = 0, terms_dsinks = 0, terms_dlogit = 0;
+  // With InputErrors: per element of each gradient (C order, as dq, dk, dv,
+  // dsinks), the first-order bound of how far those input errors move it
+  // (empty without them).
+  std::vector<double> propagated_dq, propagated_dk, propagated_dv, propagated_dsinks;
+};
+
+// Absolute error bounds of the inputs, element by element, C order of q's,
+// k's, v's and dout's shapes: what a caller that computed them in fp32 may
+// have left (the module's projections, whose sums can cancel: a projected
+// value far smaller than the magnitudes it was summed from carries an error
+// relative to those magnitudes, not to itself).  reference_backward then
+// bounds, to first order, how far they move each gradient:
+//   s_j = q·k_j (one row i), δs_j = Σ_c δq_c |k_jc| + |q_c| δk_jc;
+//   logit x_j: δx_j = |dx_j/ds_j| δs_j;  weights: δP_j = P_j (δx_j + Σ_l P_l δx_l);
+//   dP_j = dout·v_j: δdP_j = Σ_c δdout_c |v_jc| + |dout_c| δv_jc;
+//   delta = Σ_j P_j Z_j dP_j: δdelta = Σ_j Z_j (δP_j |dP_j| + P_j δdP_j)
+//     (given out: Σ_c δdout_c |out_c|);
+//   dS_j = P_j (Z_j dP_j - delta): δdS_j = δP_j |Z_j dP_j - delta| + P_j (Z_j δdP_j + δdelta);
+//   dscore_j = dS_j · dx_j/ds_j, the slope's own change under a softcap at
+//     most scale²/softcap · δs_j;
+// and the chain rule's products (dq = Σ_j dscore_j k_j, dk_j = Σ_i dscore_ij q_i,
+// dv_j = Σ_i P_ij Z_ij dout_i, dsinks = -Σ_i P_sink delta) term by term.
+struct InputErrors {
+  std::vector<double> q, k, v, dout;
 };
 
 // The gradients of L = Σ dout ∘ mha_attention(q, k, v, params) for F32, BF16
@@ -40,7 +64,8 @@ struct BackwardReference {
 // only the backward's own error is left to the tolerance.
 BackwardReference reference_backward(const mha_tensor& q, const mha_tensor& k, const mha_tensor& v,
                                      const mha_tensor& dout, const mha_attention_params* params,
-                                     bool want_dlogit = false, const mha_tensor* out = nullptr);
+                                     bool want_dlogit = false, const mha_tensor* out = nullptr,
+                                     const InputErrors* input_errors = nullptr);
 
 // The largest |gradient - reference| an fp32 backward may leave:
 //   2e-5 · max|ref| + 2^-18 · terms + 8 · 2^-24 · max|logit| · terms:
