@@ -241,8 +241,9 @@ ModuleBackwardReference reference_module_backward(const ModuleWeights& w, const 
   };
   const auto bounds = [&](const std::vector<double>& g, double terms,
                           const std::vector<double>& propagated, int64_t len) {
+    const double scalar = eps(g, terms);
     std::vector<double> b(propagated.size());
-    for (size_t n = 0; n < b.size(); ++n) b[n] = eps(g, terms) + 2.0 * propagated[n];
+    for (size_t n = 0; n < b.size(); ++n) b[n] = scalar + 2.0 * propagated[n];
     return rows_of_heads(b, batch, heads, len, d);
   };
   const Matrix bound_q = bounds(att.dq, att.terms_dq, att.propagated_dq, lq);
@@ -256,7 +257,6 @@ ModuleBackwardReference reference_module_backward(const ModuleWeights& w, const 
   ref.w_q = transposed_product(dpq, xq, 0.0, &bound_q);
   ref.w_k = transposed_product(dpk, xk, 0.0, &bound_k);
   ref.w_v = transposed_product(dpv, xv, 0.0, &bound_v);
-  const Matrix ones_q(dpq.rows, 1), ones_k(dpk.rows, 1);
   const auto ones = [](int64_t rows) {
     Matrix m(rows, 1);
     std::fill(m.v.begin(), m.v.end(), 1.0);

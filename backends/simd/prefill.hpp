@@ -270,7 +270,7 @@ class PrefillKernel {
       std::fill(t.first_key, t.first_key + nq, int64_t{0});
       std::fill(t.last_key, t.last_key + nq, item.k_end - 1 - item.k_begin);
     }
-    for (int64_t r = 0; r < (unlimited ? 0 : nq); ++r) {
+    for (int64_t r = 0; !unlimited && r < nq; ++r) {
       const int64_t last = std::min(mha_kernel::last_visible_key(p, b, q0 + r), item.k_end - 1);
       const int64_t first = std::max(mha_kernel::first_visible_key(p, q0 + r), item.k_begin);
       min_last = std::min(min_last, last);
