@@ -23,7 +23,8 @@ int mha_simd_backward(const mha_backward_problem* problem, const mha_backward_it
 // before any kernel runs; the kernels only read them.  Defined in the table's
 // translation unit.
 struct mha_simd_tiles {
-  int32_t key_tile;  // prefill keys per tile, a multiple of kScoreKeys
-  int64_t l2_bytes;  // the L2 the decode's token-major tiles fill (0: unknown)
+  int32_t key_tile;      // prefill keys per tile, a multiple of kScoreKeys
+  int64_t l2_bytes;      // the L2 the decode's token-major tiles fill (0: unknown)
+  int64_t pv_run_bytes;  // prefill: V rows one P·V run keeps in the L1 (0: whole key tiles)
 };
 const mha_simd_tiles& mha_simd_chosen_tiles();

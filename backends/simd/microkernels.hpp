@@ -107,15 +107,21 @@ inline void score_block(const float* qt, const float* k_rows, int64_t k_stride, 
   }
 }
 
+// How pv_block's sum joins the accumulators.
+enum class PvJoin {
+  kRescale,    // acc = acc · alpha + sum: a key tile's first run
+  kOverwrite,  // acc = sum, acc neither read nor rescaled: a query tile's first
+               // run, so that its accumulators need no zeroing beforehand
+               // (S4's 64 × 32 zero stores per head were 3 % of its time)
+  kAdd,        // acc = acc + sum: a key tile's later runs (alpha is not read)
+};
+
 // acc[r][c] = acc[r][c] · alpha[r] + Σ_j P[j][r] · V[j][c] for NR rows and
-// NC vectors of Dv, P with rows kStride floats apart.  The tile's sum starts
-// from its first product and the old accumulator joins at the end (one FMA,
-// the rescale riding on it): the rounding of a row grows with the tile width
-// plus the number of tiles, not with the number of keys.
-// kOverwrite: acc = Σ_j P[j][r] · V[j][c], neither read nor rescaled -- the
-// first tile a query tile computes, so that its accumulators need no zeroing
-// beforehand (S4's 64 × 32 zero stores per head were 3 % of its time).
-template <class Arch, int kStride, int NR, int NC, bool kOverwrite = false>
+// NC vectors of Dv, P with rows kStride floats apart (kJoin: PvJoin).  The
+// run's sum starts from its first product and the old accumulator joins at
+// the end (one FMA, the rescale riding on it): the rounding of a row grows
+// with the run's width plus the number of runs, not with the number of keys.
+template <class Arch, int kStride, int NR, int NC, PvJoin kJoin = PvJoin::kRescale>
 inline void pv_block(const float* probs, const float* alpha, const float* v_rows, int64_t v_stride,
                      int keys, float* acc, int64_t acc_stride) {
   using B = xsimd::batch<float, Arch>;
@@ -148,14 +154,15 @@ inline void pv_block(const float* probs, const float* alpha, const float* v_rows
   }
 #pragma GCC unroll 8
   for (int r = 0; r < NR; ++r) {
-    const B a(alpha[r]);
 #pragma GCC unroll 8
     for (int c = 0; c < NC; ++c) {
       float* out = acc + r * acc_stride + c * W;
-      if constexpr (kOverwrite) {
+      if constexpr (kJoin == PvJoin::kOverwrite) {
         o[r][c].store_aligned(out);
+      } else if constexpr (kJoin == PvJoin::kAdd) {
+        (B::load_aligned(out) + o[r][c]).store_aligned(out);
       } else {
-        xsimd::fma(B::load_aligned(out), a, o[r][c]).store_aligned(out);
+        xsimd::fma(B::load_aligned(out), B(alpha[r]), o[r][c]).store_aligned(out);
       }
     }
   }

@@ -26,7 +26,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include "common/dropout.h"
 #include "common/problem.h"
@@ -57,12 +59,23 @@ class PrefillKernel {
   // Keys per tile: chosen from the L1d when the plugin was loaded
   // (tile_choice.hpp), a multiple of kScoreKeys and of W.
   static int64_t chosen_key_tile() { return mha_simd_chosen_tiles().key_tile; }
+  // Keys per P·V run: as many V rows as the chosen budget holds
+  // (tile_choice.hpp), whole key groups of the score micro-kernel, at least
+  // two of them, at most the key tile.
+  static int pv_run_keys(int64_t dvp, int64_t key_tile) {
+    const int64_t budget = mha_simd_chosen_tiles().pv_run_bytes;
+    if (budget <= 0) return static_cast<int>(key_tile);
+    constexpr int64_t NK = Blk::kScoreKeys;
+    const int64_t keys = budget / (dvp * int64_t{sizeof(float)}) / NK * NK;
+    return static_cast<int>(std::clamp<int64_t>(keys, 2 * NK, key_tile));
+  }
   static constexpr int kWarmUpKeys = 4 * Blk::kScoreKeys;
   static_assert(QT % (W * Blk::kScoreQueryVectors) == 0, "query tile must hold whole blocks");
   static_assert(!kBf16Dot || Blk::kScoreKeys % 2 == 0, "bf16 key groups are whole pairs");
 
   struct Tile {
     int64_t kt;          // keys per tile (chosen_key_tile)
+    int pv_run;          // keys per P·V run (pv_run_keys), at most kt
     float* qt;           // [D][QT]: Q transposed, times scale·log2(e);
                          // bf16 path: [ceil(D/2)][QT] pairs of Q, unscaled
     float* q_stage;      // [QT][D]: a half-precision Q tile widened to fp32
@@ -175,6 +188,7 @@ class PrefillKernel {
     const int64_t dvp = round_up(p.dv, W);
     Tile t{};
     t.kt = chosen_key_tile();
+    t.pv_run = pv_run_keys(dvp, t.kt);
     t.qt = carve.floats(p.d * QT);
     t.scores = carve.floats(t.kt * QT);
     t.acc = carve.floats(QT * dvp);
@@ -766,31 +780,46 @@ class PrefillKernel {
     return within;
   }
 
+  // The keys [lo, hi) of a banded tile (starting at key j_rel0 of the item)
+  // that some row of r0 .. r0 + nr sees; whole pairs on the bf16 path.
+  template <bool kDot>
+  static std::pair<int, int> keys_seen(const Tile& t, int64_t r0, int nr, int64_t j_rel0,
+                                       int keys) {
+    int64_t first = keys, last = -1;
+    for (int64_t r = r0; r < r0 + nr; ++r) {
+      first = std::min(first, t.first_key[r] - j_rel0);
+      last = std::max(last, t.last_key[r] - j_rel0);
+    }
+    int lo = static_cast<int>(std::clamp<int64_t>(first, 0, keys));
+    int hi = static_cast<int>(std::clamp<int64_t>(last + 1, 0, keys));
+    if constexpr (kDot) {
+      lo &= ~1;
+      hi = std::min((keys + 1) & ~1, (hi + 1) & ~1);
+    }
+    return {lo, hi};
+  }
+
   // The P·V micro-kernel over a key tile.  banded (a tile crossing a limit,
   // starting at key j_rel0 of the item): each block of rows sums only the
   // keys its rows see -- the others' weights are 0, and on finite V (the
   // guarded path takes the rest) leaving them out changes no bit.
+  //
+  // The keys go in runs whose V rows stay in the L1 while every block of
+  // rows sums them (pv_run_keys): the first run rescales the accumulators
+  // (or overwrites them: `overwrite`, a query tile's first key tile), the
+  // later ones add to them.  A banded tile, and the bf16 path, take one run.
   template <bool kDot>
   static void accumulate_pv(const Tile& t, const KeyTile<kDot>& kv, int64_t dvp, int64_t nq,
                             int keys, PrefetchQueue& prefetch, bool banded = false,
                             int64_t j_rel0 = 0, bool overwrite = false) {
     constexpr int R = Blk::kPvRows, C = Blk::kPvVectors;
     const int vectors = static_cast<int>(dvp / W);
-    for (int64_t r0 = 0; r0 < nq; r0 += R) {
-      const int nr = static_cast<int>(std::min<int64_t>(R, nq - r0));
-      int lo = 0, hi = keys;  // the keys these rows see, [lo, hi)
-      if (banded) {
-        int64_t first = keys, last = -1;
-        for (int64_t r = r0; r < r0 + nr; ++r) {
-          first = std::min(first, t.first_key[r] - j_rel0);
-          last = std::max(last, t.last_key[r] - j_rel0);
-        }
-        lo = static_cast<int>(std::clamp<int64_t>(first, 0, keys));
-        hi = static_cast<int>(std::clamp<int64_t>(last + 1, 0, keys));
-        if constexpr (kDot) {  // whole pairs of keys
-          lo &= ~1;
-          hi = std::min((keys + 1) & ~1, (hi + 1) & ~1);
-        }
+    const int run = banded || kDot ? keys : t.pv_run;
+    for (int k0 = 0; k0 < keys; k0 += run) {
+      for (int64_t r0 = 0; r0 < nq; r0 += R) {
+        const int nr = static_cast<int>(std::min<int64_t>(R, nq - r0));
+        int lo = k0, hi = std::min(keys, k0 + run);  // the keys these rows see
+        if (banded) std::tie(lo, hi) = keys_seen<kDot>(t, r0, nr, j_rel0, keys);
         if (hi <= lo) {  // no key of this tile: only the rescale
           for (int r = 0; r < nr; ++r) {
             const B a(t.alpha[r0 + r]);
@@ -801,27 +830,34 @@ class PrefillKernel {
           }
           continue;
         }
-      }
-      for (int c0 = 0; c0 < vectors; c0 += C) {
-        prefetch.step();
-        const int nc = std::min(C, vectors - c0);
-        with_count<R>(nr, [&](auto NR) {
-          with_count<C>(nc, [&](auto NC) {
-            constexpr int kNR = decltype(NR)::value, kNC = decltype(NC)::value;
-            if constexpr (kDot) {
-              Dot::template pv_block<QT, kNR, kNC>(
-                  t.p_pairs + lo / 2 * QT + r0, t.alpha + r0, kv.v + lo / 2 * kv.v_stride + c0 * W,
-                  kv.v_stride, (hi - lo + 1) / 2, t.acc + r0 * dvp + c0 * W, dvp);
-            } else if (overwrite) {  // the first tile, every row and column (not banded)
-              pv_block<Arch, QT, kNR, kNC, true>(t.scores + r0, t.alpha + r0, kv.v + c0 * W,
-                                                 kv.v_stride, keys, t.acc + r0 * dvp + c0 * W, dvp);
-            } else {
-              pv_block<Arch, QT, kNR, kNC>(t.scores + lo * QT + r0, t.alpha + r0,
-                                           kv.v + lo * kv.v_stride + c0 * W, kv.v_stride, hi - lo,
-                                           t.acc + r0 * dvp + c0 * W, dvp);
-            }
+        for (int c0 = 0; c0 < vectors; c0 += C) {
+          prefetch.step();
+          const int nc = std::min(C, vectors - c0);
+          float* acc = t.acc + r0 * dvp + c0 * W;
+          with_count<R>(nr, [&](auto NR) {
+            with_count<C>(nc, [&](auto NC) {
+              constexpr int kNR = decltype(NR)::value, kNC = decltype(NC)::value;
+              if constexpr (kDot) {
+                Dot::template pv_block<QT, kNR, kNC>(t.p_pairs + lo / 2 * QT + r0, t.alpha + r0,
+                                                     kv.v + lo / 2 * kv.v_stride + c0 * W,
+                                                     kv.v_stride, (hi - lo + 1) / 2, acc, dvp);
+              } else {
+                const float* probs = t.scores + lo * QT + r0;
+                const float* v = kv.v + lo * kv.v_stride + c0 * W;
+                if (k0 > 0) {
+                  pv_block<Arch, QT, kNR, kNC, PvJoin::kAdd>(probs, t.alpha + r0, v, kv.v_stride,
+                                                             hi - lo, acc, dvp);
+                } else if (overwrite) {  // every row and column (not banded)
+                  pv_block<Arch, QT, kNR, kNC, PvJoin::kOverwrite>(probs, t.alpha + r0, v,
+                                                                   kv.v_stride, hi - lo, acc, dvp);
+                } else {
+                  pv_block<Arch, QT, kNR, kNC>(probs, t.alpha + r0, v, kv.v_stride, hi - lo, acc,
+                                               dvp);
+                }
+              }
+            });
           });
-        });
+        }
       }
     }
   }

@@ -34,12 +34,22 @@ void score(bool fused, int nv, int nk, const float* qt, const float* k_rows, int
   });
 }
 
-void pv(int nr, int nc, const float* probs, const float* alpha, const float* v_rows,
+void pv(int join, int nr, int nc, const float* probs, const float* alpha, const float* v_rows,
         int64_t v_stride, int keys, float* acc, int64_t acc_stride) {
+  using mha_simd::PvJoin;
   mha_simd::with_count<Blk::kPvRows>(nr, [&](auto NR) {
     mha_simd::with_count<Blk::kPvVectors>(nc, [&](auto NC) {
-      mha_simd::pv_block<Arch, kStride, decltype(NR)::value, decltype(NC)::value>(
-          probs, alpha, v_rows, v_stride, keys, acc, acc_stride);
+      constexpr int kNR = decltype(NR)::value, kNC = decltype(NC)::value;
+      if (join == 1) {
+        mha_simd::pv_block<Arch, kStride, kNR, kNC, PvJoin::kOverwrite>(
+            probs, alpha, v_rows, v_stride, keys, acc, acc_stride);
+      } else if (join == 2) {
+        mha_simd::pv_block<Arch, kStride, kNR, kNC, PvJoin::kAdd>(probs, alpha, v_rows, v_stride,
+                                                                  keys, acc, acc_stride);
+      } else {
+        mha_simd::pv_block<Arch, kStride, kNR, kNC>(probs, alpha, v_rows, v_stride, keys, acc,
+                                                    acc_stride);
+      }
     });
   });
 }

@@ -16,8 +16,9 @@ struct MicroKernels {
   // score_block<..., kFused = false / true> with nv vectors and nk keys.
   void (*score)(bool fused, int nv, int nk, const float* qt, const float* k_rows, int64_t k_stride,
                 int64_t d, float* scores, const float* row_max, float* tile_sum);
-  // pv_block with nr rows and nc vectors.
-  void (*pv)(int nr, int nc, const float* probs, const float* alpha, const float* v_rows,
+  // pv_block with nr rows and nc vectors; join: 0 rescale, 1 overwrite, 2 add
+  // (mha_simd::PvJoin).
+  void (*pv)(int join, int nr, int nc, const float* probs, const float* alpha, const float* v_rows,
              int64_t v_stride, int keys, float* acc, int64_t acc_stride);
   // rows_scores and rows_pv of the decode layout for 1 <= rows <= max_rows
   // query rows at once (q: rows x dp floats; total: rows x dvp floats of

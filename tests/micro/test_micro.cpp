@@ -134,43 +134,50 @@ TEST_P(Micro, FusedScoreBlockExponentiatesAndSums) {
   }
 }
 
+// Each way the sum joins the accumulators (mha_simd::PvJoin): rescaled by
+// alpha (0), overwriting them (1), added to them (2).
 TEST_P(Micro, PvBlockMatchesPlainSums) {
   const int w = k_->lanes, stride = k_->stride;
   Rng rng(13);
-  for (const int keys : {1, 2, 17, 96}) {
-    for (int nr = 1; nr <= k_->max_nr; ++nr) {
-      for (int nc = 1; nc <= k_->max_nc; ++nc) {
-        SCOPED_TRACE("keys " + std::to_string(keys) + " nr " + std::to_string(nr) + " nc " +
-                     std::to_string(nc));
-        const int64_t dvp = nc * w, v_stride = dvp + 5, acc_stride = dvp + w;
-        Aligned probs(static_cast<size_t>(keys * stride)), alpha(static_cast<size_t>(stride)),
-            acc(static_cast<size_t>(nr * acc_stride));
-        std::vector<float> v(static_cast<size_t>(keys * v_stride));
-        for (int64_t x = 0; x < keys * stride; ++x)
-          probs[static_cast<size_t>(x)] = rng.uniform(0, 1);
-        for (int r = 0; r < stride; ++r) alpha[static_cast<size_t>(r)] = rng.uniform(0, 1);
-        for (float& f : v) f = rng.uniform();
-        for (int64_t x = 0; x < nr * acc_stride; ++x) acc[static_cast<size_t>(x)] = rng.uniform();
-        std::vector<double> expected(static_cast<size_t>(nr * dvp));
-        for (int r = 0; r < nr; ++r) {
-          for (int64_t c = 0; c < dvp; ++c) {
-            double sum = 0;
-            for (int j = 0; j < keys; ++j) {
-              sum += D(probs[static_cast<size_t>(j) * static_cast<size_t>(stride) +
-                             static_cast<size_t>(r)]) *
-                     D(v[static_cast<size_t>(j * v_stride + c)]);
+  for (const int join : {0, 1, 2}) {
+    for (const int keys : {1, 2, 17, 96}) {
+      for (int nr = 1; nr <= k_->max_nr; ++nr) {
+        for (int nc = 1; nc <= k_->max_nc; ++nc) {
+          SCOPED_TRACE("join " + std::to_string(join) + " keys " + std::to_string(keys) + " nr " +
+                       std::to_string(nr) + " nc " + std::to_string(nc));
+          const int64_t dvp = nc * w, v_stride = dvp + 5, acc_stride = dvp + w;
+          Aligned probs(static_cast<size_t>(keys * stride)), alpha(static_cast<size_t>(stride)),
+              acc(static_cast<size_t>(nr * acc_stride));
+          std::vector<float> v(static_cast<size_t>(keys * v_stride));
+          for (int64_t x = 0; x < keys * stride; ++x)
+            probs[static_cast<size_t>(x)] = rng.uniform(0, 1);
+          for (int r = 0; r < stride; ++r) alpha[static_cast<size_t>(r)] = rng.uniform(0, 1);
+          for (float& f : v) f = rng.uniform();
+          for (int64_t x = 0; x < nr * acc_stride; ++x) acc[static_cast<size_t>(x)] = rng.uniform();
+          std::vector<double> expected(static_cast<size_t>(nr * dvp));
+          for (int r = 0; r < nr; ++r) {
+            for (int64_t c = 0; c < dvp; ++c) {
+              double sum = 0;
+              for (int j = 0; j < keys; ++j) {
+                sum += D(probs[static_cast<size_t>(j) * static_cast<size_t>(stride) +
+                               static_cast<size_t>(r)]) *
+                       D(v[static_cast<size_t>(j * v_stride + c)]);
+              }
+              const double old = D(acc[static_cast<size_t>(r * acc_stride + c)]);
+              const double joined = join == 0   ? old * D(alpha[static_cast<size_t>(r)])
+                                    : join == 1 ? 0.0
+                                                : old;
+              expected[static_cast<size_t>(r * dvp + c)] = joined + sum;
             }
-            expected[static_cast<size_t>(r * dvp + c)] =
-                D(acc[static_cast<size_t>(r * acc_stride + c)]) * D(alpha[static_cast<size_t>(r)]) +
-                sum;
           }
-        }
-        k_->pv(nr, nc, probs.get(), alpha.get(), v.data(), v_stride, keys, acc.get(), acc_stride);
-        for (int r = 0; r < nr; ++r) {
-          for (int64_t c = 0; c < dvp; ++c) {
-            ASSERT_NEAR(acc[static_cast<size_t>(r * acc_stride + c)],
-                        expected[static_cast<size_t>(r * dvp + c)], 1e-5 * (keys + 1))
-                << "row " << r << " column " << c;
+          k_->pv(join, nr, nc, probs.get(), alpha.get(), v.data(), v_stride, keys, acc.get(),
+                 acc_stride);
+          for (int r = 0; r < nr; ++r) {
+            for (int64_t c = 0; c < dvp; ++c) {
+              ASSERT_NEAR(acc[static_cast<size_t>(r * acc_stride + c)],
+                          expected[static_cast<size_t>(r * dvp + c)], 1e-5 * (keys + 1))
+                  << "row " << r << " column " << c;
+            }
           }
         }
       }
