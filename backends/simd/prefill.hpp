@@ -59,15 +59,17 @@ class PrefillKernel {
   // Keys per tile: chosen from the L1d when the plugin was loaded
   // (tile_choice.hpp), a multiple of kScoreKeys and of W.
   static int64_t chosen_key_tile() { return mha_simd_chosen_tiles().key_tile; }
-  // Keys per P·V run: as many V rows as the chosen budget holds
-  // (tile_choice.hpp), whole key groups of the score micro-kernel, at least
-  // two of them, at most the key tile.
+  // Keys per P·V run: the key tile cut into equal runs, each within the
+  // chosen budget of V rows (tile_choice.hpp) and at least two key groups of
+  // the score micro-kernel.
   static int pv_run_keys(int64_t dvp, int64_t key_tile) {
     const int64_t budget = mha_simd_chosen_tiles().pv_run_bytes;
     if (budget <= 0) return static_cast<int>(key_tile);
     constexpr int64_t NK = Blk::kScoreKeys;
-    const int64_t keys = budget / (dvp * int64_t{sizeof(float)}) / NK * NK;
-    return static_cast<int>(std::clamp<int64_t>(keys, 2 * NK, key_tile));
+    const int64_t most =
+        std::clamp<int64_t>(budget / (dvp * int64_t{sizeof(float)}) / NK * NK, 2 * NK, key_tile);
+    const int64_t runs = (key_tile + most - 1) / most;
+    return static_cast<int>((key_tile + runs * NK - 1) / (runs * NK) * NK);
   }
   static constexpr int kWarmUpKeys = 4 * Blk::kScoreKeys;
   static_assert(QT % (W * Blk::kScoreQueryVectors) == 0, "query tile must hold whole blocks");

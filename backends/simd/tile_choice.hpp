@@ -40,14 +40,14 @@ constexpr int32_t prefill_key_tile(int64_t l1d_bytes) {
 // Prefill P·V: each block of query rows reads the key tile's V rows once, so
 // a tile whose V rows outgrow the L1d brings them from the L2 again for every
 // block (11 times for 64 queries).  P·V therefore runs over the tile's keys
-// in runs whose V rows take at most three quarters of the L1d, every row
-// block finishing a run before the next starts (0: the L1d is unknown, runs
-// are whole tiles).  Measured (docs/kernel-design.md, "Tiles from the
-// caches"): Zen 5, 48 KiB, S2 (Dv 128: a 144-key tile's V rows are 72 KiB)
-// 0.976 of the time with runs of 72 keys; S1 (Dv 64, 36 KiB: one run) as
-// before.
+// in equal runs whose V rows take at most half the L1d, every row block
+// finishing a run before the next starts (0: the L1d is unknown, runs are
+// whole tiles).  Measured (docs/kernel-design.md, "Tiles from the caches"):
+// Zen 5, 48 KiB, S2 (Dv 128: a 144-key tile's V rows are 72 KiB) 0.967 of
+// the time with three runs of 48 keys (half the L1d did better than three
+// quarters or a third); S1 and S6 (Dv 64: two runs of 72) as before.
 constexpr int64_t prefill_pv_run_bytes(int64_t l1d_bytes) {
-  return l1d_bytes > 0 ? l1d_bytes * 3 / 4 : 0;
+  return l1d_bytes > 0 ? l1d_bytes / 2 : 0;
 }
 
 }  // namespace mha_simd
