@@ -98,6 +98,16 @@ inline void pack_rows(const float* src, int64_t row_stride, int64_t col_stride, 
 // between micro-kernel calls, so that their misses overlap the arithmetic
 // instead of stalling the packing or the final stores, and never queue up in
 // a burst that would hold back the micro-kernels' own loads.
+// Requests `rows` rows of `bytes` bytes each, `stride` elements apart, into
+// the L1 (and so the L2).
+template <class T>
+inline void fetch_rows(const T* first, int64_t stride, int rows, int64_t bytes) {
+  for (int r = 0; r < rows; ++r) {
+    const char* row = reinterpret_cast<const char*>(first + r * stride);
+    for (int64_t byte = 0; byte < bytes; byte += 64) __builtin_prefetch(row + byte, 0, 3);
+  }
+}
+
 class PrefetchQueue {
  public:
   // `rows` rows of `row_elements` elements of `element_bytes` each, rows
