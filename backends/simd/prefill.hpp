@@ -142,7 +142,10 @@ class PrefillKernel {
       const void* v;
       int64_t b, kvh, k_begin, k_end;
     };
-    thread_local Keys last{nullptr, -1, -1, -1, -1};
+    // Initial-exec: in the static TLS block glibc keeps for dlopen'ed
+    // libraries (40 bytes a plugin).  LeakSanitizer's tracer crashed reading
+    // a dlopen'ed plugin's dynamic TLS at exit ("Tracer caught signal 11").
+    [[gnu::tls_model("initial-exec")]] thread_local Keys last{nullptr, -1, -1, -1, -1};
     const Keys now{p.v, b, kvh, item.k_begin, item.k_end};
     const bool is_new = now.v != last.v || now.b != last.b || now.kvh != last.kvh ||
                         now.k_begin != last.k_begin || now.k_end != last.k_end;
