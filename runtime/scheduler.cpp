@@ -226,6 +226,13 @@ struct PlannedCall {
   int64_t rows_per_item() const { return plan.heads_per_item * plan.q_tile; }
 };
 
+// The item a thread ran last: its planned call and keys_of_item.  A cache
+// line each: every thread writes its own.
+struct alignas(64) LastItem {
+  const PlannedCall* call = nullptr;
+  int64_t keys = -1;
+};
+
 double flops_of(const mha_kernel_problem& p) {
   return 4.0 * static_cast<double>(p.batch * p.heads * p.lq) * static_cast<double>(p.lk) *
          static_cast<double>(p.d + p.dv) / 2.0;
@@ -240,8 +247,15 @@ const PlannedCall& call_of(const std::vector<PlannedCall>& planned, int64_t inde
   return *(it - 1);
 }
 
-// Runs item `local` of a planned call.
-int run_item(const mha_plugin& plugin, const PlannedCall& pc, int64_t local, void* scratch) {
+// The keys item `local` of a planned call reads, as one number: its (batch,
+// head group) and key chunk (the order run_item decodes).
+int64_t keys_of_item(const WorkPlan& plan, int64_t local) {
+  return local / (plan.chunks * plan.q_tiles) * plan.chunks + local % plan.chunks;
+}
+
+// Runs item `local` of a planned call; kv_new: mha_work_item::kv_new.
+int run_item(const mha_plugin& plugin, const PlannedCall& pc, int64_t local, void* scratch,
+             bool kv_new) {
   const WorkPlan& plan = pc.plan;
   const KernelCall& call = *pc.call;
   const mha_kernel_problem& p = call.problem;
@@ -265,6 +279,7 @@ int run_item(const mha_plugin& plugin, const PlannedCall& pc, int64_t local, voi
   item.q_end = std::min(item.q_begin + plan.q_tile, p.lq);
   item.k_begin = std::min(p.lk, first_key_of_tile(p, item.q_begin) + chunk * plan.chunk_len);
   item.k_end = std::min(item.k_begin + plan.chunk_len, p.lk);
+  item.kv_new = kv_new ? 1 : 0;
   if (plan.chunks > 1) {
     const int64_t rows = pc.rows_per_item();
     item.out = pc.partial_out + local * rows * p.dv;
@@ -351,6 +366,7 @@ mha_status run_attention(const Backend& backend, KernelCall* calls, int64_t coun
   // never the thread_local names, which would name each thread's own list.)
   thread_local std::vector<int64_t> thread_order;
   thread_local std::vector<PlannedCall> thread_planned;
+  thread_local std::vector<LastItem> thread_last;
   std::vector<int64_t>& order = thread_order;
   // Lists of a large packed batch are not kept.
   struct ReleaseLarge {
@@ -418,6 +434,10 @@ mha_status run_attention(const Backend& backend, KernelCall* calls, int64_t coun
 
   int32_t team = static_cast<int32_t>(std::min<int64_t>(threads, n_items));
   if (flops < kSerialFlops) team = 1;
+  // What each thread ran last, so that an item knows whether its K and V are
+  // new to the thread that runs it (mha_work_item::kv_new).
+  std::vector<LastItem>& last = thread_last;
+  last.assign(static_cast<size_t>(std::max(team, 1)), LastItem{});
 
   std::atomic<int> failed_item_code{0};
   // Every thread takes its scratch before any item runs: if one cannot, no
@@ -426,10 +446,15 @@ mha_status run_attention(const Backend& backend, KernelCall* calls, int64_t coun
   auto prepare = [&](int32_t /*thread*/) {
     return thread_scratch(ScratchSlot::kKernel, scratch_bytes) != nullptr;
   };
-  auto run_one = [&](int64_t index, int32_t /*thread*/) {
+  auto run_one = [&](int64_t index, int32_t thread) {
     const PlannedCall& pc = call_of(planned, index, &PlannedCall::first_item);
     void* scratch = thread_scratch(ScratchSlot::kKernel, scratch_bytes);
-    if (int code = run_item(plugin, pc, index - pc.first_item, scratch); code != 0) {
+    const int64_t local = index - pc.first_item;
+    LastItem& mine = last[static_cast<size_t>(thread)];
+    const LastItem now{&pc, keys_of_item(pc.plan, local)};
+    const bool kv_new = now.call != mine.call || now.keys != mine.keys;
+    mine = now;
+    if (int code = run_item(plugin, pc, local, scratch, kv_new); code != 0) {
       int expected = 0;
       failed_item_code.compare_exchange_strong(expected, code);
     }

@@ -129,28 +129,19 @@ class PrefillKernel {
     int64_t v_fetch_bytes;
   };
 
-  // Whether the V rows of this query tile are new to this thread: its last
-  // query tile read other keys (another head, batch or key range), so they
-  // are not in this core's L2.  The first query tile of each head then waited
-  // on them in its P·V phase (S1 on Zen 5: 1.42x the time of a later tile's
-  // P·V); requesting them while the scores are computed takes that off.
-  // Later tiles find V in the L2, and requesting it again costs more than it
-  // saves.  A stale answer only costs time, never a result.
-  static bool v_is_new(const mha_kernel_problem& p, int64_t b, int64_t kvh,
-                       const mha_work_item& item) {
-    struct Keys {
-      const void* v;
-      int64_t b, kvh, k_begin, k_end;
-    };
-    // Initial-exec: in the static TLS block glibc keeps for dlopen'ed
-    // libraries (40 bytes a plugin).  LeakSanitizer's tracer crashed reading
-    // a dlopen'ed plugin's dynamic TLS at exit ("Tracer caught signal 11").
-    [[gnu::tls_model("initial-exec")]] thread_local Keys last{nullptr, -1, -1, -1, -1};
-    const Keys now{p.v, b, kvh, item.k_begin, item.k_end};
-    const bool is_new = now.v != last.v || now.b != last.b || now.kvh != last.kvh ||
-                        now.k_begin != last.k_begin || now.k_end != last.k_end;
-    last = now;
-    return is_new;
+  // Whether the V rows of a query tile are new to its thread, so not in
+  // this core's L2: the item's first query tile of a head, when the thread
+  // read other keys just before (the runtime's mha_work_item::kv_new, for the
+  // item's first head) or the head before it in the item has another KV
+  // head.  The first query tile of each head then waited on them in its P·V
+  // phase (S1 on Zen 5: 1.42x the time of a later tile's P·V); requesting
+  // them while the scores are computed takes that off.  Later tiles find V
+  // in the L2, and requesting it again costs more than it saves.
+  static bool v_is_new(const mha_kernel_problem& p, const mha_work_item& item, int64_t h,
+                       int64_t q0) {
+    if (q0 != item.q_begin) return false;
+    if (h == item.h_begin) return item.kv_new != 0;
+    return mha_kernel::kv_head_of(p, h) != mha_kernel::kv_head_of(p, h - 1);
   }
 
   // Widened K and V are cached per item when they fit in this many bytes.
@@ -359,7 +350,7 @@ class PrefillKernel {
 
     PrefetchQueue prefetch;
     queue_next_rows(p, item, h, q0, nq, prefetch);
-    const bool v_new = v_is_new(p, b, kvh, item);
+    const bool v_new = v_is_new(p, item, h, q0);
     const int64_t key_tiles = std::max<int64_t>(0, (max_last + 1 - key_begin + t.kt - 1) / t.kt);
     {
       constexpr int QV = Blk::kScoreQueryVectors, NK = Blk::kScoreKeys;

@@ -40,8 +40,10 @@ extern "C" {
  *    query_offset, key_offset, full_lq (dropout's hash), alibi_diag.
  * 10: tiles from the machine: mha_plugin ends with choose_tiles, which the
  *    runtime calls once with the caches it detected (mha_cache_sizes).
- * 11: the rows layout (MHA_LAYOUT_ROWS) for tiny problems. */
-#define MHA_PLUGIN_ABI_VERSION 11
+ * 11: the rows layout (MHA_LAYOUT_ROWS) for tiny problems.
+ * 12: mha_work_item ends with kv_new: whether the thread running the item
+ *    read other keys just before it. */
+#define MHA_PLUGIN_ABI_VERSION 12
 #define MHA_PLUGIN_ENTRY_SYMBOL "mha_plugin_entry"
 
 /* CPU features, as the runtime detects them (OS support included). */
@@ -188,6 +190,12 @@ typedef struct mha_kernel_problem {
  * its softmax denominator to lse + (h - h_begin) * lse_strides[0] + (i - q_begin)
  * * lse_strides[1].  A row with no key taking part gets zeros and -inf.  The
  * runtime merges items that split one row's keys by their LSE.
+ *
+ * kv_new (ABI 12): 1 when the thread running this item did not run an item of
+ * the same call, batch, head group and key range just before it -- the item's
+ * first heads' K and V are then most likely not in this core's caches, and a
+ * kernel may fetch them ahead of their use; 0 otherwise.  A hint only, like
+ * the order above.
  */
 typedef struct mha_work_item {
   int64_t b;
@@ -199,6 +207,7 @@ typedef struct mha_work_item {
   float* lse;
   int64_t lse_strides[2];
   int32_t out_dtype; /* F32, BF16 or F16 (split-KV partials are always F32) */
+  int32_t kv_new;    /* ABI 12: see above */
 } mha_work_item;
 
 /*
