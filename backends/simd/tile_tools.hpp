@@ -93,11 +93,6 @@ inline void pack_rows(const float* src, int64_t row_stride, int64_t col_stride, 
   }
 }
 
-// Rows a query tile will touch soon -- the next tile's Q (or the next head's
-// Q, K and V), this tile's output -- fetched a few cache lines at a time
-// between micro-kernel calls, so that their misses overlap the arithmetic
-// instead of stalling the packing or the final stores, and never queue up in
-// a burst that would hold back the micro-kernels' own loads.
 // Requests `rows` rows of `bytes` bytes each, `stride` elements apart, into
 // the L1 (and so the L2).
 template <class T>
@@ -108,6 +103,11 @@ inline void fetch_rows(const T* first, int64_t stride, int rows, int64_t bytes) 
   }
 }
 
+// Rows a query tile will touch soon -- the next tile's Q (or the next head's
+// Q, K and V), this tile's output -- fetched a few cache lines at a time
+// between micro-kernel calls, so that their misses overlap the arithmetic
+// instead of stalling the packing or the final stores, and never queue up in
+// a burst that would hold back the micro-kernels' own loads.
 class PrefetchQueue {
  public:
   // `rows` rows of `row_elements` elements of `element_bytes` each, rows
