@@ -231,9 +231,12 @@ struct Bf16Dot {
     __m512 acc[NV][NK];
     {
       __m512bh q[NV];
+#pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) q[v] = load_pairs(qp + v * W);
+#pragma GCC unroll 8
       for (int n = 0; n < NK; ++n) {
         const __m512bh kb = broadcast_pair(k[n]);
+#pragma GCC unroll 8
         for (int v = 0; v < NV; ++v) acc[v][n] = _mm512_dpbf16_ps(_mm512_setzero_ps(), q[v], kb);
       }
     }
@@ -244,15 +247,20 @@ struct Bf16Dot {
     }
     for (int64_t x2 = 1; x2 < d2; ++x2) {
       __m512bh q[NV];
+#pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) q[v] = load_pairs(qp + x2 * kStride + v * W);
+#pragma GCC unroll 8
       for (int n = 0; n < NK; ++n) {
         const __m512bh kb = broadcast_pair(k[n] + 2 * x2);
+#pragma GCC unroll 8
         for (int v = 0; v < NV; ++v) acc[v][n] = _mm512_dpbf16_ps(acc[v][n], q[v], kb);
       }
     }
     const B factor(c);
     if constexpr (!kFused) {
+#pragma GCC unroll 8
       for (int n = 0; n < NK; ++n) {
+#pragma GCC unroll 8
         for (int v = 0; v < NV; ++v) {
           (B(acc[v][n]) * factor).store_aligned(scores + n * kStride + v * W);
         }
@@ -263,6 +271,7 @@ struct Bf16Dot {
       for (int v = 0; v < NV; ++v) {
         const B shift = B::load_aligned(row_max + v * W);
         B d[NK];
+#pragma GCC unroll 8
         for (int n = 0; n < NK; ++n) d[n] = xsimd::fms(B(acc[v][n]), factor, shift);
         B sum = B::load_aligned(tile_sum + v * W);
 #pragma GCC unroll 3
@@ -289,27 +298,38 @@ struct Bf16Dot {
   template <int kStride, int NR, int NC>
   static void pv_block(const uint32_t* pairs, const float* alpha, const uint32_t* v_pairs,
                        int64_t v_stride, int keys2, float* acc, int64_t acc_stride) {
-    // The first pair of keys initialises the sums (keys2 >= 1).
+    // The first pair of keys initialises the sums (keys2 >= 1).  Every loop
+    // over o unrolled, so that o stays in registers (as in the fp32
+    // micro-kernels: one rolled loop kept this 6 x 4 block on the stack, 48
+    // stores per block).
     __m512 o[NR][NC];
     {
       __m512bh vv[NC];
+#pragma GCC unroll 8
       for (int c = 0; c < NC; ++c) vv[c] = load_pairs(v_pairs + c * W);
+#pragma GCC unroll 8
       for (int r = 0; r < NR; ++r) {
         const __m512bh pr = as_bf16(_mm512_set1_epi32(static_cast<int32_t>(pairs[r])));
+#pragma GCC unroll 8
         for (int c = 0; c < NC; ++c) o[r][c] = _mm512_dpbf16_ps(_mm512_setzero_ps(), pr, vv[c]);
       }
     }
     for (int j2 = 1; j2 < keys2; ++j2) {
       __m512bh vv[NC];
+#pragma GCC unroll 8
       for (int c = 0; c < NC; ++c) vv[c] = load_pairs(v_pairs + j2 * v_stride + c * W);
+#pragma GCC unroll 8
       for (int r = 0; r < NR; ++r) {
         const __m512bh pr =
             as_bf16(_mm512_set1_epi32(static_cast<int32_t>(pairs[j2 * kStride + r])));
+#pragma GCC unroll 8
         for (int c = 0; c < NC; ++c) o[r][c] = _mm512_dpbf16_ps(o[r][c], pr, vv[c]);
       }
     }
+#pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
       const B a(alpha[r]);
+#pragma GCC unroll 8
       for (int c = 0; c < NC; ++c) {
         float* out = acc + r * acc_stride + c * W;
         xsimd::fma(B::load_aligned(out), a, B(o[r][c])).store_aligned(out);
