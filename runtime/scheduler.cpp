@@ -247,10 +247,26 @@ const PlannedCall& call_of(const std::vector<PlannedCall>& planned, int64_t inde
   return *(it - 1);
 }
 
-// The keys item `local` of a planned call reads, as one number: its (batch,
-// head group) and key chunk (the order run_item decodes).
+// Where item `local` of a planned call sits.  Items are ordered (batch,
+// head group), then query tiles from the last (the costliest under a causal
+// mask) to the first, then key chunks: a thread taking consecutive items
+// reuses the same K and V, and the cheap items come last, which evens out the
+// finish.
+struct ItemPlace {
+  int64_t group_index;  // batch * head_groups + head group
+  int64_t tile_rank;    // 0: the last query tile
+  int64_t chunk;
+};
+ItemPlace place_of(const WorkPlan& plan, int64_t local) {
+  return {local / (plan.chunks * plan.q_tiles), (local / plan.chunks) % plan.q_tiles,
+          local % plan.chunks};
+}
+
+// The keys item `local` reads, as one number: its (batch, head group) and
+// key chunk.
 int64_t keys_of_item(const WorkPlan& plan, int64_t local) {
-  return local / (plan.chunks * plan.q_tiles) * plan.chunks + local % plan.chunks;
+  const ItemPlace at = place_of(plan, local);
+  return at.group_index * plan.chunks + at.chunk;
 }
 
 // Runs item `local` of a planned call; kv_new: mha_work_item::kv_new.
@@ -260,16 +276,11 @@ int run_item(const mha_plugin& plugin, const PlannedCall& pc, int64_t local, voi
   const KernelCall& call = *pc.call;
   const mha_kernel_problem& p = call.problem;
   const int64_t out_bytes = mha_types::float_bytes(call.out_dtype);
-  // Items are ordered (batch, head group), then query tiles from the last
-  // (the costliest under a causal mask) to the first, then key chunks: a
-  // thread taking consecutive items reuses the same K and V, and the cheap
-  // items come last, which evens out the finish.
-  const int64_t chunk = local % plan.chunks;
-  const int64_t tile_rank = (local / plan.chunks) % plan.q_tiles;
-  const int64_t group_index = local / (plan.chunks * plan.q_tiles);
-  const int64_t b = group_index / plan.head_groups;
-  const int64_t group = group_index % plan.head_groups;
-  const int64_t q_tile = plan.q_tiles - 1 - tile_rank;
+  const ItemPlace at = place_of(plan, local);
+  const int64_t chunk = at.chunk;
+  const int64_t b = at.group_index / plan.head_groups;
+  const int64_t group = at.group_index % plan.head_groups;
+  const int64_t q_tile = plan.q_tiles - 1 - at.tile_rank;
 
   mha_work_item item{};
   item.b = b;

@@ -124,9 +124,9 @@ class PrefillKernel {
     int64_t k_stride;
     const std::conditional_t<kDot, uint32_t, float>* v;
     int64_t v_stride;
-    // Bytes of each V row to request while the scores are computed (0: none):
-    // V read in place by a thread that has not read it yet (see v_is_new).
-    int64_t v_fetch_bytes;
+    // Elements of each V row to request while the scores are computed (0:
+    // none): V read in place by a thread that has not read it yet (v_is_new).
+    int64_t v_fetch;
   };
 
   // Whether the V rows of a query tile are new to its thread, so not in
@@ -515,10 +515,10 @@ class PrefillKernel {
       const bool v_direct = p.v_strides[3] == 1 && p.dv % W == 0 && fp32_kv;
       if (!k_direct) pack_tile(p, p.k, p.k_strides, b, kvh, j0, keys, p.d, t.k_pack, p.d, true);
       if (!v_direct) pack_tile(p, p.v, p.v_strides, b, kvh, j0, keys, p.dv, t.v_pack, dvp, false);
-      return {
-          k_direct ? mha_kernel::k_row(p, b, kvh, j0) : t.k_pack, k_direct ? p.k_strides[2] : p.d,
-          v_direct ? mha_kernel::v_row(p, b, kvh, j0) : t.v_pack, v_direct ? p.v_strides[2] : dvp,
-          v_direct && v_new ? p.dv * int64_t{sizeof(float)} : 0};
+      return {k_direct ? mha_kernel::k_row(p, b, kvh, j0) : t.k_pack,
+              k_direct ? p.k_strides[2] : p.d,
+              v_direct ? mha_kernel::v_row(p, b, kvh, j0) : t.v_pack,
+              v_direct ? p.v_strides[2] : dvp, v_direct && v_new ? p.dv : 0};
     }
   }
 
@@ -751,8 +751,8 @@ class PrefillKernel {
       for (int j = 0; j < keys; j += NK) {
         prefetch.step();
         const int nk = std::min(NK, keys - j);
-        if (v_group == 0 && kv.v_fetch_bytes > 0) {
-          fetch_rows(kv.v + j * kv.v_stride, kv.v_stride, nk, kv.v_fetch_bytes);
+        for (int n = 0; v_group == 0 && n < nk && kv.v_fetch > 0; ++n) {
+          prefetch_row<3>(kv.v + (j + n) * kv.v_stride, kv.v_fetch);
         }
         int v0 = v_group, v_end = group_end;
         if (banded) {  // the first and last vectors of the group that see a key of j .. j + nk

@@ -16,6 +16,7 @@
 #include "simd/convert.hpp"
 #include "simd/kv_rows.hpp"
 #include "simd/row_sums.hpp"
+#include "simd/tile_tools.hpp"
 
 namespace mha_simd {
 
@@ -36,14 +37,6 @@ constexpr int kRowsAheadMax = 32;
 constexpr int rows_ahead(int64_t row_bytes) {
   const int64_t rows = int64_t{4096} / std::max<int64_t>(row_bytes, 1);
   return static_cast<int>(std::clamp<int64_t>(rows, 8, kRowsAheadMax));
-}
-
-template <class T>
-inline void prefetch_row(const T* row, int64_t elements) {
-  const char* p = reinterpret_cast<const char*>(row);
-  for (int64_t byte = 0; byte < elements * static_cast<int64_t>(sizeof(T)); byte += 64) {
-    __builtin_prefetch(p + byte, 0, 2);
-  }
 }
 
 // The first `count` rows of `rows`, `elements` each.

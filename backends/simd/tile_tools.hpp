@@ -93,13 +93,14 @@ inline void pack_rows(const float* src, int64_t row_stride, int64_t col_stride, 
   }
 }
 
-// Requests `rows` rows of `bytes` bytes each, `stride` elements apart, into
-// the L1 (and so the L2).
-template <class T>
-inline void fetch_rows(const T* first, int64_t stride, int rows, int64_t bytes) {
-  for (int r = 0; r < rows; ++r) {
-    const char* row = reinterpret_cast<const char*>(first + r * stride);
-    for (int64_t byte = 0; byte < bytes; byte += 64) __builtin_prefetch(row + byte, 0, 3);
+// Requests every cache line of a row of `elements` elements from memory:
+// kLocality 2 (prefetcht1) for rows the decode streams, 3 (prefetcht0) for
+// rows a prefill tile reads soon.
+template <int kLocality = 2, class T>
+inline void prefetch_row(const T* row, int64_t elements) {
+  const char* p = reinterpret_cast<const char*>(row);
+  for (int64_t byte = 0; byte < elements * static_cast<int64_t>(sizeof(T)); byte += 64) {
+    __builtin_prefetch(p + byte, 0, kLocality);
   }
 }
 
