@@ -195,9 +195,16 @@ mha_status run_module_forward(const ModuleCall& call) {
   // ---- 2. attention, into the concatenation of the heads, in out's row order
   const mha_tensor& out = *call.out;
   const RowOrder out_order = row_order(out);
-  float* concat = static_cast<float*>(take(t_concat, float_bytes(q_rows * e)));
+  // With biases, the concatenation's rows have a column of ones beside them
+  // (ones_row_width), and the output product adds b_o's row of w_out.
+  const bool bias = m.bias;
+  const int64_t concat_width = bias ? ones_row_width(e) : e;
+  float* concat = static_cast<float*>(take(t_concat, float_bytes(q_rows * concat_width)));
+  if (bias) {
+    for (int64_t r = 0; r < q_rows; ++r) concat[r * concat_width + e] = 1.0f;
+  }
   mha_tensor cv;
-  head_view(concat, batch, heads, lq, d, e, out_order.seq_major, 0, &cv);
+  head_view(concat, batch, heads, lq, d, concat_width, out_order.seq_major, 0, &cv);
   mha_tensor kernel_mask;
   const bool has_mask = build_kernel_mask(call, heads, t_mask, &kernel_mask);
   // The core's attention on the module's own views, which are valid by
@@ -215,21 +222,14 @@ mha_status run_module_forward(const ModuleCall& call) {
   }
   const double attn_ms = verbose ? ms_since(t1) : 0.0;
 
-  // ---- 3. out = concat · W_oᵀ + b_o
+  // ---- 3. out = concat · W_oᵀ + b_o (the bias a row of the product)
   const auto t2 = std::chrono::steady_clock::now();
   auto* out_data = static_cast<float*>(out.data);
-  const bool bias = !m.b_out.empty();
-  if (bias) {
-    for (int64_t b = 0; b < batch; ++b)
-      for (int64_t i = 0; i < lq; ++i) {
-        float* row = out_data + b * out.strides[0] + i * out.strides[1];
-        for (int64_t n = 0; n < e; ++n) row[n * out.strides[2]] = m.b_out[static_cast<size_t>(n)];
-      }
-  }
-  const int32_t t = sgemm_threads(out_order.rows, e, e, threads);
+  const int64_t k = bias ? e + 1 : e;
+  const int32_t t = sgemm_threads(out_order.rows, e, k, threads);
   for (int64_t g = 0; g < out_order.gemms; ++g) {
-    sgemm(out_order.rows, e, e, 1.0f, concat + g * out_order.rows * e, e, 1, m.w_out.data(), e, 1,
-          bias ? 1.0f : 0.0f, out_data + g * out_order.gemm_stride, out_order.row_stride,
+    sgemm(out_order.rows, e, k, 1.0f, concat + g * out_order.rows * concat_width, concat_width, 1,
+          m.w_out.data(), e, 1, 0.0f, out_data + g * out_order.gemm_stride, out_order.row_stride,
           out.strides[2], t);
   }
   if (verbose) {

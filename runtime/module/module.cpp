@@ -20,6 +20,15 @@
 
 using namespace mha::rt;
 
+void mha_module::sync_bias_rows() {
+  if (!bias) return;
+  const auto e = static_cast<std::ptrdiff_t>(embed_dim);
+  std::copy(b_in.begin(), b_in.begin() + e, bias_row_q());
+  std::copy(b_in.begin() + e, b_in.begin() + 2 * e, bias_row_k());
+  std::copy(b_in.begin() + 2 * e, b_in.end(), bias_row_v());
+  std::copy(b_out.begin(), b_out.end(), bias_row_out());
+}
+
 namespace {
 
 long long ll(int64_t x) {
@@ -487,7 +496,9 @@ mha_status mha_module_create(const mha_module_config* config, mha_module** modul
     m->bias = given.bias != 0;
     m->dropout = given.dropout;
     try {
-      m->w_in.assign(static_cast<size_t>(e * (m->query_dim + m->key_dim + m->value_dim)), 0.0f);
+      // Each matrix has one row more, for its biases (module.h).
+      const int64_t eq = m->query_dim + 1, ek = m->key_dim + 1, ev = m->value_dim + 1;
+      m->w_in.assign(static_cast<size_t>(e * (eq + ek + ev)), 0.0f);
       const auto at = [e](int64_t row) { return static_cast<size_t>(row * e); };
       if (m->query_dim == m->key_dim && m->key_dim == m->value_dim) {
         m->wq_t = {0, 3 * e};
@@ -495,14 +506,14 @@ mha_status mha_module_create(const mha_module_config* config, mha_module** modul
         m->wv_t = {static_cast<size_t>(2 * e), 3 * e};
       } else if (m->key_dim == m->value_dim) {
         m->wq_t = {0, e};
-        m->wk_t = {at(m->query_dim), 2 * e};
-        m->wv_t = {at(m->query_dim) + static_cast<size_t>(e), 2 * e};
+        m->wk_t = {at(eq), 2 * e};
+        m->wv_t = {at(eq) + static_cast<size_t>(e), 2 * e};
       } else {
         m->wq_t = {0, e};
-        m->wk_t = {at(m->query_dim), e};
-        m->wv_t = {at(m->query_dim + m->key_dim), e};
+        m->wk_t = {at(eq), e};
+        m->wv_t = {at(eq + ek), e};
       }
-      m->w_out.assign(static_cast<size_t>(e * e), 0.0f);
+      m->w_out.assign(static_cast<size_t>(e * (e + 1)), 0.0f);
       if (m->bias) {
         m->b_in.assign(static_cast<size_t>(3 * e), 0.0f);
         m->b_out.assign(static_cast<size_t>(e), 0.0f);
@@ -554,6 +565,7 @@ mha_status mha_module_set_weight(mha_module* module, const char* name, const mha
         }
       }
     }
+    module->sync_bias_rows();
     return MHA_OK;
   });
 }

@@ -1,7 +1,8 @@
 // The module's input projections: one BLIS sgemm over all B·L rows of an
-// input, in the input's own row order, with the biases preset in the rows.
+// input, in the input's own row order, the biases a row of the product.
 #include "projections.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <new>
@@ -11,24 +12,47 @@
 namespace mha::rt {
 namespace {
 
-// dst rows (in `order`, `width` wide, columns [0, n)) = x · wt + bias, with wt
-// the transposed weights [K, n] (row stride ld) and x [B, L, K].
+// dst rows (in `order`, `width` wide, columns [0, n)) = x · wt (+ the biases),
+// with wt the transposed weights [K, n] (row stride ld) and x [B, L, K].
+// With biases (in the row below wt: module.h), x's rows are copied beside a
+// column of ones into `staging` first, and one product over K + 1 adds them.
+// Presetting dst with the biases instead made the product read every output
+// row once more: module S1's fused QKV product (4096 x 2304 x 768) on Zen 5
+// took 74.1-79.3 ms that way, 72.4-73.7 ms this way (the copy 0.8 ms of it).
 void project(const mha_tensor& x, const RowOrder& order, const float* wt, int64_t ld, int64_t n,
-             const float* bias, float* dst, int64_t width, int32_t threads) {
+             bool bias, float* staging, float* dst, int64_t width, int32_t threads) {
   const int64_t k = x.shape[2];
-  const int64_t total_rows = x.shape[0] * x.shape[1];
-  if (bias != nullptr) {
-    for (int64_t r = 0; r < total_rows; ++r) std::memcpy(dst + r * width, bias, float_bytes(n));
-  }
   const auto* src = static_cast<const float*>(x.data);
-  const int32_t t = sgemm_threads(order.rows, n, k, threads);
-  for (int64_t g = 0; g < order.gemms; ++g) {
-    sgemm(order.rows, n, k, 1.0f, src + g * order.gemm_stride, order.row_stride, x.strides[2], wt,
-          ld, 1, bias != nullptr ? 1.0f : 0.0f, dst + g * order.rows * width, width, 1, t);
+  if (!bias) {
+    const int32_t t = sgemm_threads(order.rows, n, k, threads);
+    for (int64_t g = 0; g < order.gemms; ++g) {
+      sgemm(order.rows, n, k, 1.0f, src + g * order.gemm_stride, order.row_stride, x.strides[2], wt,
+            ld, 1, 0.0f, dst + g * order.rows * width, width, 1, t);
+    }
+    return;
   }
+  const int64_t lda = ones_row_width(k), rows = order.gemms * order.rows;
+  for (int64_t g = 0; g < order.gemms; ++g) {
+    for (int64_t i = 0; i < order.rows; ++i) {
+      const float* from = src + g * order.gemm_stride + i * order.row_stride;
+      float* row = staging + (g * order.rows + i) * lda;
+      if (x.strides[2] == 1) {
+        std::memcpy(row, from, float_bytes(k));
+      } else {
+        for (int64_t c = 0; c < k; ++c) row[c] = from[c * x.strides[2]];
+      }
+      row[k] = 1.0f;
+    }
+  }
+  sgemm(rows, n, k + 1, 1.0f, staging, lda, 1, wt, ld, 1, 0.0f, dst, width, 1,
+        sgemm_threads(rows, n, k + 1, threads));
 }
 
 }  // namespace
+
+int64_t ones_row_width(int64_t k) {
+  return (k + 1 + 15) / 16 * 16;
+}
 
 void* take(AlignedBuffer& buffer, size_t bytes) {
   void* memory = buffer.get(bytes);
@@ -87,7 +111,18 @@ Projections project_inputs(const ModuleCall& call, AlignedBuffer& scratch, int32
   const int64_t q_rows = batch * lq, kv_rows = batch * lk;
   int64_t floats = q_rows * q_width;
   if (!p.qkv_packed) floats += p.kv_packed ? kv_rows * kv_width : 2 * kv_rows * e;
-  float* proj = static_cast<float*>(take(scratch, float_bytes(floats)));
+  floats = (floats + 15) / 16 * 16;
+  // The inputs' rows beside a column of ones, one input at a time (project).
+  int64_t staging_floats = 0;
+  if (m.bias) {
+    staging_floats = q_rows * ones_row_width(m.query_dim);
+    if (!p.qkv_packed) {
+      staging_floats = std::max(staging_floats, kv_rows * ones_row_width(m.key_dim));
+      staging_floats = std::max(staging_floats, kv_rows * ones_row_width(m.value_dim));
+    }
+  }
+  float* proj = static_cast<float*>(take(scratch, float_bytes(floats + staging_floats)));
+  float* staging = proj + floats;
   float* q_buf = proj;
   float* k_buf = p.qkv_packed ? proj : q_buf + q_rows * q_width;
   float* v_buf = p.qkv_packed || p.kv_packed ? k_buf : k_buf + kv_rows * e;
@@ -95,15 +130,16 @@ Projections project_inputs(const ModuleCall& call, AlignedBuffer& scratch, int32
   const int64_t k_offset = p.qkv_packed ? e : 0;
   const int64_t v_offset = p.qkv_packed ? 2 * e : (p.kv_packed ? e : 0);
 
+  const bool bias = m.bias;
   if (p.qkv_packed) {
-    project(query, p.q_order, m.w_q(), m.wq_t.ld, 3 * e, m.b_q(), q_buf, q_width, threads);
+    project(query, p.q_order, m.w_q(), m.wq_t.ld, 3 * e, bias, staging, q_buf, q_width, threads);
   } else {
-    project(query, p.q_order, m.w_q(), m.wq_t.ld, e, m.b_q(), q_buf, q_width, threads);
+    project(query, p.q_order, m.w_q(), m.wq_t.ld, e, bias, staging, q_buf, q_width, threads);
     if (p.kv_packed) {
-      project(key, p.k_order, m.w_k(), m.wk_t.ld, 2 * e, m.b_k(), k_buf, kv_width, threads);
+      project(key, p.k_order, m.w_k(), m.wk_t.ld, 2 * e, bias, staging, k_buf, kv_width, threads);
     } else {
-      project(key, p.k_order, m.w_k(), m.wk_t.ld, e, m.b_k(), k_buf, e, threads);
-      project(value, p.v_order, m.w_v(), m.wv_t.ld, e, m.b_v(), v_buf, e, threads);
+      project(key, p.k_order, m.w_k(), m.wk_t.ld, e, bias, staging, k_buf, e, threads);
+      project(value, p.v_order, m.w_v(), m.wv_t.ld, e, bias, staging, v_buf, e, threads);
     }
   }
   head_view(q_buf, batch, heads, lq, d, q_width, p.q_order.seq_major, 0, &p.q);

@@ -25,6 +25,11 @@ inline size_t float_bytes(int64_t count) {
   return static_cast<size_t>(count) * sizeof(float);
 }
 
+// The row width (whole vectors) of k columns and a column of ones beside
+// them: an input whose product also adds the bias row below its weights
+// (module.h).
+int64_t ones_row_width(int64_t k);
+
 // How the B x L rows of a [B, L, F] tensor are walked by sgemm calls.
 struct RowOrder {
   bool seq_major = false;   // rows in (position, batch) order: a sequence-first tensor
