@@ -20,12 +20,20 @@
 //   projection_ms the rest: total - attention_ms (the input and output
 //                 projections with their bias passes)
 //   attention_share  attention_ms / total
+//   blis_ms       BLIS alone on the module's products, without biases: the
+//                 fused QKV projection [B·L, E] x [E, 3E] and the output
+//                 projection [B·L, E] x [E, E] (median of 5)
+//   blis_pct      their FLOPs over blis_ms, against the same peak as pct_peak
+//   parts_pct     the module's FLOPs over blis_ms + attention_ms: what the
+//                 module reaches if it adds no work of its own to the
+//                 products and the attention, each as fast as alone
 //   us_per_call   (S5)
 //
 // mha_bench registers these by calling register_module_benchmarks(fma_peak)
 // after its own benchmarks; fma_peak(isa, threads) returns the FMA peak in
 // GFLOP/s that mha_bench measured (or 0 when unknown).
 #include <benchmark/benchmark.h>
+#include <blis.h>
 #include <mha/mha.h>
 #include <omp.h>
 
@@ -111,6 +119,30 @@ double attention_alone_ms(const ModuleShape& s) {
   return median(ms);
 }
 
+// BLIS alone on the products of a self-attention module of shape s, on
+// `threads` threads (blis_ms above).
+double blis_products_ms(const ModuleShape& s, int threads) {
+  const int64_t rows = s.b * s.lq, e = s.e;
+  std::vector<float> x(static_cast<size_t>(rows * e)), w(static_cast<size_t>(e * 3 * e)),
+      qkv(static_cast<size_t>(rows * 3 * e)), o(static_cast<size_t>(rows * e));
+  mha_bench::fill_uniform(x, 21, 1.0f);
+  mha_bench::fill_uniform(w, 22, 0.03f);
+  rntm_t rntm;
+  bli_rntm_init(&rntm);
+  bli_rntm_set_num_threads(threads, &rntm);
+  float one = 1.0f, zero = 0.0f;
+  std::vector<double> ms;
+  for (int r = 0; r < 6; ++r) {
+    const auto t0 = Clock::now();
+    bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, rows, 3 * e, e, &one, x.data(), e, 1,
+                 w.data(), 3 * e, 1, &zero, qkv.data(), 3 * e, 1, nullptr, &rntm);
+    bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, rows, e, e, &one, qkv.data(), 3 * e, 1,
+                 w.data(), 3 * e, 1, &zero, o.data(), e, 1, nullptr, &rntm);
+    if (r > 0) ms.push_back(seconds_since(t0) * 1e3);  // the first call warms up
+  }
+  return median(ms);
+}
+
 void bm_module(benchmark::State& st, const std::string& backend, const ModuleShape& s, int n,
                const std::string& peak_isa, ModulePeakFn peak) {
   if (mha_select_backend(backend.c_str()) != MHA_OK || mha_set_num_threads(n) != MHA_OK) {
@@ -189,6 +221,15 @@ void bm_module(benchmark::State& st, const std::string& backend, const ModuleSha
     st.counters["attention_ms"] = attention_ms;
     st.counters["projection_ms"] = sec * 1e3 - attention_ms;
     st.counters["attention_share"] = attention_ms / (sec * 1e3);
+    const double blis_ms = blis_products_ms(s, n);
+    st.counters["blis_ms"] = blis_ms;
+    const double e = static_cast<double>(s.e), rows = static_cast<double>(s.b * s.lq);
+    const double p = peak != nullptr ? peak(peak_isa, n) : 0.0;
+    if (p > 0.0 && blis_ms > 0.0 && attention_ms > 0.0) {
+      st.counters["blis_pct"] = 2.0 * rows * e * 4.0 * e / (blis_ms * 1e-3) * 1e-9 / p * 100;
+      st.counters["parts_pct"] =
+          module_flops(s) / ((blis_ms + attention_ms) * 1e-3) * 1e-9 / p * 100;
+    }
   } else {
     st.counters["us_per_call"] = sec * 1e6;
   }

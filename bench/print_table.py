@@ -112,6 +112,7 @@ def main():
     fma = {}   # "<kind>/<isa>" -> threads -> GFLOP/s
     bw = {}    # threads -> GB/s
     results = {}  # (impl, shape) -> threads -> entries
+    modules = {}  # (backend, shape) -> threads -> entries: module/<backend>/<shape>
     impl_order = []
     for name, entries in runs.items():
         parts = name.split("/")
@@ -127,6 +128,8 @@ def main():
                 impl_order.append(impl)
         elif parts[0] == "blis_unfused" and len(parts) >= 2:
             results.setdefault(("blis_unfused", parts[1]), {})[n] = entries
+        elif parts[0] == "module" and len(parts) >= 3:
+            modules.setdefault((parts[1], parts[2]), {})[n] = entries
     if any(k[0] == "blis_unfused" for k in results):
         impl_order.append("blis_unfused")
 
@@ -207,6 +210,34 @@ def main():
           "compare directly.")
     print("vs blis / vs scalar: speed relative to blis_unfused / the scalar backend, same shape and "
           "threads (x2.00 = twice as fast).")
+
+    # The module (nn.MultiheadAttention): its speed, and what bounds it here.
+    module_rows = []
+    for (backend, shape), per_thread in sorted(modules.items()):
+        for n in sorted(per_thread):
+            e = per_thread[n]
+            us = median_counter(e, "us_per_call")
+            if us is not None:
+                speed, unit = fmt(us, 2), "us/call"
+            else:
+                speed, unit = fmt(median_counter(e, "GFLOPS")), "GFLOP/s"
+            cells = []
+            for key in ("pct_peak", "parts_pct", "blis_pct"):
+                v = median_counter(e, key)
+                cells.append((fmt(v) + " %") if v is not None else "-")
+            share = median_counter(e, "attention_share")
+            cells.append(fmt(share * 100) + " %" if share is not None else "-")
+            module_rows.append([backend, shape, n, speed, unit] + cells)
+    if module_rows:
+        print()
+        print(table(["module", "shape", "threads", "speed", "unit", "% of peak", "parts alone",
+                     "BLIS products", "attention"], module_rows, "lllrlrrrr"))
+        print("module: mha_module_forward (projections with biases, attention, output "
+              "projection), % of the widest ISA's FMA peak; parts alone: its FLOPs over the "
+              "time BLIS alone takes for its products (no biases) plus mha_attention alone on "
+              "its views -- what the module reaches if it adds nothing of its own; BLIS "
+              "products: their speed alone; attention: mha_attention alone as a share of the "
+              "module's time.")
 
     # Scaling: all threads over 1 thread.
     scale_rows = []

@@ -37,7 +37,8 @@ RUN = {
         entry("attention/avx512/S3/threads:2", GBps=27.0, GFLOPS=13.5, pct_bw=90.0, pct_peak=6.75),
         entry("attention/avx512/S5/threads:1", us_per_call=1.5, GFLOPS=1.0, pct_peak=1.0),
         entry("blis_unfused/S1/threads:1", GFLOPS=45.0, pct_peak=45.0),
-        entry("module/avx512/S1/threads:1", GFLOPS=85.0, pct_peak=85.0),
+        entry("module/avx512/S1/threads:1", GFLOPS=85.0, pct_peak=85.0, parts_pct=86.5,
+              blis_pct=88.25, attention_share=0.25),
     ],
 }
 
@@ -70,6 +71,11 @@ def main():
             check("81.0 %" in row and "x1.80" in row, "S1 at 1 thread against BLIS: " + repr(row))
             check("x1.95" in text, "S1's scaling from 1 to 2 threads")
             check("CPU: AMD EPYC (family 26, model 2)" in text, "the CPU the figures come from")
+            row = next((line for line in text.splitlines()
+                        if "| avx512 " in line and "| S1 " in line and "GFLOP/s |    85.0 %" in line),
+                       "")
+            check("86.5 %" in row and "88.2 %" in row and "25.0 %" in row,
+                  "the module's row: " + repr(row))
         elif part == "plot":
             try:
                 import matplotlib  # noqa: F401
