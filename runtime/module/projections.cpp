@@ -8,6 +8,7 @@
 #include <new>
 
 #include "blis.h"
+#include "threads.h"
 
 namespace mha::rt {
 namespace {
@@ -32,18 +33,25 @@ void project(const mha_tensor& x, const RowOrder& order, const float* wt, int64_
     return;
   }
   const int64_t lda = ones_row_width(k), rows = order.gemms * order.rows;
-  for (int64_t g = 0; g < order.gemms; ++g) {
-    for (int64_t i = 0; i < order.rows; ++i) {
-      const float* from = src + g * order.gemm_stride + i * order.row_stride;
-      float* row = staging + (g * order.rows + i) * lda;
-      if (x.strides[2] == 1) {
-        std::memcpy(row, from, float_bytes(k));
-      } else {
-        for (int64_t c = 0; c < k; ++c) row[c] = from[c * x.strides[2]];
-      }
-      row[k] = 1.0f;
-    }
-  }
+  // In blocks of rows over the threads the product will use.
+  constexpr int64_t kBlockRows = 256;
+  const int32_t team = sgemm_threads(rows, n, k + 1, threads);
+  auto no_preparation = [](int32_t /*thread*/) { return true; };
+  run_team((rows + kBlockRows - 1) / kBlockRows, team, no_preparation,
+           [&](int64_t block, int32_t /*thread*/) {
+             const int64_t end = std::min(rows, (block + 1) * kBlockRows);
+             for (int64_t r = block * kBlockRows; r < end; ++r) {
+               const int64_t g = r / order.rows, i = r % order.rows;
+               const float* from = src + g * order.gemm_stride + i * order.row_stride;
+               float* row = staging + r * lda;
+               if (x.strides[2] == 1) {
+                 std::memcpy(row, from, float_bytes(k));
+               } else {
+                 for (int64_t c = 0; c < k; ++c) row[c] = from[c * x.strides[2]];
+               }
+               row[k] = 1.0f;
+             }
+           });
   sgemm(rows, n, k + 1, 1.0f, staging, lda, 1, wt, ld, 1, 0.0f, dst, width, 1,
         sgemm_threads(rows, n, k + 1, threads));
 }
