@@ -18,7 +18,7 @@
 //   attention_ms  mha_attention alone on the same strided views of a [B, L, 3E]
 //                 buffer, timed in the same benchmark (median of 5 calls)
 //   projection_ms the rest: total - attention_ms (the input and output
-//                 projections with their bias passes)
+//                 projections, their biases included)
 //   attention_share  attention_ms / total
 //   blis_ms       BLIS alone on the module's products, without biases: the
 //                 fused QKV projection [B·L, E] x [E, 3E] and the output
