@@ -65,10 +65,14 @@ int64_t sysfs_cache(int level, const char* type) {
   return 0;
 }
 
+// sysfs first: it describes the cache instance cpu0 belongs to.  glibc's
+// sysconf can say otherwise -- on an AMD EPYC (family 26 model 2) under KVM
+// glibc 2.36 gave an L3 of 384 MiB, the whole socket's, where sysfs and lscpu
+// give the 32 MiB its cores share.
 int64_t detect(int sysconf_name, int level, const char* type) {
+  if (const int64_t bytes = sysfs_cache(level, type); bytes > 0) return bytes;
   const long bytes = ::sysconf(sysconf_name);
-  if (bytes > 0) return bytes;
-  return sysfs_cache(level, type);
+  return bytes > 0 ? bytes : 0;
 }
 
 // Parses "l1d=32K,l2=1M,l3=32M" (any subset) into the sizes it names, leaving

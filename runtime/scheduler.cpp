@@ -9,6 +9,7 @@
 #include "common/dtype.h"
 #include "common/problem.h"
 #include "common/visibility.h"
+#include "cpu_caches.h"
 #include "error.h"
 #include "scratch.h"
 #include "threads.h"
@@ -238,6 +239,24 @@ double flops_of(const mha_kernel_problem& p) {
          static_cast<double>(p.d + p.dv) / 2.0;
 }
 
+// The bytes of K and V a problem reads (int8 rows with their two scales).
+double kv_bytes_of(const mha_kernel_problem& p) {
+  const double element = p.kv_dtype == MHA_DTYPE_I8 ? 1.0 : mha_types::float_bytes(p.kv_dtype);
+  const double scales = p.kv_dtype == MHA_DTYPE_I8 ? 8.0 : 0.0;
+  return static_cast<double>(p.batch * p.kv_heads * p.lk) *
+         (static_cast<double>(p.d + p.dv) * element + scales);
+}
+
+// Whether the K and V of calls outgrow the last-level cache
+// (mha_kernel_problem::kv_streamed).  Without a known L3, 32 MiB.
+bool kv_streamed(const KernelCall* calls, int64_t count) {
+  const mha_cache_sizes& caches = cpu_caches();
+  const double cache = caches.l3 > 0 ? static_cast<double>(caches.l3) : 32.0 * 1048576.0;
+  double bytes = 0.0;
+  for (int64_t c = 0; c < count; ++c) bytes += kv_bytes_of(calls[c].problem);
+  return bytes > cache;
+}
+
 // The planned call that holds item `index` of the batch (first_item ascending).
 const PlannedCall& call_of(const std::vector<PlannedCall>& planned, int64_t index,
                            int64_t PlannedCall::*first) {
@@ -388,6 +407,8 @@ mha_status run_attention(const Backend& backend, KernelCall* calls, int64_t coun
       if (planned.capacity() > 256) std::vector<PlannedCall>().swap(planned);
     }
   } release_large{thread_order, thread_planned};
+  const int32_t streamed = kv_streamed(calls, count) ? 1 : 0;
+  for (int64_t c = 0; c < count; ++c) calls[c].problem.kv_streamed = streamed;
   order.resize(static_cast<size_t>(count));
   for (int64_t c = 0; c < count; ++c) order[static_cast<size_t>(c)] = c;
   if (count > 1) {

@@ -574,7 +574,8 @@ MHA_API const char* mha_cpu_features(void);
 /* --- added in 0.4: tiles from the machine's caches --- */
 
 /* The data caches one core sees, in bytes (0 when the system does not say):
- * sysconf, else sysfs; MHA_CACHE_SIZES="l1d=32K,l2=1M,l3=32M" (any subset)
+ * sysfs (the instance cpu0 shares), else sysconf;
+ * MHA_CACHE_SIZES="l1d=32K,l2=1M,l3=32M" (any subset)
  * overrides them, read once (MHA_VERBOSE=1 says when it is malformed). */
 typedef struct mha_cache_info {
   int64_t l1d_bytes;

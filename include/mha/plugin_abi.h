@@ -42,8 +42,10 @@ extern "C" {
  *    runtime calls once with the caches it detected (mha_cache_sizes).
  * 11: the rows layout (MHA_LAYOUT_ROWS) for tiny problems.
  * 12: mha_work_item ends with kv_new: whether the thread running the item
- *    read other keys just before it. */
-#define MHA_PLUGIN_ABI_VERSION 12
+ *    read other keys just before it.
+ * 13: mha_kernel_problem ends with kv_streamed: whether the call's K and V
+ *    outgrow the last-level cache. */
+#define MHA_PLUGIN_ABI_VERSION 13
 #define MHA_PLUGIN_ENTRY_SYMBOL "mha_plugin_entry"
 
 /* CPU features, as the runtime detects them (OS support included). */
@@ -166,6 +168,12 @@ typedef struct mha_kernel_problem {
   int64_t key_offset;
   int64_t full_lq;
   int64_t alibi_diag;
+  /* ABI 13: 1 when the K and V of everything the runtime runs together (all
+   * the problems of one mha_attention or mha_attention_varlen call) outgrow
+   * the CPU's last-level cache, so that they come from memory on every call;
+   * 0 when they may stay in it from one call to the next.  A hint for the
+   * order of reads, like kv_new: a result never depends on it. */
+  int32_t kv_streamed;
 } mha_kernel_problem;
 
 /*
@@ -261,7 +269,7 @@ typedef struct mha_backward_item {
 } mha_backward_item;
 
 /* ABI 10: the data caches of the CPU the runtime runs on, in bytes (0 when
- * unknown), as one core sees them: sysconf, else sysfs, else MHA_CACHE_SIZES
+ * unknown), as one core sees them: sysfs, else sysconf, else MHA_CACHE_SIZES
  * (which overrides both). */
 typedef struct mha_cache_sizes {
   int64_t l1d;
