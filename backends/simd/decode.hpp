@@ -215,8 +215,8 @@ class DecodeKernel {
   // the hardware prefetchers do not follow, and each software prefetch holds
   // a miss buffer until its line arrives; whole rows in address order they
   // follow, and the passes then find the rows in L2.  Zen 5 (family 26 model
-  // 2), in-process A/B: S8 0.87 of the time at one thread and 0.93 at two,
-  // a dense token-major GQA batch 0.75, AVX2 S8 0.73.  Prefetches in place of
+  // 2), in-process A/B: S8 0.85 of the time at one thread and at two, a
+  // token-major GQA batch from DRAM 0.73-0.77, AVX2 S8 0.72.  Prefetches in place of
   // the loads: 0.98-1.00; every other line: 1.7x the time.  Only for K and V
   // that come from memory (kv_streamed): from the L3 the same loads cost
   // 1.03-1.29x; and only fp32 (S8's bf16 cache: 1.03 and 1.08).  See
