@@ -80,6 +80,14 @@ template <class T = float>
 inline const T* q_row(const mha_kernel_problem& p, int64_t b, int64_t h, int64_t i) {
   return static_cast<const T*>(p.q) + b * p.q_strides[0] + h * p.q_strides[1] + i * p.q_strides[2];
 }
+// The bytes one key takes in K and V of one KV head: its two rows, and for
+// an int8 cache their two scales.
+inline int64_t kv_bytes_per_key(const mha_kernel_problem& p) {
+  const int64_t element = p.kv_dtype == MHA_DTYPE_I8 ? 1 : mha_types::float_bytes(p.kv_dtype);
+  const int64_t scales = p.kv_dtype == MHA_DTYPE_I8 ? 8 : 0;
+  return (p.d + p.dv) * element + scales;
+}
+
 // Where key j of (b, kvh) starts in a tensor with these strides (K, V, or
 // an int8 cache's scales): its batch's rows, or, in a paged cache, row
 // j % block_size of the block the table names (plugin_abi.h).

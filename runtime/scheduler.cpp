@@ -239,21 +239,17 @@ double flops_of(const mha_kernel_problem& p) {
          static_cast<double>(p.d + p.dv) / 2.0;
 }
 
-// The bytes of K and V a problem reads (int8 rows with their two scales).
-double kv_bytes_of(const mha_kernel_problem& p) {
-  const double element = p.kv_dtype == MHA_DTYPE_I8 ? 1.0 : mha_types::float_bytes(p.kv_dtype);
-  const double scales = p.kv_dtype == MHA_DTYPE_I8 ? 8.0 : 0.0;
-  return static_cast<double>(p.batch * p.kv_heads * p.lk) *
-         (static_cast<double>(p.d + p.dv) * element + scales);
-}
-
 // Whether the K and V of calls outgrow the last-level cache
 // (mha_kernel_problem::kv_streamed).  Without a known L3, 32 MiB.
 bool kv_streamed(const KernelCall* calls, int64_t count) {
   const mha_cache_sizes& caches = cpu_caches();
   const double cache = caches.l3 > 0 ? static_cast<double>(caches.l3) : 32.0 * 1048576.0;
   double bytes = 0.0;
-  for (int64_t c = 0; c < count; ++c) bytes += kv_bytes_of(calls[c].problem);
+  for (int64_t c = 0; c < count; ++c) {
+    const mha_kernel_problem& p = calls[c].problem;
+    bytes += static_cast<double>(p.batch * p.kv_heads * p.lk) *
+             static_cast<double>(mha_kernel::kv_bytes_per_key(p));
+  }
   return bytes > cache;
 }
 

@@ -93,9 +93,7 @@ class DecodeKernel {
   static int token_tile(const mha_kernel_problem& p, int64_t kv_heads) {
     const int64_t known = mha_simd_chosen_tiles().l2_bytes;
     const int64_t l2 = known > 0 ? known : int64_t{512} << 10;
-    const int64_t element = p.kv_dtype == MHA_DTYPE_I8 ? 1 : mha_types::float_bytes(p.kv_dtype);
-    const int64_t scales = p.kv_dtype == MHA_DTYPE_I8 ? 8 : 0;
-    const int64_t token = kv_heads * ((p.d + p.dv) * element + scales);
+    const int64_t token = kv_heads * mha_kernel::kv_bytes_per_key(p);
     const int64_t keys = std::min(l2 / 2, kTokenTileBytes) / token / W * W;
     return static_cast<int>(std::clamp<int64_t>(keys, 64, KT));
   }
