@@ -115,7 +115,7 @@ class Bf16Dot : public BackendTest {};
 
 // The prefill layout over the shapes and options the path must handle.
 TEST_P(Bf16Dot, ShapesMasksAndLayoutsWithinTolerance) {
-  std::vector<DotCase> cases(16);
+  std::vector<DotCase> cases(17);
   cases[0].what = "several key tiles";
   cases[1].what = "GQA, odd key count, Dv below a register pair", cases[1].H = 6, cases[1].Hkv = 2,
   cases[1].Lq = 70, cases[1].Lk = 333, cases[1].D = 40, cases[1].Dv = 24;
@@ -148,6 +148,11 @@ TEST_P(Bf16Dot, ShapesMasksAndLayoutsWithinTolerance) {
   cases[15].what = "causal bottom-right, odd offset (V pairs extended)", cases[15].H = 64,
   cases[15].Hkv = 8, cases[15].Lq = 256, cases[15].Lk = 289, cases[15].D = 16, cases[15].Dv = 16,
   cases[15].causal = MHA_CAUSAL_BOTTOM_RIGHT;
+  // Logits hundreds apart: a query tile's first key group's maximum (the
+  // first tile's reference) is far below later keys', whose probabilities
+  // against it would overflow: the checks send such tiles to the two-pass path.
+  cases[16].what = "logits hundreds apart (first tile's maximum checks)",
+  cases[16].qk_amplitude = 16.0f, cases[16].Lq = 130, cases[16].Lk = 200;
   uint64_t seed = 100;
   for (DotCase& c : cases) {
     c.seed = ++seed;

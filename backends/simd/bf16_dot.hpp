@@ -220,10 +220,13 @@ struct Bf16Dot {
   // (the caller checks the tile's sums against kMaxGrowth), stored rounded
   // to bf16 as pairs of keys, pairs[(n / 2) · kStride + lane] (NK odd: the
   // last key pairs with 0).
-  template <int kStride, int NV, int NK, bool kFused>
+  // kSetMax (with kFused): a query tile's first key group sets row_max to each
+  // lane's maximum over its keys first (as the fp32 score_block).
+  template <int kStride, int NV, int NK, bool kFused, bool kSetMax = false>
   static void score_block(const uint32_t* qp, const uint16_t* k_rows, int64_t k_stride, int64_t d2,
-                          float c, float* scores, uint32_t* pairs, const float* row_max,
+                          float c, float* scores, uint32_t* pairs, float* row_max,
                           float* tile_sum) {
+    static_assert(!kSetMax || kFused, "kSetMax is a fused block");
     const uint16_t* k[NK];
     for (int n = 0; n < NK; ++n) k[n] = k_rows + n * k_stride;
     // The first pair initialises the accumulators (d2 >= 1): as in
@@ -269,10 +272,21 @@ struct Bf16Dot {
       // Unrolled, so that acc stays in registers.
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) {
-        const B shift = B::load_aligned(row_max + v * W);
         B d[NK];
+        if constexpr (kSetMax) {
 #pragma GCC unroll 8
-        for (int n = 0; n < NK; ++n) d[n] = xsimd::fms(B(acc[v][n]), factor, shift);
+          for (int n = 0; n < NK; ++n) d[n] = B(acc[v][n]) * factor;
+          B shift = d[0];
+#pragma GCC unroll 8
+          for (int n = 1; n < NK; ++n) shift = xsimd::max(shift, d[n]);
+          shift.store_aligned(row_max + v * W);
+#pragma GCC unroll 8
+          for (int n = 0; n < NK; ++n) d[n] -= shift;
+        } else {
+          const B shift = B::load_aligned(row_max + v * W);
+#pragma GCC unroll 8
+          for (int n = 0; n < NK; ++n) d[n] = xsimd::fms(B(acc[v][n]), factor, shift);
+        }
         B sum = B::load_aligned(tile_sum + v * W);
 #pragma GCC unroll 3
         for (int n = 0; n < NK; n += 2) {

@@ -34,11 +34,18 @@ constexpr float kMaxGrowth = 24.0f;
 // diagonal, a window's edge); key `key0 + n` of the tile counts for the lanes
 // whose bounds (visibility_bounds: each lane's first and last visible key)
 // hold it, and is 0 for the others -- masked by lane, not element by element.
-template <class Arch, int kStride, int NV, int NK, bool kFused, bool kBounded = false>
+// kSetMax (with kFused, not kBounded): a query tile's first key group, before
+// any maximum is known: row_max becomes each lane's maximum over these NK
+// keys, and the probabilities are taken against it.  It is at most the row's
+// maximum, so no probability underflows that would not against the true one;
+// the caller's check on the tile's sums catches keys far above it.
+template <class Arch, int kStride, int NV, int NK, bool kFused, bool kBounded = false,
+          bool kSetMax = false>
 inline void score_block(const float* qt, const float* k_rows, int64_t k_stride, int64_t d,
-                        float* scores, const float* row_max, float* tile_sum,
+                        float* scores, float* row_max, float* tile_sum,
                         const float* first_key = nullptr, const float* last_key = nullptr,
                         int key0 = 0) {
+  static_assert(!kSetMax || (kFused && !kBounded), "kSetMax is a fused, unbounded block");
   using B = xsimd::batch<float, Arch>;
   constexpr int W = static_cast<int>(B::size);
   const float* k[NK];
@@ -49,7 +56,7 @@ inline void score_block(const float* qt, const float* k_rows, int64_t k_stride, 
 #pragma GCC unroll 8
   for (int v = 0; v < NV; ++v) {
     const B q = B::load_aligned(qt + v * W);
-    if constexpr (kFused) {
+    if constexpr (kFused && !kSetMax) {
       const B m = B::load_aligned(row_max + v * W);
 #pragma GCC unroll 8
       for (int n = 0; n < NK; ++n) acc[v][n] = xsimd::fms(q, B(k[n][0]), m);
@@ -88,13 +95,20 @@ inline void score_block(const float* qt, const float* k_rows, int64_t k_stride, 
     for (int v = 0; v < NV; ++v) {
       B sum = B::load_aligned(tile_sum + v * W);
       B first(0.0f), last(0.0f);
+      B m(0.0f);  // kSetMax: this group's maximum, taken off before each exp
+      if constexpr (kSetMax) {
+        m = acc[v][0];
+#pragma GCC unroll 8
+        for (int n = 1; n < NK; ++n) m = xsimd::max(m, acc[v][n]);
+        m.store_aligned(row_max + v * W);
+      }
       if constexpr (kBounded) {
         first = B::load_aligned(first_key + v * W);
         last = B::load_aligned(last_key + v * W);
       }
 #pragma GCC unroll 8
       for (int n = 0; n < NK; ++n) {
-        B e = fast_exp2<Arch>(acc[v][n]);
+        B e = fast_exp2<Arch>(kSetMax ? acc[v][n] - m : acc[v][n]);
         if constexpr (kBounded) {
           const B key(static_cast<float>(key0 + n));
           e = xsimd::select(key >= first && key <= last, e, B(0.0f));

@@ -366,16 +366,18 @@ class PrefillKernel {
     bool lanes_have_maximum = false;
     int keys = 0;
     for (int64_t j0 = key_begin; j0 <= max_last; j0 += keys) {
-      // Without a mask the first tile is short: it sets the running maximum
-      // with the two-pass path, and the fused path takes over from the next
-      // key on instead of from the next full tile.  Keys that fit in one
-      // tile take one two-pass tile: the split would pay the P·V blocks'
-      // loads and stores of the accumulators twice (S4: 2.3 % fewer
-      // instructions on AVX2).
-      const int64_t span = j0 == key_begin && p.mask_kind == MHA_MASK_NONE && plain_scores &&
-                                   max_last + 1 - key_begin > t.kt
-                               ? kWarmUpKeys
-                               : t.kt;
+      // The first tile sets the running maximum.  Within every query's
+      // limits it takes the fused path (compute_scores' kSetMax: its first
+      // key group's maximum is the reference).  Otherwise, without a mask,
+      // it is short: it sets the maximum with the two-pass path, and the
+      // fused path takes over from the next key on instead of from the next
+      // full tile.  Keys that fit in one tile take one tile: the split would
+      // pay the P·V blocks' loads and stores of the accumulators twice.
+      const bool first_fused =
+          !careful && !(kDot && p.dropout_p > 0.0f) && j0 >= max_first && j0 + t.kt - 1 <= min_last;
+      const bool warm_up = j0 == key_begin && p.mask_kind == MHA_MASK_NONE && plain_scores &&
+                           max_last + 1 - key_begin > t.kt && !first_fused;
+      const int64_t span = warm_up ? kWarmUpKeys : t.kt;
       keys = static_cast<int>(std::min<int64_t>(span, max_last + 1 - j0));
       // A tile that would cross the first query's limit (the causal
       // diagonal, a window's right edge) stops before it, in whole key
@@ -399,6 +401,15 @@ class PrefillKernel {
       const bool maskless = p.mask_kind == MHA_MASK_NONE && within_bounds && plain_scores;
       bool fused = maskless && !careful && lanes_have_maximum && !(kDot && p.dropout_p > 0.0f) &&
                    compute_scores<kDot, true>(t, kv, p.d, units, nqv, keys, prefetch);
+      // The first tile: each query vector's first key group sets the running
+      // maximum (kSetMax), the rest of the tile is fused against it; the
+      // check on the tile's sums sends it to the two-pass path as above.
+      if (!fused && !acc_started && maskless && !careful && !(kDot && p.dropout_p > 0.0f)) {
+        // row_max is -inf and row_sum 0 until now
+        fused = compute_scores<kDot, true, true>(t, kv, p.d, units, nqv, keys, prefetch);
+        lanes_have_maximum = fused;
+        if (!fused) std::fill(t.row_max, t.row_max + int64_t{nqv} * W, kNegInf);
+      }
       // A tile crossing the queries' limits (the causal diagonal, a window's
       // edge) and nothing else takes the fused path too (fp32), masked by
       // lane, when V is finite there: the banded P·V then leaves each row's
@@ -729,10 +740,14 @@ class PrefillKernel {
   // outside its limits by the micro-kernel (t.tile_bounds from
   // visibility_bounds), and the vectors left out of a key group get zeros, so
   // that the banded P·V reads only probabilities of this tile.
-  template <bool kDot, bool kFused>
+  //
+  // kSetMax (fused, not banded): the query tile's first key tile, before any
+  // maximum is known: each query vector's first key group sets row_max.
+  template <bool kDot, bool kFused, bool kSetMax = false>
   static bool compute_scores(const Tile& t, const KeyTile<kDot>& kv, int64_t d,
                              const ScoreUnits& units, int nqv, int keys, PrefetchQueue& prefetch,
                              bool banded = false) {
+    static_assert(!kSetMax || kFused, "kSetMax: the fused path");
     constexpr int QV = Blk::kScoreQueryVectors, NK = Blk::kScoreKeys;
     if constexpr (kFused) {
       for (int v = 0; v < nqv; ++v) B(0.0f).store_aligned(t.tile_sum + v * W);
@@ -771,15 +786,26 @@ class PrefillKernel {
           with_count<NK>(nk, [&](auto NKc) {
             constexpr int kNV = decltype(NV)::value, kNK = decltype(NKc)::value;
             if constexpr (kDot) {
-              Dot::template score_block<QT, kNV, kNK, kFused>(
-                  reinterpret_cast<const uint32_t*>(t.qt) + v0 * W, kv.k + j * kv.k_stride,
-                  kv.k_stride, (d + 1) / 2, units.q_factor, t.scores + j * QT + v0 * W,
-                  t.p_pairs + j / 2 * QT + v0 * W, t.row_max + v0 * W, t.tile_sum + v0 * W);
+              const auto block = [&](auto set_max) {
+                Dot::template score_block<QT, kNV, kNK, kFused, decltype(set_max)::value>(
+                    reinterpret_cast<const uint32_t*>(t.qt) + v0 * W, kv.k + j * kv.k_stride,
+                    kv.k_stride, (d + 1) / 2, units.q_factor, t.scores + j * QT + v0 * W,
+                    t.p_pairs + j / 2 * QT + v0 * W, t.row_max + v0 * W, t.tile_sum + v0 * W);
+              };
+              if (kSetMax && j == 0) {
+                block(std::bool_constant<kSetMax>{});
+              } else {
+                block(std::false_type{});
+              }
             } else if (kFused && banded) {  // masked by lane (kBounded = kFused, true here)
               score_block<Arch, QT, kNV, kNK, kFused, kFused>(
                   t.qt + v0 * W, kv.k + j * kv.k_stride, kv.k_stride, d, t.scores + j * QT + v0 * W,
                   t.row_max + v0 * W, t.tile_sum + v0 * W, first_bound + v0 * W,
                   last_bound + v0 * W, j);
+            } else if (kSetMax && j == 0) {
+              score_block<Arch, QT, kNV, kNK, kFused, false, kSetMax>(
+                  t.qt + v0 * W, kv.k, kv.k_stride, d, t.scores + v0 * W, t.row_max + v0 * W,
+                  t.tile_sum + v0 * W);
             } else {
               score_block<Arch, QT, kNV, kNK, kFused>(t.qt + v0 * W, kv.k + j * kv.k_stride,
                                                       kv.k_stride, d, t.scores + j * QT + v0 * W,

@@ -18,12 +18,15 @@ using Arch = MHA_MICRO_ARCH;
 using Blk = mha_simd::Blocking<Arch>;
 constexpr int kStride = Blk::kQueryTile;
 
-void score(bool fused, int nv, int nk, const float* qt, const float* k_rows, int64_t k_stride,
-           int64_t d, float* scores, const float* row_max, float* tile_sum) {
+void score(int mode, int nv, int nk, const float* qt, const float* k_rows, int64_t k_stride,
+           int64_t d, float* scores, float* row_max, float* tile_sum) {
   mha_simd::with_count<Blk::kScoreQueryVectors>(nv, [&](auto NV) {
     mha_simd::with_count<Blk::kScoreKeys>(nk, [&](auto NK) {
       constexpr int kNV = decltype(NV)::value, kNK = decltype(NK)::value;
-      if (fused) {
+      if (mode == 2) {
+        mha_simd::score_block<Arch, kStride, kNV, kNK, true, false, true>(
+            qt, k_rows, k_stride, d, scores, row_max, tile_sum);
+      } else if (mode == 1) {
         mha_simd::score_block<Arch, kStride, kNV, kNK, true>(qt, k_rows, k_stride, d, scores,
                                                              row_max, tile_sum);
       } else {

@@ -13,9 +13,10 @@ struct MicroKernels {
   int stride;          // the prefill tile's row stride (its query tile)
   int max_nv, max_nk;  // score block: query vectors x keys
   int max_nr, max_nc;  // P·V block: rows x vectors of Dv
-  // score_block<..., kFused = false / true> with nv vectors and nk keys.
-  void (*score)(bool fused, int nv, int nk, const float* qt, const float* k_rows, int64_t k_stride,
-                int64_t d, float* scores, const float* row_max, float* tile_sum);
+  // score_block with nv vectors and nk keys; mode 0 plain, 1 fused (kFused),
+  // 2 fused and setting row_max (kSetMax).
+  void (*score)(int mode, int nv, int nk, const float* qt, const float* k_rows, int64_t k_stride,
+                int64_t d, float* scores, float* row_max, float* tile_sum);
   // pv_block with nr rows and nc vectors; join: 0 rescale, 1 overwrite, 2 add
   // (mha_simd::PvJoin).
   void (*pv)(int join, int nr, int nc, const float* probs, const float* alpha, const float* v_rows,

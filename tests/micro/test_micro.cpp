@@ -75,7 +75,7 @@ TEST_P(Micro, ScoreBlockMatchesPlainDotProducts) {
             static_cast<size_t>((nk + 1) * k_stride + 64));  // + the prefetched group
         for (int64_t x = 0; x < d * stride; ++x) qt[static_cast<size_t>(x)] = rng.uniform();
         for (float& f : k) f = rng.uniform();
-        k_->score(false, nv, nk, qt.get(), k.data(), k_stride, d, scores.get(), nullptr, nullptr);
+        k_->score(0, nv, nk, qt.get(), k.data(), k_stride, d, scores.get(), nullptr, nullptr);
         for (int n = 0; n < nk; ++n) {
           for (int lane = 0; lane < nv * w; ++lane) {
             double ref = 0, mag = 0;
@@ -114,7 +114,7 @@ TEST_P(Micro, FusedScoreBlockExponentiatesAndSums) {
       row_max[static_cast<size_t>(lane)] = exceed && lane == w - 1 ? -40.0f : 1.0f;
       tile_sum[static_cast<size_t>(lane)] = 0.25f;
     }
-    k_->score(true, nv, nk, qt.get(), k.data(), k_stride, d, scores.get(), row_max.get(),
+    k_->score(1, nv, nk, qt.get(), k.data(), k_stride, d, scores.get(), row_max.get(),
               tile_sum.get());
     for (int lane = 0; lane < nv * w; ++lane) {
       double sum = 0.25;
@@ -130,6 +130,54 @@ TEST_P(Micro, FusedScoreBlockExponentiatesAndSums) {
             << "key " << n << " lane " << lane;
       }
       ASSERT_NEAR(tile_sum[static_cast<size_t>(lane)], sum, 1e-5 * sum) << "lane " << lane;
+    }
+  }
+}
+
+// The first key group of a query tile (kSetMax): row_max becomes each lane's
+// maximum over the group's keys, and the probabilities are taken against it
+// (so the largest is exactly 1), for every block shape.
+TEST_P(Micro, FusedScoreBlockSetsItsMaximum) {
+  const int w = k_->lanes, stride = k_->stride;
+  const int64_t d = 24, k_stride = d + 3;
+  Rng rng(15);
+  for (int nv = 1; nv <= k_->max_nv; ++nv) {
+    for (int nk = 1; nk <= k_->max_nk; ++nk) {
+      SCOPED_TRACE("nv " + std::to_string(nv) + " nk " + std::to_string(nk));
+      Aligned qt(static_cast<size_t>(d * stride)), scores(static_cast<size_t>(stride * nk)),
+          row_max(static_cast<size_t>(stride)), tile_sum(static_cast<size_t>(stride));
+      std::vector<float> k(static_cast<size_t>((2 * nk + 1) * k_stride + 64));
+      for (int64_t x = 0; x < d * stride; ++x) qt[static_cast<size_t>(x)] = rng.uniform(-2, 2);
+      for (float& f : k) f = rng.uniform(-2, 2);
+      for (int lane = 0; lane < stride; ++lane) {
+        row_max[static_cast<size_t>(lane)] = 1e30f;  // overwritten for the block's lanes
+        tile_sum[static_cast<size_t>(lane)] = 0.5f;
+      }
+      k_->score(2, nv, nk, qt.get(), k.data(), k_stride, d, scores.get(), row_max.get(),
+                tile_sum.get());
+      for (int lane = 0; lane < nv * w; ++lane) {
+        std::vector<double> s(static_cast<size_t>(nk), 0.0);
+        for (int n = 0; n < nk; ++n) {
+          for (int64_t x = 0; x < d; ++x) {
+            s[static_cast<size_t>(n)] += D(qt[static_cast<size_t>(x * stride + lane)]) *
+                                         D(k[static_cast<size_t>(n * k_stride + x)]);
+          }
+        }
+        const double m = *std::max_element(s.begin(), s.end());
+        ASSERT_NEAR(row_max[static_cast<size_t>(lane)], m, 1e-5 * (1 + std::abs(m)))
+            << "lane " << lane;
+        double sum = 0.5;
+        for (int n = 0; n < nk; ++n) {
+          const double e = std::exp2(s[static_cast<size_t>(n)] - m);
+          sum += e;
+          ASSERT_NEAR(scores[static_cast<size_t>(n * stride + lane)], e, 2e-5 * e + 1e-30)
+              << "key " << n << " lane " << lane;
+        }
+        ASSERT_NEAR(tile_sum[static_cast<size_t>(lane)], sum, 1e-5 * sum) << "lane " << lane;
+      }
+      for (int lane = nv * w; lane < stride; ++lane) {
+        ASSERT_EQ(row_max[static_cast<size_t>(lane)], 1e30f) << "lane " << lane << " untouched";
+      }
     }
   }
 }
