@@ -366,6 +366,20 @@ class PrefillKernel {
     bool lanes_have_maximum = false;
     int keys = 0;
     for (int64_t j0 = key_begin; j0 <= max_last; j0 += keys) {
+      // A tile that would cross the first query's limit (the causal
+      // diagonal, a window's right edge) stops before it, in whole key
+      // groups, when that leaves a few groups: the keys every query sees
+      // then take the fused path, and only the band takes the two-pass one.
+      const auto tile_keys = [&](int64_t span) {
+        int n = static_cast<int>(std::min<int64_t>(span, max_last + 1 - j0));
+        if (j0 >= max_first && j0 <= min_last && j0 + n - 1 > min_last) {
+          constexpr int64_t NK = Blk::kScoreKeys;
+          const int64_t before = (min_last + 1 - j0) / NK * NK;
+          if (before >= 2 * NK) n = static_cast<int>(before);
+        }
+        return n;
+      };
+      keys = tile_keys(t.kt);
       // The first tile sets the running maximum.  Within every query's
       // limits it takes the fused path (compute_scores' kSetMax: its first
       // key group's maximum is the reference).  Otherwise, without a mask,
@@ -373,20 +387,11 @@ class PrefillKernel {
       // fused path takes over from the next key on instead of from the next
       // full tile.  Keys that fit in one tile take one tile: the split would
       // pay the P·V blocks' loads and stores of the accumulators twice.
-      const bool first_fused =
-          !careful && !(kDot && p.dropout_p > 0.0f) && j0 >= max_first && j0 + t.kt - 1 <= min_last;
-      const bool warm_up = j0 == key_begin && p.mask_kind == MHA_MASK_NONE && plain_scores &&
-                           max_last + 1 - key_begin > t.kt && !first_fused;
-      const int64_t span = warm_up ? kWarmUpKeys : t.kt;
-      keys = static_cast<int>(std::min<int64_t>(span, max_last + 1 - j0));
-      // A tile that would cross the first query's limit (the causal
-      // diagonal, a window's right edge) stops before it, in whole key
-      // groups, when that leaves a few groups: the keys every query sees
-      // then take the fused path, and only the band takes the two-pass one.
-      if (j0 >= max_first && j0 <= min_last && j0 + keys - 1 > min_last) {
-        constexpr int64_t NK = Blk::kScoreKeys;
-        const int64_t before = (min_last + 1 - j0) / NK * NK;
-        if (before >= 2 * NK) keys = static_cast<int>(before);
+      if (j0 == key_begin && p.mask_kind == MHA_MASK_NONE && plain_scores &&
+          max_last + 1 - key_begin > t.kt) {
+        const bool fusable = !careful && !(kDot && p.dropout_p > 0.0f) && j0 >= max_first &&
+                             j0 + keys - 1 <= min_last;
+        if (!fusable) keys = tile_keys(kWarmUpKeys);
       }
       const KeyTile<kDot> kv = key_tile<kDot>(p, t, b, kvh, item.k_begin, j0, keys, v_new);
       // Fused path: once every lane has a finite running maximum, a tile with
