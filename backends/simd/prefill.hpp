@@ -257,12 +257,19 @@ class PrefillKernel {
       if (bf16_dot_applies(p)) done = accumulate_tile<true>(p, item, t, h, q0, nq, units, false);
     }
     if (!done) accumulate_tile<false>(p, item, t, h, q0, nq, units, /*careful=*/false);
-    if (!all_finite<Arch>(t.acc, nq * round_up(p.dv, W)) || has_lost_row(t, nq)) {
-      units = ScoreUnits::raw_units(p.scale);
-      accumulate_tile<false>(p, item, t, h, q0, nq, units, /*careful=*/true);
+    // Written, and checked as written: a value that came out non-finite, or a
+    // lost row, sends the tile through the careful pass, written again.
+    const float sink = mha_kernel::sink_logit(p, h);
+    const int64_t dvp = round_up(p.dv, W);
+    if (!has_lost_row(t, nq) &&
+        write_item_rows<Arch>(item, h - item.h_begin, q0 - item.q_begin, nq, t.acc, dvp, p.dv,
+                              t.row_max, t.row_sum, sink, units)) {
+      return;
     }
-    write_item_rows<Arch>(item, h - item.h_begin, q0 - item.q_begin, nq, t.acc, round_up(p.dv, W),
-                          p.dv, t.row_max, t.row_sum, mha_kernel::sink_logit(p, h), units);
+    units = ScoreUnits::raw_units(p.scale);
+    accumulate_tile<false>(p, item, t, h, q0, nq, units, /*careful=*/true);
+    write_item_rows<Arch>(item, h - item.h_begin, q0 - item.q_begin, nq, t.acc, dvp, p.dv,
+                          t.row_max, t.row_sum, sink, units);
   }
 
   // A row with visible keys but no weight: either a mask removed every key
