@@ -136,7 +136,7 @@ TEST_P(Micro, FusedScoreBlockExponentiatesAndSums) {
 
 // The first key group of a query tile (kSetMax): row_max becomes each lane's
 // maximum over the group's keys, and the probabilities are taken against it
-// (so the largest is exactly 1), for every block shape.
+// (so the largest is 1 within the exp's error), for every block shape.
 TEST_P(Micro, FusedScoreBlockSetsItsMaximum) {
   const int w = k_->lanes, stride = k_->stride;
   const int64_t d = 24, k_stride = d + 3;
