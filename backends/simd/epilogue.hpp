@@ -19,6 +19,31 @@
 
 namespace mha_simd {
 
+// o[x] = acc[x] · inv for x < dv (fp32, unit stride); returns, lane by lane,
+// the sum of v - v over the values stored: 0 when all are finite, NaN
+// otherwise (write_item_rows checks it; write_row drops it, and the compiler
+// with it).
+template <class Arch>
+inline xsimd::batch<float, Arch> store_scaled_row(const float* acc, int64_t dv, float inv,
+                                                  float* o) {
+  using B = xsimd::batch<float, Arch>;
+  constexpr int W = static_cast<int>(B::size);
+  B poison(0.0f);
+  int64_t x = 0;
+  for (; x + W <= dv; x += W) {
+    const B v = B::load_aligned(acc + x) * B(inv);
+    v.store_unaligned(o + x);
+    poison += v - v;
+  }
+  if (x < dv) {  // the partial vector, checked as stored: acc's padding is not output
+    store_partial<Arch>(o + x, B::load_aligned(acc + x) * B(inv), static_cast<int>(dv - x));
+    float tail = 0.0f;
+    for (int64_t y = x; y < dv; ++y) tail += o[y] - o[y];
+    poison += B(tail);
+  }
+  return poison;
+}
+
 // out[x · out_stride] = acc[x] · acc_scale / sum for x < dv, rounded once
 // to out_dtype (F32, BF16, F16); *lse (when not null) = ln(denominator): the
 // row's maximum as a logit plus ln(sum), -inf when sum is 0.
@@ -51,11 +76,7 @@ inline void write_row(const float* acc, int64_t dv, float natural_max, float sum
     auto* o = static_cast<float*>(out);
     for (int64_t x = 0; x < dv; ++x) o[x * out_stride] = 0.0f;
   } else if (out_stride == 1) {
-    auto* o = static_cast<float*>(out);
-    int64_t x = 0;
-    for (; x + W <= dv; x += W) (B::load_aligned(acc + x) * B(inv)).store_unaligned(o + x);
-    if (x < dv)
-      store_partial<Arch>(o + x, B::load_aligned(acc + x) * B(inv), static_cast<int>(dv - x));
+    store_scaled_row<Arch>(acc, dv, inv, static_cast<float*>(out));
   } else {
     auto* o = static_cast<float*>(out);
     for (int64_t x = 0; x < dv; ++x) o[x * out_stride] = acc[x] * inv;
@@ -101,7 +122,6 @@ inline bool write_item_rows(const mha_work_item& item, int64_t row_h, int64_t ro
                             const float* acc, int64_t dvp, int64_t dv, const float* row_max,
                             const float* row_sum, float sink, const ScoreUnits& units) {
   using B = xsimd::batch<float, Arch>;
-  constexpr int W = static_cast<int>(B::size);
   const bool plain = item.out_dtype == MHA_DTYPE_F32 && item.out_strides[2] == 1 &&
                      item.lse == nullptr && sink == -std::numeric_limits<float>::infinity();
   if (!plain) {
@@ -122,19 +142,7 @@ inline bool write_item_rows(const mha_work_item& item, int64_t row_h, int64_t ro
       write_row<Arch>(a, dv, 0.0f, 0.0f, 1.0f, o, MHA_DTYPE_F32, 1, nullptr);
       continue;
     }
-    const B inv(1.0f / row_sum[r]);
-    int64_t x = 0;
-    for (; x + W <= dv; x += W) {
-      const B v = B::load_aligned(a + x) * inv;
-      v.store_unaligned(o + x);
-      poison += v - v;
-    }
-    if (x < dv) {  // the partial vector, checked as stored (acc's padding is not output)
-      store_partial<Arch>(o + x, B::load_aligned(a + x) * inv, static_cast<int>(dv - x));
-      float tail = 0.0f;
-      for (int64_t y = x; y < dv; ++y) tail += o[y] - o[y];
-      poison += B(tail);
-    }
+    poison += store_scaled_row<Arch>(a, dv, 1.0f / row_sum[r], o);
   }
   return xsimd::all(poison == poison);
 }

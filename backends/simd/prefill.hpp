@@ -370,6 +370,10 @@ class PrefillKernel {
     // A softcap or ALiBi changes every score before the softmax: such calls
     // take the two-pass path on every tile.
     const bool plain_scores = !mha_kernel::has_score_variants(p);
+    // The fused path (scores to probabilities in registers) applies unless
+    // the tile is computed carefully, or the bf16 path must keep fp32
+    // probabilities for dropout.
+    const bool may_fuse = !careful && !(kDot && p.dropout_p > 0.0f);
     bool lanes_have_maximum = false;
     int keys = 0;
     for (int64_t j0 = key_begin; j0 <= max_last; j0 += keys) {
@@ -396,8 +400,7 @@ class PrefillKernel {
       // pay the P·V blocks' loads and stores of the accumulators twice.
       if (j0 == key_begin && p.mask_kind == MHA_MASK_NONE && plain_scores &&
           max_last + 1 - key_begin > t.kt) {
-        const bool fusable = !careful && !(kDot && p.dropout_p > 0.0f) && j0 >= max_first &&
-                             j0 + keys - 1 <= min_last;
+        const bool fusable = may_fuse && j0 >= max_first && j0 + keys - 1 <= min_last;
         if (!fusable) keys = tile_keys(kWarmUpKeys);
       }
       const KeyTile<kDot> kv = key_tile<kDot>(p, t, b, kvh, item.k_begin, j0, keys, v_new);
@@ -411,12 +414,12 @@ class PrefillKernel {
       // needs them in fp32, takes the two-pass path.)
       const bool within_bounds = j0 >= max_first && j0 + keys - 1 <= min_last;
       const bool maskless = p.mask_kind == MHA_MASK_NONE && within_bounds && plain_scores;
-      bool fused = maskless && !careful && lanes_have_maximum && !(kDot && p.dropout_p > 0.0f) &&
+      bool fused = maskless && may_fuse && lanes_have_maximum &&
                    compute_scores<kDot, true>(t, kv, p.d, units, nqv, keys, prefetch);
       // The first tile: each query vector's first key group sets the running
       // maximum (kSetMax), the rest of the tile is fused against it; the
       // check on the tile's sums sends it to the two-pass path as above.
-      if (!fused && !acc_started && maskless && !careful && !(kDot && p.dropout_p > 0.0f)) {
+      if (!fused && !acc_started && maskless && may_fuse) {
         // row_max is -inf and row_sum 0 until now
         fused = compute_scores<kDot, true, true>(t, kv, p.d, units, nqv, keys, prefetch);
         lanes_have_maximum = fused;
@@ -797,31 +800,33 @@ class PrefillKernel {
         with_count<QV>(nv, [&](auto NV) {
           with_count<NK>(nk, [&](auto NKc) {
             constexpr int kNV = decltype(NV)::value, kNK = decltype(NKc)::value;
-            if constexpr (kDot) {
-              const auto block = [&](auto set_max) {
-                Dot::template score_block<QT, kNV, kNK, kFused, decltype(set_max)::value>(
-                    reinterpret_cast<const uint32_t*>(t.qt) + v0 * W, kv.k + j * kv.k_stride,
-                    kv.k_stride, (d + 1) / 2, units.q_factor, t.scores + j * QT + v0 * W,
-                    t.p_pairs + j / 2 * QT + v0 * W, t.row_max + v0 * W, t.tile_sum + v0 * W);
-              };
+            // The first key group of a kSetMax tile sets row_max; the others
+            // read it.
+            const auto per_group = [&](auto block) {
               if (kSetMax && j == 0) {
                 block(std::bool_constant<kSetMax>{});
               } else {
                 block(std::false_type{});
               }
+            };
+            if constexpr (kDot) {
+              per_group([&](auto set_max) {
+                Dot::template score_block<QT, kNV, kNK, kFused, decltype(set_max)::value>(
+                    reinterpret_cast<const uint32_t*>(t.qt) + v0 * W, kv.k + j * kv.k_stride,
+                    kv.k_stride, (d + 1) / 2, units.q_factor, t.scores + j * QT + v0 * W,
+                    t.p_pairs + j / 2 * QT + v0 * W, t.row_max + v0 * W, t.tile_sum + v0 * W);
+              });
             } else if (kFused && banded) {  // masked by lane (kBounded = kFused, true here)
               score_block<Arch, QT, kNV, kNK, kFused, kFused>(
                   t.qt + v0 * W, kv.k + j * kv.k_stride, kv.k_stride, d, t.scores + j * QT + v0 * W,
                   t.row_max + v0 * W, t.tile_sum + v0 * W, first_bound + v0 * W,
                   last_bound + v0 * W, j);
-            } else if (kSetMax && j == 0) {
-              score_block<Arch, QT, kNV, kNK, kFused, false, kSetMax>(
-                  t.qt + v0 * W, kv.k, kv.k_stride, d, t.scores + v0 * W, t.row_max + v0 * W,
-                  t.tile_sum + v0 * W);
             } else {
-              score_block<Arch, QT, kNV, kNK, kFused>(t.qt + v0 * W, kv.k + j * kv.k_stride,
-                                                      kv.k_stride, d, t.scores + j * QT + v0 * W,
-                                                      t.row_max + v0 * W, t.tile_sum + v0 * W);
+              per_group([&](auto set_max) {
+                score_block<Arch, QT, kNV, kNK, kFused, false, decltype(set_max)::value>(
+                    t.qt + v0 * W, kv.k + j * kv.k_stride, kv.k_stride, d,
+                    t.scores + j * QT + v0 * W, t.row_max + v0 * W, t.tile_sum + v0 * W);
+              });
             }
           });
         });
