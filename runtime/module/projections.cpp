@@ -52,8 +52,7 @@ void project(const mha_tensor& x, const RowOrder& order, const float* wt, int64_
                row[k] = 1.0f;
              }
            });
-  sgemm(rows, n, k + 1, 1.0f, staging, lda, 1, wt, ld, 1, 0.0f, dst, width, 1,
-        sgemm_threads(rows, n, k + 1, threads));
+  sgemm(rows, n, k + 1, 1.0f, staging, lda, 1, wt, ld, 1, 0.0f, dst, width, 1, team);
 }
 
 }  // namespace
