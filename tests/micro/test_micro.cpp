@@ -238,9 +238,10 @@ TEST_P(Micro, DecodeRowKernelsMatchPlainLoops) {
   Rng rng(14);
   for (const int keys : {1, w - 1 > 0 ? w - 1 : 1, w, 3 * w + 1, 200}) {
     // rows_pv both ways: rows within the register budget (one column block)
-    // and wider ones (column blocks inside each run, 5 and 40 vectors).
+    // and wider ones (column blocks inside each run, 5 and 40 vectors);
+    // rows_scores with dp fixed at compile time (64, 128) and not.
     for (const int64_t dp :
-         {int64_t{w}, int64_t{4 * w}, int64_t{5 * w}, int64_t{128}, int64_t{40 * w}}) {
+         {int64_t{w}, int64_t{4 * w}, int64_t{5 * w}, int64_t{64}, int64_t{128}, int64_t{40 * w}}) {
       if (dp % w != 0) continue;
       const int64_t k_stride = dp + w, s_stride = (keys + w - 1) / w * w + w;  // aligned rows
       const int max_rows = k_->max_rows;
