@@ -78,13 +78,22 @@ inline void with_count(int n, F&& f) {
 }
 
 // Copies rows of `cols` elements (element stride `col_stride`) into dense rows
-// of `padded_cols`, zero-filling the padding.
+// of `padded_cols`, zero-filling the padding.  Rows apart (a [B, L, H, D]
+// view, the module's projections) come from L3 or memory, a few lines each
+// at a stride the hardware prefetchers do not follow: each row of unit
+// column stride requests the one kPackAhead rows on (Zen 5, in-process A/B:
+// S1 as [B, L, H, D] 0.992 of the time, S9 0.990; 16 rows on: 0.996, 0.995).
 inline void pack_rows(const float* src, int64_t row_stride, int64_t col_stride, int64_t rows,
                       int64_t cols, float* dst, int64_t padded_cols) {
+  constexpr int64_t kPackAhead = 8;
   for (int64_t r = 0; r < rows; ++r) {
     const float* in = src + r * row_stride;
     float* out = dst + r * padded_cols;
     if (col_stride == 1) {
+      if (r + kPackAhead < rows) {
+        const char* next = reinterpret_cast<const char*>(in + kPackAhead * row_stride);
+        for (int64_t byte = 0; byte < cols * 4; byte += 64) __builtin_prefetch(next + byte, 0, 3);
+      }
       for (int64_t c = 0; c < cols; ++c) out[c] = in[c];
     } else {
       for (int64_t c = 0; c < cols; ++c) out[c] = in[c * col_stride];
