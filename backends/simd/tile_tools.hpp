@@ -81,8 +81,9 @@ inline void with_count(int n, F&& f) {
 // of `padded_cols`, zero-filling the padding.  Rows apart (a [B, L, H, D]
 // view, the module's projections) come from L3 or memory, a few lines each
 // at a stride the hardware prefetchers do not follow: each row of unit
-// column stride requests the one kPackAhead rows on (Zen 5, in-process A/B:
-// S1 as [B, L, H, D] 0.992 of the time, S9 0.990; 16 rows on: 0.996, 0.995).
+// column stride requests the one kPackAhead rows on (Zen 5, in-process A/B,
+// 9 and 15 rounds: S9 0.990 and 0.988 of the time, S1 as [B, L, H, D] views
+// 0.992 and 1.003; 16 rows on: 0.995, 0.996).
 inline void pack_rows(const float* src, int64_t row_stride, int64_t col_stride, int64_t rows,
                       int64_t cols, float* dst, int64_t padded_cols) {
   constexpr int64_t kPackAhead = 8;
