@@ -309,9 +309,6 @@ class DecodeKernel {
 
     const bool k_direct = p.k_strides[3] == 1 && p.d % W == 0;
     const bool v_direct = p.v_strides[3] == 1 && p.dv % W == 0;
-    // The prefetch distance of the rows read in place (row_kernels.hpp).
-    const int k_ahead = rows_ahead(dp * static_cast<int64_t>(sizeof(T)));
-    const int v_ahead = rows_ahead(dvp * static_cast<int64_t>(sizeof(T)));
     using Rows = std::conditional_t<kPaged, TableRows<T>, StridedRows<T>>;
     // The item's rows come in segments, one per KV head (usually one); with
     // several, each key tile is read KV head after KV head (token_tile).
@@ -319,17 +316,23 @@ class DecodeKernel {
     const int64_t segments = rows.count / segment_rows;
     const int64_t kvh0 = mha_kernel::kv_head_of(p, item.h_begin);
     const int kt = segments > 1 ? token_tile(p, segments) : KT;
+    // Each tile's token rows read whole before its passes (read_token_rows).
+    const bool rows_read = kKv == MHA_DTYPE_F32 && segments > 1 && p.kv_streamed != 0;
+    // The prefetch distance of the rows read in place (row_kernels.hpp; 0:
+    // none).  Where the token rows were read first, P·V requests nothing:
+    // S8 0.962-0.971 of the time at one thread and 0.961-0.977 at two, a
+    // dense token-major GQA batch from DRAM 0.981, AVX2 S8 0.974 (Zen 5,
+    // in-process A/B).  The scores' requests stay: without them S8 took 0.99
+    // of the time at one thread but 1.03 at two.
+    const int k_ahead = rows_ahead(dp * static_cast<int64_t>(sizeof(T)));
+    const int v_ahead = rows_read ? 0 : rows_ahead(dvp * static_cast<int64_t>(sizeof(T)));
     for (int64_t j0 = min_first; j0 <= max_last; j0 += kt) {
       const int keys = static_cast<int>(std::min<int64_t>(kt, max_last + 1 - j0));
       if constexpr (kPaged) {
         fill_table<T>(p, p.k, p.k_strides, b, j0, max_last, rows.k_table);
         fill_table<T>(p, p.v, p.v_strides, b, j0, max_last, rows.v_table);
       }
-      if constexpr (kKv == MHA_DTYPE_F32) {
-        if (segments > 1 && p.kv_streamed != 0) {
-          read_token_rows<T, kPaged>(p, rows, b, kvh0, segments, j0, keys);
-        }
-      }
+      if (rows_read) read_token_rows<T, kPaged>(p, rows, b, kvh0, segments, j0, keys);
       for (int64_t segment = 0; segment < segments; ++segment) {
         const int64_t kvh = kvh0 + segment;
         const int64_t r_begin = segment * segment_rows, r_end = r_begin + segment_rows;
@@ -460,7 +463,9 @@ class DecodeKernel {
             rows.alpha[queued++] = alpha;
           }
         }
-        if (prefetch_pass && v_direct) prefetch_rows(v_typed, std::min(keys, v_ahead), dvp);
+        if (prefetch_pass && v_direct && v_ahead > 0) {
+          prefetch_rows(v_typed, std::min(keys, v_ahead), dvp);
+        }
         // 3. P·V of the queued rows, each V vector loaded once for a group.
         if constexpr (kInt8) {
           if (v_rows == nullptr) {  // V read in place: its scales go into the weights

@@ -200,8 +200,8 @@ template <class Arch, int32_t kKv, int R, class Rows>
       const int64_t col = int64_t{c0} * W;
       c0 += with_block_of<NC>(vectors - c0, [&](auto nb) {
         constexpr int NB = decltype(nb)::value;
-        // The first block requests the rows ahead, once per row.
-        if (col == 0) {
+        // The first block requests the rows `ahead` on (if any), once per row.
+        if (col == 0 && ahead > 0) {
           pv_block_run<Arch, kKv, R, NB, true>(probs, v_rows, j0, j1, col, dvp, ahead, total);
         } else {
           pv_block_run<Arch, kKv, R, NB, false>(probs, v_rows, j0, j1, col, dvp, ahead, total);
