@@ -463,9 +463,7 @@ class DecodeKernel {
             rows.alpha[queued++] = alpha;
           }
         }
-        if (prefetch_pass && v_direct && v_ahead > 0) {
-          prefetch_rows(v_typed, std::min(keys, v_ahead), dvp);
-        }
+        if (prefetch_pass && v_direct) prefetch_rows(v_typed, std::min(keys, v_ahead), dvp);
         // 3. P·V of the queued rows, each V vector loaded once for a group.
         if constexpr (kInt8) {
           if (v_rows == nullptr) {  // V read in place: its scales go into the weights

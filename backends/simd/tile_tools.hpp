@@ -77,6 +77,17 @@ inline void with_count(int n, F&& f) {
   }
 }
 
+// Requests every cache line of a row of `elements` elements from memory:
+// kLocality 2 (prefetcht1) for rows the decode streams, 3 (prefetcht0) for
+// rows a prefill tile reads soon.
+template <int kLocality = 2, class T>
+inline void prefetch_row(const T* row, int64_t elements) {
+  const char* p = reinterpret_cast<const char*>(row);
+  for (int64_t byte = 0; byte < elements * static_cast<int64_t>(sizeof(T)); byte += 64) {
+    __builtin_prefetch(p + byte, 0, kLocality);
+  }
+}
+
 // Copies rows of `cols` elements (element stride `col_stride`) into dense rows
 // of `padded_cols`, zero-filling the padding.  Rows apart (a [B, L, H, D]
 // view, the module's projections) come from L3 or memory, a few lines each
@@ -91,26 +102,12 @@ inline void pack_rows(const float* src, int64_t row_stride, int64_t col_stride, 
     const float* in = src + r * row_stride;
     float* out = dst + r * padded_cols;
     if (col_stride == 1) {
-      if (r + kPackAhead < rows) {
-        const char* next = reinterpret_cast<const char*>(in + kPackAhead * row_stride);
-        for (int64_t byte = 0; byte < cols * 4; byte += 64) __builtin_prefetch(next + byte, 0, 3);
-      }
+      if (r + kPackAhead < rows) prefetch_row<3>(in + kPackAhead * row_stride, cols);
       for (int64_t c = 0; c < cols; ++c) out[c] = in[c];
     } else {
       for (int64_t c = 0; c < cols; ++c) out[c] = in[c * col_stride];
     }
     for (int64_t c = cols; c < padded_cols; ++c) out[c] = 0.0f;
-  }
-}
-
-// Requests every cache line of a row of `elements` elements from memory:
-// kLocality 2 (prefetcht1) for rows the decode streams, 3 (prefetcht0) for
-// rows a prefill tile reads soon.
-template <int kLocality = 2, class T>
-inline void prefetch_row(const T* row, int64_t elements) {
-  const char* p = reinterpret_cast<const char*>(row);
-  for (int64_t byte = 0; byte < elements * static_cast<int64_t>(sizeof(T)); byte += 64) {
-    __builtin_prefetch(p + byte, 0, kLocality);
   }
 }
 
