@@ -22,8 +22,13 @@ namespace mha_simd {
 
 // Rows this far ahead of the one being read are requested from memory (the
 // hardware prefetchers see one row at a time; a row of 256 B at D = 128 in
-// bf16 is four lines), into L2 (prefetcht1): on Zen 4, S7d ran 1.3x faster
-// than with the non-temporal hint, whose loads still stalled.  The distance
+// bf16 is four lines).  The scores request them into L1 (prefetcht0), P·V
+// into L1 or L2 as its caller says (rows_pv): on Zen 5 (family 26 model 2)
+// both into L1 instead of L2 took S3 0.94 and a head-major GQA decode 0.80
+// of the time at one thread (AVX2: 0.82 and 0.77), with S8 alike
+// (docs/kernel-design.md).  On Zen 4, S7d ran 1.3x faster into L2 than with
+// the non-temporal hint, whose loads still stalled.
+// The distance
 // is about 4 KiB of rows, between 8 and kRowsAheadMax rows: on Intel family
 // 6 model 207, S8's fp32 rows (512 B) 8 rows ahead took 0.88-0.91 of the time
 // of 32 on AVX-512 and 0.86-0.88 on AVX2 (4 rows: 1.03-1.06 of 8's), and
@@ -83,7 +88,7 @@ template <class Arch, int32_t kKv, int R, int kVectors, class Rows>
     for (int t = 0; t < W; ++t) {
       const int row = j0 + std::min(t, last);
       const element_t<kKv>* k = k_rows(row);
-      prefetch_row(k_rows(row + ahead), dp);
+      prefetch_row<3>(k_rows(row + ahead), dp);
       B a0[R], a1[R];
       for (int r = 0; r < R; ++r) a0[r] = a1[r] = B(0.0f);
       // Vectors x and x + W into the two chains.
@@ -143,7 +148,7 @@ inline int with_block_of(int count, F&& f) {
 // arrives as a value, so the loop keeps its pointers and bound in registers:
 // written as a lambda over rows_pv's locals, the same loop reloaded them from
 // the closure and ran at 0.70 of this speed in L1 (Zen 5, R 4, Dv 128).
-template <class Arch, int32_t kKv, int R, int NB, bool kPrefetch, class Rows>
+template <class Arch, int32_t kKv, int R, int NB, int kPrefetch, class Rows>
 inline void pv_block_run(const float* const* p, Rows v_rows, int j0, int j1, int64_t col,
                          int64_t dvp, int ahead, float* total) {
   using B = xsimd::batch<float, Arch>;
@@ -156,7 +161,7 @@ inline void pv_block_run(const float* const* p, Rows v_rows, int j0, int j1, int
   for (int r = 0; r < R; ++r) pr[r] = p[r];
   for (int j = j0; j < j1; ++j) {
     const element_t<kKv>* v = v_rows(j) + col;
-    if constexpr (kPrefetch) prefetch_row(v_rows(j + ahead), dvp);
+    if constexpr (kPrefetch > 0) prefetch_row<kPrefetch>(v_rows(j + ahead), dvp);
     B vx[NB];
     for (int c = 0; c < NB; ++c) vx[c] = load_widen<Arch, kKv>(v + c * W);
     for (int r = 0; r < R; ++r) {
@@ -172,6 +177,7 @@ inline void pv_block_run(const float* const* p, Rows v_rows, int j0, int j1, int
 
 // acc_r = acc_r·alpha_r + Σ_j p_rj·V_j (V_j at v_rows(j)) for R rows at once: row r's
 // probabilities at probs[r] (`keys` of them), its dvp floats at acc[r].
+// The rows `ahead` on are requested into L1 (into_l1) or L2.
 // Every V vector is loaded once for all R rows; R rows x NB vectors of Dv
 // accumulate in registers (NB within kDecodePvVectors and the budget).
 //
@@ -186,7 +192,7 @@ inline void pv_block_run(const float* const* p, Rows v_rows, int j0, int j1, int
 template <class Arch, int32_t kKv, int R, class Rows>
 [[gnu::noinline]] void rows_pv(const float* const* probs, const float* alpha, Rows v_rows, int keys,
                                int64_t dvp, float* const* acc, float* total,
-                               int ahead = kRowsAheadMax) {
+                               int ahead = kRowsAheadMax, bool into_l1 = true) {
   using B = xsimd::batch<float, Arch>;
   constexpr int W = static_cast<int>(B::size);
   constexpr int kPvRun = 32;
@@ -201,10 +207,12 @@ template <class Arch, int32_t kKv, int R, class Rows>
       c0 += with_block_of<NC>(vectors - c0, [&](auto nb) {
         constexpr int NB = decltype(nb)::value;
         // The first block requests the rows `ahead` on (if any), once per row.
-        if (col == 0 && ahead > 0) {
-          pv_block_run<Arch, kKv, R, NB, true>(probs, v_rows, j0, j1, col, dvp, ahead, total);
+        if (col == 0 && ahead > 0 && into_l1) {
+          pv_block_run<Arch, kKv, R, NB, 3>(probs, v_rows, j0, j1, col, dvp, ahead, total);
+        } else if (col == 0 && ahead > 0) {
+          pv_block_run<Arch, kKv, R, NB, 2>(probs, v_rows, j0, j1, col, dvp, ahead, total);
         } else {
-          pv_block_run<Arch, kKv, R, NB, false>(probs, v_rows, j0, j1, col, dvp, ahead, total);
+          pv_block_run<Arch, kKv, R, NB, 0>(probs, v_rows, j0, j1, col, dvp, ahead, total);
         }
       });
     }
