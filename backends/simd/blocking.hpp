@@ -32,6 +32,10 @@ struct Blocking {
   static constexpr int kDecodeRows = 4;
   static constexpr int kDecodeAccumulators = 16;
   static constexpr int kDecodePvVectors = 8;
+  // The decode score kernel holds this many vectors of each query row in
+  // registers (kDecodeRows x 4 = 16, + 4 accumulators + 1 K vector), and
+  // takes a row's head dimension in such chunks (rows_scores_held).
+  static constexpr int kDecodeQVectors = 4;
   // The backward pass's products (gemm_tile.hpp): 6 rows x 4 vectors = 24
   // accumulators + 4 B loads + 1 broadcast; tiles of 64 queries x 64 keys.
   static constexpr int kGemmRows = 6;
@@ -55,7 +59,8 @@ struct Blocking<xsimd::fma3<xsimd::avx2>> {
   static constexpr int kDecodeRows = 4;
   static constexpr int kDecodeAccumulators = 8;
   static constexpr int kDecodePvVectors = 4;
-  static constexpr int kGemmRows = 6;  // 12 accumulators + 2 + 1
+  static constexpr int kDecodeQVectors = 0;  // none: Q read from L1 (rows_scores_of)
+  static constexpr int kGemmRows = 6;        // 12 accumulators + 2 + 1
   static constexpr int kGemmVectors = 2;
   static constexpr int kBackwardQueryTile = 64;
   static constexpr int kBackwardKeyBlock = 64;

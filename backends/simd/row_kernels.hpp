@@ -69,7 +69,8 @@ constexpr int pow2_floor(int n) {
 // reduction per row.  The last group reads its last key again in place of the
 // missing ones, so every group runs the same register-resident code; s beyond
 // `keys` is left unspecified.  A score's chain of operations does not depend
-// on R, so a row's scores do not depend on the rows grouped with it.
+// on R, so a row's scores do not depend on the rows grouped with it (but
+// rows_scores sends groups of several fp32 rows to rows_scores_held).
 //
 // kVectors > 0 fixes dp at kVectors·W at compile time, so that a row's FMAs
 // unroll whole: the row kernels' usual head sizes (64 and 128) take that form
@@ -118,10 +119,86 @@ template <class Arch, int32_t kKv, int R, int kVectors, class Rows>
   }
 }
 
+// Vectors of each of R query rows that rows_scores_held holds in registers:
+// the most that divide the row's kVectors within `budget` registers
+// (AVX-512, D 128: all 8 for one or two rows, 4 for three or four).
+constexpr int held_chunk(int R, int kVectors, int budget) {
+  int c = 0;
+  for (int n = 1; n <= kVectors; ++n) {
+    if (kVectors % n == 0 && R * n <= budget) c = n;
+  }
+  return c;
+}
+
+// rows_scores_of with Q held in registers: each row's kVectors vectors are
+// taken C = held_chunk(...) at a time, the R x C vectors of Q loaded once
+// per group of W keys and chunk, and every key's partial sums kept between
+// chunks in `part` (the horizontal reductions' input, which spills to the
+// stack either way).  Each score is one chain of FMAs over the row's vectors
+// in order, whatever C is, so a row's scores do not depend on R; keys are
+// independent, so the chains of consecutive keys overlap.  rows_scores_of
+// loads its Q vectors with every FMA: with R 4 that is 40 loads for 32 FMAs
+// a key, more than the two loads a cycle the FMAs leave room for; here 8 K
+// loads and 4 partial sums.  Zen 5 (in-process A/B, loops aligned, both
+// orders): S3 0.951 and 0.939, S8 0.964 and 0.975 (0.983 at two threads),
+// head-major GQA decode 0.896, token-major GQA from DRAM 0.970; S3b16 at two
+// threads 1.011.  Only for fp32 rows: bf16 rows (S8 in bf16) took 1.047 of
+// the time this way.
+template <class Arch, int32_t kKv, int R, int kVectors, class Rows>
+[[gnu::noinline]] void rows_scores_held(const float* q, Rows k_rows, int keys, float* s,
+                                        int64_t s_stride, int ahead) {
+  using B = xsimd::batch<float, Arch>;
+  constexpr int W = static_cast<int>(B::size);
+  constexpr int C =
+      held_chunk(R, kVectors, Blocking<Arch>::kDecodeRows * Blocking<Arch>::kDecodeQVectors);
+  static_assert(C > 0 && kVectors % C == 0, "whole chunks of the head dimension");
+  constexpr int64_t dp = int64_t{kVectors} * W;
+  B part[R][W];
+  for (int j0 = 0; j0 < keys; j0 += W) {
+    const int last = std::min(W, keys - j0) - 1;
+    for (int c0 = 0; c0 < kVectors; c0 += C) {
+      B qc[R][C];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) qc[r][c] = B::load_aligned(q + r * dp + (c0 + c) * W);
+      }
+      for (int t = 0; t < W; ++t) {
+        const int row = j0 + std::min(t, last);
+        const element_t<kKv>* k = k_rows(row) + c0 * W;
+        if (c0 == 0) prefetch_row<3>(k_rows(row + ahead), dp);
+        B a[R];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) a[r] = c0 == 0 ? B(0.0f) : part[r][t];
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) {
+          const B kx = load_widen<Arch, kKv>(k + c * W);
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) a[r] = xsimd::fma(qc[r][c], kx, a[r]);
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) part[r][t] = a[r];
+      }
+    }
+    for (int r = 0; r < R; ++r) sums_of<Arch>(part[r]).store_aligned(s + r * s_stride + j0);
+  }
+}
+
 template <class Arch, int32_t kKv, int R, class Rows>
 inline void rows_scores(const float* q, int64_t dp, Rows k_rows, int keys, float* s,
                         int64_t s_stride, int ahead = kRowsAheadMax) {
   constexpr int W = static_cast<int>(xsimd::batch<float, Arch>::size);
+  constexpr int C = Blocking<Arch>::kDecodeQVectors;
+  if constexpr (kKv == MHA_DTYPE_F32 && C > 0) {
+    if (dp == 128) {
+      rows_scores_held<Arch, kKv, R, 128 / W>(q, k_rows, keys, s, s_stride, ahead);
+      return;
+    }
+    if (dp == 64) {
+      rows_scores_held<Arch, kKv, R, 64 / W>(q, k_rows, keys, s, s_stride, ahead);
+      return;
+    }
+  }
   if (dp == 128) {
     rows_scores_of<Arch, kKv, R, 128 / W>(q, dp, k_rows, keys, s, s_stride, ahead);
   } else if (dp == 64) {
