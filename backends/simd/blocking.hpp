@@ -32,9 +32,9 @@ struct Blocking {
   static constexpr int kDecodeRows = 4;
   static constexpr int kDecodeAccumulators = 16;
   static constexpr int kDecodePvVectors = 8;
-  // The decode score kernel holds this many vectors of each query row in
-  // registers (kDecodeRows x 4 = 16, + 4 accumulators + 1 K vector), and
-  // takes a row's head dimension in such chunks (rows_scores_held).
+  // The decode score kernel holds kDecodeRows x kDecodeQVectors = 16 vectors
+  // of Q in registers (+ 4 accumulators + 1 K vector): 4 of each row's
+  // vectors for four rows, more for fewer (rows_scores_held, held_chunk).
   static constexpr int kDecodeQVectors = 4;
   // The backward pass's products (gemm_tile.hpp): 6 rows x 4 vectors = 24
   // accumulators + 4 B loads + 1 broadcast; tiles of 64 queries x 64 keys.

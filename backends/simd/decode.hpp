@@ -244,10 +244,10 @@ class DecodeKernel {
     // j's K row and V row are read in step, a line of each in turn: the
     // hardware prefetchers start again at every block, and two streams keep
     // more lines in flight meanwhile.  Zen 5 (family 26 model 2), in-process
-    // A/B against K's rows then V's: S8 (blocks of 16, 64 KiB) 0.963 and
-    // 0.949 of the time at one thread, 0.977 at two; blocks of 32 0.996, of
-    // 64 1.032, of 256 1.039, a dense token-major cache 1.028: long runs
-    // read faster one at a time.
+    // A/B against K's rows then V's, loops aligned: S8 (blocks of 16, 64 KiB)
+    // 0.955 and 0.959 of the time at one thread, 0.981 at two; blocks of 64
+    // 1.010, of 256 1.035, a dense token-major cache 1.084: long runs read
+    // faster one at a time.
     const int64_t block_bytes = p.block_size * p.k_strides[2] * int64_t{sizeof(T)};
     const bool in_step = kPaged && block_bytes <= (int64_t{64} << 10);
     const auto row_of = [&](const void* data, const int64_t* strides, const void** table, int j) {

@@ -27,9 +27,8 @@ namespace mha_simd {
 // both into L1 instead of L2 took S3 0.94 and a head-major GQA decode 0.80
 // of the time at one thread (AVX2: 0.82 and 0.77), with S8 alike
 // (docs/kernel-design.md).  On Zen 4, S7d ran 1.3x faster into L2 than with
-// the non-temporal hint, whose loads still stalled.
-// The distance
-// is about 4 KiB of rows, between 8 and kRowsAheadMax rows: on Intel family
+// the non-temporal hint, whose loads still stalled.  The distance is about
+// 4 KiB of rows, between 8 and kRowsAheadMax rows: on Intel family
 // 6 model 207, S8's fp32 rows (512 B) 8 rows ahead took 0.88-0.91 of the time
 // of 32 on AVX-512 and 0.86-0.88 on AVX2 (4 rows: 1.03-1.06 of 8's), and
 // bf16 rows (256 B) ran fastest 16 rows ahead (8 or 32: 1.03-1.06); a
@@ -69,8 +68,9 @@ constexpr int pow2_floor(int n) {
 // reduction per row.  The last group reads its last key again in place of the
 // missing ones, so every group runs the same register-resident code; s beyond
 // `keys` is left unspecified.  A score's chain of operations does not depend
-// on R, so a row's scores do not depend on the rows grouped with it (but
-// rows_scores sends groups of several fp32 rows to rows_scores_held).
+// on R, so a row's scores do not depend on the rows grouped with it.
+// (rows_scores_fixed sends fp32 rows of D 64 and 128 on the 32-register ISAs
+// to rows_scores_held whatever R is, so that holds there too.)
 //
 // kVectors > 0 fixes dp at kVectors·W at compile time, so that a row's FMAs
 // unroll whole: the row kernels' usual head sizes (64 and 128) take that form
@@ -184,25 +184,28 @@ template <class Arch, int32_t kKv, int R, int kVectors, class Rows>
   }
 }
 
+// A fixed head size of kVectors vectors: Q held in registers for fp32 rows
+// on the ISAs with 32 registers, read with each FMA otherwise.
+template <class Arch, int32_t kKv, int R, int kVectors, class Rows>
+inline void rows_scores_fixed(const float* q, Rows k_rows, int keys, float* s, int64_t s_stride,
+                              int ahead) {
+  if constexpr (kKv == MHA_DTYPE_F32 && Blocking<Arch>::kDecodeQVectors > 0) {
+    rows_scores_held<Arch, kKv, R, kVectors>(q, k_rows, keys, s, s_stride, ahead);
+  } else {
+    constexpr int W = static_cast<int>(xsimd::batch<float, Arch>::size);
+    rows_scores_of<Arch, kKv, R, kVectors>(q, int64_t{kVectors} * W, k_rows, keys, s, s_stride,
+                                           ahead);
+  }
+}
+
 template <class Arch, int32_t kKv, int R, class Rows>
 inline void rows_scores(const float* q, int64_t dp, Rows k_rows, int keys, float* s,
                         int64_t s_stride, int ahead = kRowsAheadMax) {
   constexpr int W = static_cast<int>(xsimd::batch<float, Arch>::size);
-  constexpr int C = Blocking<Arch>::kDecodeQVectors;
-  if constexpr (kKv == MHA_DTYPE_F32 && C > 0) {
-    if (dp == 128) {
-      rows_scores_held<Arch, kKv, R, 128 / W>(q, k_rows, keys, s, s_stride, ahead);
-      return;
-    }
-    if (dp == 64) {
-      rows_scores_held<Arch, kKv, R, 64 / W>(q, k_rows, keys, s, s_stride, ahead);
-      return;
-    }
-  }
   if (dp == 128) {
-    rows_scores_of<Arch, kKv, R, 128 / W>(q, dp, k_rows, keys, s, s_stride, ahead);
+    rows_scores_fixed<Arch, kKv, R, 128 / W>(q, k_rows, keys, s, s_stride, ahead);
   } else if (dp == 64) {
-    rows_scores_of<Arch, kKv, R, 64 / W>(q, dp, k_rows, keys, s, s_stride, ahead);
+    rows_scores_fixed<Arch, kKv, R, 64 / W>(q, k_rows, keys, s, s_stride, ahead);
   } else {
     rows_scores_of<Arch, kKv, R, 0>(q, dp, k_rows, keys, s, s_stride, ahead);
   }

@@ -78,8 +78,8 @@ inline void with_count(int n, F&& f) {
 }
 
 // Requests every cache line of a row of `elements` elements from memory:
-// kLocality 2 (prefetcht1) for rows the decode streams, 3 (prefetcht0) for
-// rows a prefill tile reads soon.
+// kLocality 3 (prefetcht0) into L1, 2 (prefetcht1) into L2 (the decode's
+// token-major V rows: rows_pv's into_l1).
 template <int kLocality = 2, class T>
 inline void prefetch_row(const T* row, int64_t elements) {
   const char* p = reinterpret_cast<const char*>(row);
