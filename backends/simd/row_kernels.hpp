@@ -43,6 +43,11 @@ constexpr int rows_ahead(int64_t row_bytes) {
   return static_cast<int>(std::clamp<int64_t>(rows, 8, kRowsAheadMax));
 }
 
+// The distance for rows already in L2 (decode.hpp's read pass): an L2 hit
+// needs a short lead only, and every request in flight holds an L1 miss
+// buffer.
+constexpr int kRowsAheadFromL2 = 2;
+
 // The first `count` rows of `rows`, `elements` each.
 template <class Rows>
 inline void prefetch_rows(const Rows& rows, int count, int64_t elements) {
