@@ -281,8 +281,12 @@ template <class Arch, int32_t kKv, int R, class Rows>
   using B = xsimd::batch<float, Arch>;
   constexpr int W = static_cast<int>(B::size);
   constexpr int kPvRun = 32;
-  constexpr int NC = std::min(Blocking<Arch>::kDecodePvVectors,
-                              pow2_floor(Blocking<Arch>::kDecodeAccumulators / R));
+  // int8 rows widen in two steps, a register each beside the accumulators:
+  // with 8 vectors of one row on AVX2 they spilled (S3:i8kv 1.04-1.08 of the
+  // time of 4), so they take at most half the accumulators' budget.
+  constexpr int kAcc = Blocking<Arch>::kDecodeAccumulators;
+  constexpr int NC = std::min({Blocking<Arch>::kDecodePvVectors, pow2_floor(kAcc / R),
+                               kKv == MHA_DTYPE_I8 ? kAcc / 2 : kAcc});
   const int vectors = static_cast<int>(dvp / W);
   std::fill(total, total + R * dvp, 0.0f);
   for (int j0 = 0; j0 < keys; j0 += kPvRun) {
