@@ -364,7 +364,7 @@ class PrefillKernel {
       constexpr int R = Blk::kPvRows, C = Blk::kPvVectors;
       const int64_t blocks_per_key_tile =
           (nqv + QV - 1) / QV * ((t.kt + NK - 1) / NK) + (nq + R - 1) / R * ((dvp / W + C - 1) / C);
-      prefetch.pace(key_tiles * blocks_per_key_tile);
+      prefetch.pace(key_tiles * blocks_per_key_tile, key_tiles == 1);
     }
 
     // A softcap or ALiBi changes every score before the softmax: such calls
