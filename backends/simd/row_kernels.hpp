@@ -247,11 +247,29 @@ inline void pv_block_run(const float* const* p, Rows v_rows, int j0, int j1, int
   for (int j = j0; j < j1; ++j) {
     const element_t<kKv>* v = v_rows(j) + col;
     if constexpr (kPrefetch > 0) prefetch_row<kPrefetch>(v_rows(j + ahead), dvp);
-    B vx[NB];
-    for (int c = 0; c < NB; ++c) vx[c] = load_widen<Arch, kKv>(v + c * W);
-    for (int r = 0; r < R; ++r) {
-      const B pj(pr[r][j]);
-      for (int c = 0; c < NB; ++c) o[r][c] = xsimd::fma(pj, vx[c], o[r][c]);
+    if constexpr (kKv == MHA_DTYPE_F32) {
+      // Every load first: the rows come from L2 or memory, and the loads
+      // in flight together hide that (S8 took 1.057 of the time with each
+      // load next to its FMAs, Zen 5).
+      B vx[NB];
+      for (int c = 0; c < NB; ++c) vx[c] = B::load_unaligned(v + c * W);
+      for (int r = 0; r < R; ++r) {
+        const B pj(pr[r][j]);
+        for (int c = 0; c < NB; ++c) o[r][c] = xsimd::fma(pj, vx[c], o[r][c]);
+      }
+    } else {
+      // Each vector widened and used in turn: widened all first, 8 vectors
+      // of one row spilled on AVX2 (16 registers), and int8 rows ran slower
+      // with 8 than with 4.  This way, against 4 vectors widened first
+      // (Zen 5, alternating runs, one thread): AVX2 S3:i8kv 0.91, S3:bf16kv
+      // 0.93, S3:f16kv 1.00; AVX-512 S3:i8kv 0.95, S3:bf16kv and S3:f16kv
+      // 0.98-0.99, S8 in bf16 0.986 (in-process A/B).
+      B pj[R];
+      for (int r = 0; r < R; ++r) pj[r] = B(pr[r][j]);
+      for (int c = 0; c < NB; ++c) {
+        const B vx = load_widen<Arch, kKv>(v + c * W);
+        for (int r = 0; r < R; ++r) o[r][c] = xsimd::fma(pj[r], vx, o[r][c]);
+      }
     }
   }
   for (int r = 0; r < R; ++r) {
@@ -281,12 +299,8 @@ template <class Arch, int32_t kKv, int R, class Rows>
   using B = xsimd::batch<float, Arch>;
   constexpr int W = static_cast<int>(B::size);
   constexpr int kPvRun = 32;
-  // int8 rows widen in two steps, a register each beside the accumulators:
-  // with 8 vectors of one row on AVX2 they spilled (S3:i8kv 1.04-1.08 of the
-  // time of 4), so they take at most half the accumulators' budget.
-  constexpr int kAcc = Blocking<Arch>::kDecodeAccumulators;
-  constexpr int NC = std::min({Blocking<Arch>::kDecodePvVectors, pow2_floor(kAcc / R),
-                               kKv == MHA_DTYPE_I8 ? kAcc / 2 : kAcc});
+  constexpr int NC = std::min(Blocking<Arch>::kDecodePvVectors,
+                              pow2_floor(Blocking<Arch>::kDecodeAccumulators / R));
   const int vectors = static_cast<int>(dvp / W);
   std::fill(total, total + R * dvp, 0.0f);
   for (int j0 = 0; j0 < keys; j0 += kPvRun) {
