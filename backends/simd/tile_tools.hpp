@@ -142,9 +142,10 @@ class PrefetchQueue {
   // evict the tile's own working set, which fills it.  Zen 5 (family 26
   // model 2), in-process A/B, loops aligned: S4 0.979 and 0.979 (builds
   // swapped) at one thread, 0.958 at two, AVX2 S4 0.974; S1 0.998, S5
-  // 0.998, S9 0.997.  (Whatever the rows, S2 and short `[B, L, H, D]`
-  // sequences measured 0.99-1.01 each way.)  Lines for writing come last
-  // and are not reached anyway: they do not count.
+  // 0.998, S9 0.997.  Giving up on every tile the queue cannot cover cost
+  // S2 1.012 and S9 1.009 (their first query tiles lose the next tile's Q).
+  // Lines for writing come last and are not reached anyway: they do not
+  // count.
   void pace(int64_t steps, bool short_tile = false) {
     per_step_ = steps > 0 ? (lines_left_ + steps - 1) / steps : 0;
     if (per_step_ > kMaxLinesPerStep) {
