@@ -347,12 +347,12 @@ class DecodeKernel {
     // S8 0.962-0.971 of the time at one thread and 0.961-0.977 at two, a
     // dense token-major GQA batch from DRAM 0.981, AVX2 S8 0.974 (Zen 5,
     // in-process A/B).  The scores' requests stay: without them S8 took 0.99
-    // of the time at one thread but 1.03 at two.  They reach
-    // kRowsAheadFromL2 (2) rows ahead, not 4 KiB of rows.  Zen 5, against 8 rows
-    // (loops aligned): S8 0.981 at one thread (0.978 reversed), 0.999 at
-    // two; 4 rows 0.985 / 0.994; 1 row 0.991 / 1.018 against 2; a dense
-    // token-major GQA batch from DRAM 0.986; AVX2 S8 1.001.  P·V's rows
-    // requested 2 ahead into L1 as well: 1.037 / 1.030.
+    // of the time at one thread but 1.03 at two.  They reach kRowsAheadFromL2
+    // (2) rows ahead, not 4 KiB of rows.  Zen 5, against 8 rows (loops
+    // aligned): S8 0.981 at one thread (0.978 reversed), 0.999 at two; 4 rows
+    // 0.985 / 0.994; 1 row 0.991 / 1.018 against 2; a dense token-major GQA
+    // batch from DRAM 0.986; AVX2 S8 1.001.  P·V's rows requested 2 ahead
+    // into L1 as well: 1.037 / 1.030.
     const int k_ahead =
         rows_read ? kRowsAheadFromL2 : rows_ahead(dp * static_cast<int64_t>(sizeof(T)));
     const int v_ahead = rows_read ? 0 : rows_ahead(dvp * static_cast<int64_t>(sizeof(T)));

@@ -252,7 +252,7 @@ inline void pv_block_run(const float* const* p, Rows v_rows, int j0, int j1, int
       // in flight together hide that (S8 took 1.057 of the time with each
       // load next to its FMAs, Zen 5).
       B vx[NB];
-      for (int c = 0; c < NB; ++c) vx[c] = B::load_unaligned(v + c * W);
+      for (int c = 0; c < NB; ++c) vx[c] = load_widen<Arch, kKv>(v + c * W);
       for (int r = 0; r < R; ++r) {
         const B pj(pr[r][j]);
         for (int c = 0; c < NB; ++c) o[r][c] = xsimd::fma(pj, vx[c], o[r][c]);
