@@ -181,6 +181,12 @@ void Registry::probe_locked(Backend& backend) {
     refuse("malformed plugin table");
     return;
   }
+  if (const mha_gemm_ukernel* gemm = plugin->gemm_ukernel;
+      gemm != nullptr &&
+      (gemm->run == nullptr || gemm->mr < 1 || gemm->mr > 64 || gemm->nr < 1 || gemm->nr > 64)) {
+    refuse("malformed plugin table (its gemm_ukernel)");
+    return;
+  }
   if (backend.name != plugin->name) {
     refuse("the file names backend '" + backend.name + "' but the plugin calls itself '" +
            printable(plugin->name) + "'");

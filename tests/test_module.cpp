@@ -1541,6 +1541,31 @@ struct ForwardFixture {
   }
 };
 
+// Run by ctest with MHA_VERBOSE=2 (module.verbose_gemm_kernel): a module call
+// on avx512, then on avx2.  The entry's regular expression checks that the
+// first call's line names avx512's micro-kernel for the products (BLIS's
+// "skx" set, which mha gives BLIS on AVX-512 CPUs, packs for its 32 x 12
+// tile) and the second BLIS's own (avx2 offers none for that set).
+TEST(ModuleVerbose, LinesNameTheGemmKernel) {
+  const char* verbose = std::getenv("MHA_VERBOSE");
+  if (verbose == nullptr || std::string(verbose) != "2") GTEST_SKIP() << "runs with MHA_VERBOSE=2";
+  const auto backends = list_backends();
+  for (const char* name : {"avx512", "avx2"}) {
+    const BackendEntry* entry = find_backend(backends, name);
+    if (entry == nullptr || !entry->usable) {
+      std::printf("%s is not usable here\n", name);
+      continue;
+    }
+    ASSERT_EQ(mha_select_backend(name), MHA_OK) << mha_last_error();
+    ForwardFixture f;
+    ASSERT_EQ(f.call(), MHA_OK) << mha_last_error();
+    std::fflush(stderr);
+    std::printf("module call on %s done\n", name);
+    std::fflush(stdout);
+  }
+  mha_select_backend("auto");
+}
+
 TEST(ModuleForward, BadCallsAreRefusedAndWriteNothing) {
   struct Bad {
     const char* what;

@@ -286,6 +286,7 @@ extern "C" __attribute__((visibility("default"))) const mha_plugin* mha_plugin_e
       mha_scalar::backward_scratch_bytes,
       mha_scalar::backward,
       nullptr,  // choose_tiles: loops over single keys, no tile to size
+      nullptr,  // gemm_ukernel: BLIS's own kernels
   };
   return &table;
 }

@@ -17,6 +17,9 @@ int mha_simd_attend(const mha_kernel_problem* problem, const mha_work_item* item
 size_t mha_simd_backward_scratch_bytes(const mha_backward_problem* problem);
 int mha_simd_backward(const mha_backward_problem* problem, const mha_backward_item* item,
                       void* scratch);
+void mha_simd_packed_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                          const float* b, float beta, float* c, int64_t rs_c, int64_t cs_c,
+                          const float* next_a, const float* next_b);
 
 // The tiles this plugin chose for the machine's caches: written once by the
 // table's choose_tiles (plugin_table.hpp) when the runtime loads the plugin,

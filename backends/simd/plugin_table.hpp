@@ -6,6 +6,7 @@
 
 #include "simd/blocking.hpp"
 #include "simd/kernel_entry.hpp"
+#include "simd/packed_gemm.hpp"
 #include "simd/paths.hpp"
 #include "simd/tile_choice.hpp"
 
@@ -32,6 +33,22 @@ void choose_tiles(const mha_cache_sizes* caches, mha_tile_sizes* tiles) {
   tiles->decode_key_tile = Blocking<Arch>::kDecodeKeyTile;
 }
 
+// The module's matrix-product micro-kernel, where this ISA has one
+// (packed_gemm.hpp).
+template <class Arch>
+inline constexpr mha_gemm_ukernel kPackedGemm{PackedGemmTile<Arch>::kMr, PackedGemmTile<Arch>::kNr,
+                                              PackedGemmTile<Arch>::kRowMajor ? 1 : 0,
+                                              mha_simd_packed_gemm};
+
+template <class Arch>
+constexpr const mha_gemm_ukernel* packed_gemm_of() {
+  if constexpr (PackedGemmTile<Arch>::kOffered) {
+    return &kPackedGemm<Arch>;
+  } else {
+    return nullptr;
+  }
+}
+
 template <class Arch, bool kBf16Dot>
 constexpr mha_plugin plugin_table(const char* name, const char* description, uint32_t features,
                                   int32_t priority, int32_t vector_floats) {
@@ -53,6 +70,7 @@ constexpr mha_plugin plugin_table(const char* name, const char* description, uin
       mha_simd_backward_scratch_bytes,
       mha_simd_backward,
       choose_tiles<Arch>,
+      packed_gemm_of<Arch>(),
   };
 }
 

@@ -44,8 +44,10 @@ extern "C" {
  * 12: mha_work_item ends with kv_new: whether the thread running the item
  *    read other keys just before it.
  * 13: mha_kernel_problem ends with kv_streamed: whether the call's K and V
- *    outgrow the last-level cache. */
-#define MHA_PLUGIN_ABI_VERSION 13
+ *    outgrow the last-level cache.
+ * 14: mha_plugin ends with gemm_ukernel (mha_gemm_ukernel): a micro-kernel
+ *    for the module's matrix products, run inside BLIS's framework. */
+#define MHA_PLUGIN_ABI_VERSION 14
 #define MHA_PLUGIN_ENTRY_SYMBOL "mha_plugin_entry"
 
 /* CPU features, as the runtime detects them (OS support included). */
@@ -286,6 +288,24 @@ typedef struct mha_tile_sizes {
   int32_t decode_key_tile;
 } mha_tile_sizes;
 
+/* ABI 14: a micro-kernel for the module's matrix products.  The runtime runs
+ * them in BLIS's framework (its blocking, packing and threads) and, when the
+ * BLIS kernel set in use packs its panels for the same C tile and the same
+ * orientation, with this micro-kernel in place of BLIS's own. */
+typedef struct mha_gemm_ukernel {
+  int32_t mr;        /* rows of the C tile (1 to 64) */
+  int32_t nr;        /* columns of the C tile (1 to 64) */
+  int32_t row_major; /* 1: its vectors run along C's rows (BLIS: "prefers rows"); 0: columns */
+  /* C = beta·C + alpha·A·B on an m x n corner of the tile (m <= mr, n <= nr),
+   * k >= 0 terms: element (i, p) of A at a[p·mr + i], (p, j) of B at
+   * b[p·nr + j] (BLIS's packed panels), (i, j) of C at c[i·rs_c + j·cs_c].
+   * beta == 0 writes C without reading it.  next_a and next_b are the panels
+   * of the next call (the kernel may request them early), or NULL. */
+  void (*run)(int64_t m, int64_t n, int64_t k, float alpha, const float* a, const float* b,
+              float beta, float* c, int64_t rs_c, int64_t cs_c, const float* next_a,
+              const float* next_b);
+} mha_gemm_ukernel;
+
 typedef struct mha_plugin {
   uint32_t abi_version; /* MHA_PLUGIN_ABI_VERSION: read first, before anything else */
   uint32_t struct_size; /* sizeof(mha_plugin) */
@@ -333,6 +353,10 @@ typedef struct mha_plugin {
    * key_tile (and decode_key_tile 0); the plugin's kernels use what it writes
    * there from then on.  NULL: the table's tiles. */
   void (*choose_tiles)(const mha_cache_sizes* caches, mha_tile_sizes* tiles);
+
+  /* ABI 14: the module's matrix-product micro-kernel (mha_gemm_ukernel).
+   * NULL: BLIS's own kernels. */
+  const mha_gemm_ukernel* gemm_ukernel;
 } mha_plugin;
 
 typedef const mha_plugin* (*mha_plugin_entry_fn)(void);

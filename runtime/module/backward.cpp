@@ -249,7 +249,8 @@ mha_status run_module_backward(const ModuleCall& call, const mha_tensor* dout_te
   if (verbose_level() >= 2) {
     std::fprintf(stderr,
                  "mha_verbose,exec,module_backward,B=%lld,Lq=%lld,Lk=%lld,E=%lld,H=%lld,Eq=%lld,"
-                 "Ek=%lld,Ev=%lld,bias=%d,packed=%s,dropout=%g,variants=%s,blis=%s,threads=%d,"
+                 "Ek=%lld,Ev=%lld,bias=%d,packed=%s,dropout=%g,variants=%s,blis=%s,gemm_ukernel=%s,"
+                 "threads=%d,"
                  "forward_and_attention_ms=%.4f,projections_ms=%.4f\n",
                  static_cast<long long>(batch), static_cast<long long>(lq),
                  static_cast<long long>(lk), static_cast<long long>(e),
@@ -257,7 +258,7 @@ mha_status run_module_backward(const ModuleCall& call, const mha_tensor* dout_te
                  static_cast<long long>(m.key_dim), static_cast<long long>(m.value_dim),
                  m.bias ? 1 : 0, proj.qkv_packed ? "qkv" : (proj.kv_packed ? "kv" : "no"),
                  static_cast<double>(call.dropout_p), variants_of(kernel_call).c_str(),
-                 blis_kernel_set(), threads, attention_ms, ms_since(t3));
+                 blis_kernel_set(), gemm_ukernel_in_use(), threads, attention_ms, ms_since(t3));
   }
   return MHA_OK;
 }

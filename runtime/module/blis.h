@@ -10,7 +10,8 @@ namespace mha::rt {
 // C[m, n] = alpha * A[m, k] * B[k, n] + beta * C, fp32, element (r, c) of each
 // operand at data[r * rs + c * cs] (strides in elements, >= 0).  beta == 0
 // overwrites C without reading it.  Runs BLIS on `threads` threads (a per-call
-// setting: BLIS's global thread count is left alone).  Operands whose strides
+// setting: BLIS's global thread count is left alone), with the selected
+// backend's micro-kernel where it has one for BLIS's kernel set.  Operands whose strides
 // BLIS refuses (zero strides of broadcast inputs, interleaved rows) are copied
 // to packed scratch first, and a refused C is computed in scratch and copied.
 void sgemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t rsa, int64_t csa,
@@ -28,5 +29,10 @@ int32_t sgemm_threads(int64_t m, int64_t n, int64_t k, int32_t threads);
 
 // The BLIS kernel set in use ("skx", "haswell", "generic", ...), for logs.
 const char* blis_kernel_set();
+
+// Whose micro-kernel runs the products in BLIS's framework: the selected
+// backend's name when its plugin offers one for BLIS's kernel set
+// (mha_gemm_ukernel), else "blis".  For logs.
+const char* gemm_ukernel_in_use();
 
 }  // namespace mha::rt

@@ -80,6 +80,7 @@ const mha_plugin kTable = {
     nullptr,  // no backward pass
     nullptr,
     nullptr,  // choose_tiles: the table's
+    nullptr,  // gemm_ukernel: BLIS's own
 };
 
 }  // namespace

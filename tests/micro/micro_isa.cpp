@@ -8,6 +8,7 @@
 #include "simd/blocking.hpp"
 #include "simd/convert.hpp"
 #include "simd/microkernels.hpp"
+#include "simd/packed_gemm.hpp"
 #include "simd/row_kernels.hpp"
 #include "simd/score_variants.hpp"
 #include "simd/tile_tools.hpp"
@@ -94,6 +95,17 @@ void softcap(float* s, int64_t n, float cap) {
   mha_simd::softcap_scores<Arch>(s, n, cap);
 }
 
+using Tile = mha_simd::PackedGemmTile<Arch>;
+using GemmFn = void (*)(int64_t, int64_t, int64_t, float, const float*, const float*, float, float*,
+                        int64_t, int64_t, const float*, const float*);
+constexpr GemmFn gemm_of() {
+  if constexpr (Tile::kOffered) {
+    return mha_simd::packed_gemm<Arch>;
+  } else {
+    return nullptr;
+  }
+}
+
 }  // namespace
 
 extern "C" const mha_micro::MicroKernels* MHA_MICRO_NAME() {
@@ -113,6 +125,10 @@ extern "C" const mha_micro::MicroKernels* MHA_MICRO_NAME() {
       narrow,
       widen,
       softcap,
+      Tile::kMr,
+      Tile::kNr,
+      Tile::kRowMajor ? 1 : 0,
+      gemm_of(),
   };
   return &kernels;
 }

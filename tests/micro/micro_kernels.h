@@ -36,6 +36,12 @@ struct MicroKernels {
   // softcap_scores: s <- cap · tanh(s / cap) over n floats (a multiple of
   // `lanes`, aligned).
   void (*softcap)(float* s, int64_t n, float cap);
+  // packed_gemm (the module's micro-kernel in BLIS's framework, plugin ABI
+  // 14) and its tile, or gemm == nullptr where the ISA offers none.
+  int gemm_mr, gemm_nr, gemm_row_major;
+  void (*gemm)(int64_t m, int64_t n, int64_t k, float alpha, const float* a, const float* b,
+               float beta, float* c, int64_t rs_c, int64_t cs_c, const float* next_a,
+               const float* next_b);
 };
 
 }  // namespace mha_micro

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/dtype.h"
@@ -412,6 +413,84 @@ TEST_P(Micro, SoftcapMatchesTanhInFloat64) {
   for (int l = 0; l < w; ++l) EXPECT_TRUE(std::isnan(nan[static_cast<size_t>(l)]));
   RecordProperty("worst_ulps", std::to_string(worst));
   std::printf("softcap on %s: worst relative error %.2f * 2^-24\n", k_->name, worst);
+}
+
+// The module's micro-kernel (packed_gemm.hpp) on BLIS's packed panels:
+// every corner of its tile, C in columns, in rows and strided both ways,
+// alpha and beta (beta 0 over NaN: C is not read), k from 0 up, the next
+// panels given or not.  Each element must be the plain loop's float result
+// bit for bit (one FMA a term, in order, then alpha, then beta·C in one FMA),
+// that within k rounding steps of float64, and nothing outside the corner
+// written.
+TEST_P(Micro, PackedGemmMatchesPlainLoops) {
+  if (k_->gemm == nullptr) {
+    std::printf("%s offers no module micro-kernel (BLIS's own run)\n", k_->name);
+    return;
+  }
+  const int mr = k_->gemm_mr, nr = k_->gemm_nr;
+  Rng rng(11);
+  int64_t checked = 0;
+  for (const int64_t k : {0, 1, 5, 64, 385}) {
+    std::vector<float> a(static_cast<size_t>(std::max<int64_t>(k, 1) * mr));
+    std::vector<float> b(static_cast<size_t>(std::max<int64_t>(k, 1) * nr));
+    for (float& x : a) x = rng.uniform(-1.0f, 1.0f);
+    for (float& x : b) x = rng.uniform(-1.0f, 1.0f);
+    const std::vector<std::pair<int, int>> corners = {
+        {mr, nr}, {mr - 1, nr}, {mr, nr - 1}, {1, 1}, {1, nr}, {mr, 1}, {mr / 2 + 1, 3}};
+    for (const auto& [m, n] : corners) {
+      // Layouts: 0 columns, 1 rows, 2 strided both ways.
+      for (int layout = 0; layout < 3; ++layout) {
+        const int64_t ld = (layout == 1 ? nr : mr) + 3;
+        const int64_t rs = layout == 0 ? 1 : (layout == 1 ? ld : 2);
+        const int64_t cs = layout == 0 ? ld : (layout == 1 ? 1 : 2 * ld);
+        const size_t size = static_cast<size_t>(mr * rs + nr * cs + 8);
+        for (const float alpha : {1.0f, -0.75f}) {
+          for (const float beta : {0.0f, 1.0f, 0.5f}) {
+            std::vector<float> start(size);
+            for (float& x : start) x = beta == 0.0f ? NAN : rng.uniform(-1.0f, 1.0f);
+            std::vector<float> c = start;
+            const bool next = (m + n + layout) % 2 == 0;
+            k_->gemm(m, n, k, alpha, a.data(), b.data(), beta, c.data(), rs, cs,
+                     next ? a.data() : nullptr, next ? b.data() : nullptr);
+            std::vector<bool> inside(size, false);
+            for (int i = 0; i < m; ++i) {
+              for (int j = 0; j < n; ++j) {
+                const auto at = static_cast<size_t>(i * rs + j * cs);
+                inside[at] = true;
+                float acc = 0.0f;
+                double exact = 0.0, terms = 0.0;
+                for (int64_t p = 0; p < k; ++p) {
+                  const float x = a[static_cast<size_t>(p * mr + i)];
+                  const float y = b[static_cast<size_t>(p * nr + j)];
+                  acc = std::fma(x, y, acc);
+                  exact += D(x) * D(y);
+                  terms += std::fabs(D(x) * D(y));
+                }
+                const float sum = alpha == 1.0f ? acc : acc * alpha;
+                const float want = beta == 0.0f ? sum : std::fma(beta, start[at], sum);
+                ASSERT_EQ(c[at], want)
+                    << k_->name << ": (" << i << ", " << j << ") of " << m << " x " << n << ", k "
+                    << k << ", layout " << layout << ", alpha " << alpha << ", beta " << beta;
+                const double old = beta == 0.0f ? 0.0 : D(beta) * D(start[at]);
+                ASSERT_LE(std::fabs(D(c[at]) - (D(alpha) * exact + old)),
+                          dot_tolerance(std::fabs(D(alpha)) * terms + std::fabs(old), k + 2));
+                ++checked;
+              }
+            }
+            for (size_t i = 0; i < size; ++i) {
+              if (inside[i]) continue;
+              ASSERT_TRUE(std::isnan(start[i]) ? std::isnan(c[i]) : c[i] == start[i])
+                  << k_->name << ": element " << i << " outside the " << m << " x " << n
+                  << " corner was written";
+            }
+          }
+        }
+      }
+    }
+  }
+  std::printf("packed_gemm on %s (%d x %d, vectors along %s): %lld elements bit for bit\n",
+              k_->name, mr, nr, k_->gemm_row_major != 0 ? "rows" : "columns",
+              static_cast<long long>(checked));
 }
 
 std::string isa_name(const ::testing::TestParamInfo<mha_micro::MicroIsa>& info) {
