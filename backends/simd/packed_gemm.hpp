@@ -24,7 +24,25 @@
 #include <cstdint>
 #include <type_traits>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace mha_simd {
+
+// x·y + z rounded once.  xsimd 8.1's fma for AVX-512 is its generic x * y + z,
+// which GCC fuses only when it contracts (at -O2 and above): the ASan build
+// (-O1) gave other bits.  The products' bits should not depend on that.
+template <class Arch>
+inline xsimd::batch<float, Arch> fused_fma(xsimd::batch<float, Arch> x, xsimd::batch<float, Arch> y,
+                                           xsimd::batch<float, Arch> z) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_base_of<xsimd::avx512f, Arch>::value) {
+    return xsimd::batch<float, Arch>(_mm512_fmadd_ps(x, y, z));
+  }
+#endif
+  return xsimd::fma(x, y, z);
+}
 
 // The C tile and orientation of the BLIS kernel set this ISA meets, or none
 // (kOffered false: the runtime keeps BLIS's own kernels).
@@ -98,7 +116,7 @@ void packed_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, c
     for (int r = 0; r < R; ++r) {
       const V xr(x[p * R + r]);
 #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) acc[r][v] = xsimd::fma(xr, yv[v], acc[r][v]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = fused_fma(xr, yv[v], acc[r][v]);
     }
   }
 
@@ -110,7 +128,7 @@ void packed_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, c
       for (int v = 0; v < NV; ++v) {
         float* out = c + r * line_stride + v * W;
         const V sum = alpha == 1.0f ? acc[r][v] : acc[r][v] * va;
-        (beta == 0.0f ? sum : xsimd::fma(vb, V::load_unaligned(out), sum)).store_unaligned(out);
+        (beta == 0.0f ? sum : fused_fma(vb, V::load_unaligned(out), sum)).store_unaligned(out);
       }
     }
     return;
