@@ -114,13 +114,15 @@ cntx_t* context_with(const mha_gemm_ukernel* kernel) {
   return slot.usable ? context : nullptr;
 }
 
-// The selected backend's micro-kernel context, or nullptr.
-cntx_t* selected_context() {
+// The selected backend when its micro-kernel runs in BLIS's framework (with
+// that context in *context), else nullptr.
+const Backend* selected_with_context(cntx_t** context) {
   const char* why = nullptr;
   const Backend* backend = Registry::instance().selected(&why);
-  return backend != nullptr && backend->plugin != nullptr
-             ? context_with(backend->plugin->gemm_ukernel)
-             : nullptr;
+  *context = backend != nullptr && backend->plugin != nullptr
+                 ? context_with(backend->plugin->gemm_ukernel)
+                 : nullptr;
+  return *context != nullptr ? backend : nullptr;
 }
 
 // Strides of size-1 dimensions are never used: give them values BLIS accepts.
@@ -199,9 +201,10 @@ void sgemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t
   bli_rntm_init(&rntm);
   // BLIS threads with OpenMP, whose pool a forked child cannot use (threads.h).
   bli_rntm_set_num_threads(threads < 1 || in_forked_child() ? 1 : threads, &rntm);
+  cntx_t* context = nullptr;  // nullptr: BLIS's own
+  selected_with_context(&context);
   bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, m, n, k, &alpha, const_cast<float*>(a), rsa,
-               csa, const_cast<float*>(b), rsb, csb, &beta, dst, rsd, csd, selected_context(),
-               &rntm);
+               csa, const_cast<float*>(b), rsb, csb, &beta, dst, rsd, csd, context, &rntm);
 
   if (dst != c) {
     for (int64_t r = 0; r < m; ++r) {
@@ -217,10 +220,9 @@ const char* blis_kernel_set() {
 
 const char* gemm_ukernel_in_use() {
   prepare_blis_once();
-  const char* why = nullptr;
-  const Backend* backend = Registry::instance().selected(&why);
-  if (backend == nullptr || backend->plugin == nullptr) return "blis";
-  return context_with(backend->plugin->gemm_ukernel) != nullptr ? backend->name.c_str() : "blis";
+  cntx_t* context = nullptr;
+  const Backend* backend = selected_with_context(&context);
+  return backend != nullptr ? backend->name.c_str() : "blis";
 }
 
 }  // namespace mha::rt
