@@ -154,7 +154,7 @@ mha_status attend(KernelCall& call) {
   const mha_status status = run_attention(*backend, call, threads);
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  log_call(*backend, call, plan_work(call.problem, *backend), threads, ms);
+  log_call(*backend, call, plan_work(call.problem, *backend, 1, threads), threads, ms);
   return status;
 }
 

@@ -23,6 +23,10 @@ constexpr int64_t kTargetItems = 64;
 constexpr int64_t kMinChunk = 512;
 constexpr int64_t kMaxHeadsPerItem = 8;
 constexpr int64_t kWidenedQueryTiles = 16;
+// Items of copied K and V grow while each thread keeps at least this many
+// (items of one head cost alike, so 16 leave a thread idle for at most 1/16
+// of the call).
+constexpr int64_t kCopiedItemsPerThread = 16;
 // The decode layout keeps every query head of a KV-head group as a row of one
 // item; beyond mha_kernel::kMaxDecodeRows rows (absurd groups) the query-lane
 // layout serves.
@@ -88,7 +92,8 @@ int64_t WorkPlan::items() const {
   return batch * head_groups * q_tiles * chunks;
 }
 
-WorkPlan plan_work(const mha_kernel_problem& p, const Backend& backend, int64_t calls_in_team) {
+WorkPlan plan_work(const mha_kernel_problem& p, const Backend& backend, int64_t calls_in_team,
+                   int32_t threads) {
   const mha_tile_sizes& tiles = backend.tiles;
   const int32_t vector_floats = backend.plugin->vector_floats;
   WorkPlan plan{};
@@ -126,20 +131,20 @@ WorkPlan plan_work(const mha_kernel_problem& p, const Backend& backend, int64_t 
   // K and V that a prefill kernel must widen (half precision, int8) or copy
   // (fp32 rows apart) are copied once per item and reused by its query tiles:
   // give an item up to kWidenedQueryTiles tiles, while enough items remain to
-  // balance threads (counting `calls` calls like this one).  Up to 16 rather
-  // than 4: S9's causal items copy every key up to their last query, and
-  // whole heads copy each once (S9, one thread, about 3 % faster).
+  // balance the threads (counting `calls` calls like this one).  Up to 16
+  // rather than 4: S9's causal items copy every key up to their last query,
+  // and whole heads copy each once (S9, one thread, about 3 % faster).
   const bool copied = !decode && mha_kernel::kv_copied_per_item(p);
-  const auto widened_q_tile = [&](int64_t calls) {
+  const auto widened_q_tile = [&](int64_t calls, int64_t enough) {
     for (int64_t m = kWidenedQueryTiles; m > 1; m /= 2) {
       const int64_t tile = tiles.query_tile * m;
-      if (calls * p.batch * plan.head_groups * ceil_div(p.lq, tile) >= 2 * kTargetItems) {
+      if (calls * p.batch * plan.head_groups * ceil_div(p.lq, tile) >= enough) {
         return std::min(p.lq, tile);
       }
     }
     return plan.q_tile;
   };
-  if (copied) plan.q_tile = widened_q_tile(1);
+  if (copied) plan.q_tile = widened_q_tile(1, 2 * kTargetItems);
   plan.q_tiles = ceil_div(p.lq, plan.q_tile);
   // Key chunks split what a tile can see (the window, not the whole cache):
   // chunk c of a tile starts at first_key_of_tile + c · chunk_len.
@@ -155,14 +160,21 @@ WorkPlan plan_work(const mha_kernel_problem& p, const Backend& backend, int64_t 
     plan.chunks = ceil_div(span, plan.chunk_len);
   }
   // A call that shares its team with others (a packed batch's sequences: the
-  // others' items balance the threads too) takes longer items still -- when
-  // that cannot change its bits, so that each sequence stays the same bits
-  // as the call on it alone: without split-KV (whose chunks follow the tile)
-  // and without a window's left edge (key tiles start from an item's first
-  // visible key).
-  if (copied && calls_in_team > 1 && plan.chunks == 1 &&
+  // others' items balance the threads too), or whose team is small enough
+  // that fewer items balance it (kCopiedItemsPerThread a thread), takes longer
+  // items still -- when that cannot change its bits, so that a call gives the
+  // same bits for any thread count and each sequence the bits of the call on
+  // it alone: without split-KV (whose chunks follow the tile) and without a
+  // window's left edge (key tiles start from an item's first visible key).
+  // (Zen 5, two threads: S1 as [B, L, H, D] views, whose items held 4 query
+  // tiles, takes whole heads of 8: 0.976 of the time at one thread, 0.986 at
+  // two.)
+  const int64_t enough = threads > 0
+                             ? std::min<int64_t>(kCopiedItemsPerThread * threads, 2 * kTargetItems)
+                             : 2 * kTargetItems;
+  if (copied && (calls_in_team > 1 || enough < 2 * kTargetItems) && plan.chunks == 1 &&
       p.lower_diag <= -mha_rules::kNoCausalLimit) {
-    plan.q_tile = widened_q_tile(calls_in_team);
+    plan.q_tile = widened_q_tile(calls_in_team, enough);
     plan.q_tiles = ceil_div(p.lq, plan.q_tile);
     plan.chunk_len = key_span(p, plan.q_tile);
   }
@@ -424,7 +436,7 @@ mha_status run_attention(const Backend& backend, KernelCall* calls, int64_t coun
     mha_kernel_problem& p = call.problem;
     PlannedCall pc{};
     pc.call = &call;
-    pc.plan = plan_work(p, backend, count);
+    pc.plan = plan_work(p, backend, count, threads);
     p.layout = pc.plan.layout;
     pc.item_problem = p;
     if (pc.plan.chunks > 1) pc.item_problem.sinks = nullptr;  // the merge adds each once

@@ -27,9 +27,11 @@ struct WorkPlan {
 
 // With the tiles the backend chose for this machine (Backend::tiles).
 // `calls_in_team`: how many calls share one team of threads (the sequences of
-// a packed batch), whose items balance the threads together.
+// a packed batch), whose items balance the threads together; `threads`: the
+// team's size (0: not known).  Neither changes a result's bits: they only
+// group query tiles into items (split-KV depends on the shape alone).
 WorkPlan plan_work(const mha_kernel_problem& problem, const Backend& backend,
-                   int64_t calls_in_team = 1);
+                   int64_t calls_in_team = 1, int32_t threads = 0);
 
 // "query-lanes", "decode" or "rows" (MHA_VERBOSE=2's layout=).
 const char* layout_name(int32_t layout);
