@@ -804,6 +804,16 @@ TEST_P(Attention, ResultsDoNotDependOnThreadCount) {
         c.lens_values = {4321};
         return c;
       }(),
+      [] {
+        // K and V copied per item, whose query tiles go into longer items
+        // for fewer threads (16 items a thread): with whole sequences per
+        // item, 16 items would also call for split-KV over these 1200 keys,
+        // which must not follow the thread count.
+        Case c;
+        c.B = 4, c.H = 4, c.Hkv = 2, c.Lq = 320, c.Lk = 1200, c.D = 2, c.Dv = 2;
+        c.k_layout = c.v_layout = Layout::BLHD;
+        return c;
+      }(),
   };
   for (const Case& c : cases) {
     std::vector<Outcome> outcomes;
