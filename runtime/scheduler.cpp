@@ -167,13 +167,12 @@ WorkPlan plan_work(const mha_kernel_problem& p, const Backend& backend, int64_t 
   // it alone: without split-KV (whose chunks follow the tile) and without a
   // window's left edge (key tiles start from an item's first visible key).
   // (Zen 5, two threads: S1 as [B, L, H, D] views, whose items held 4 query
-  // tiles, takes whole heads of 8: 0.976 of the time at one thread, 0.986 at
-  // two.)
+  // tiles, takes whole heads of 8: 0.971 of the time at one thread, 0.955 at
+  // two.)  One call with the old bound keeps the plan above.
   const int64_t enough = threads > 0
                              ? std::min<int64_t>(kCopiedItemsPerThread * threads, 2 * kTargetItems)
                              : 2 * kTargetItems;
-  if (copied && (calls_in_team > 1 || enough < 2 * kTargetItems) && plan.chunks == 1 &&
-      p.lower_diag <= -mha_rules::kNoCausalLimit) {
+  if (copied && plan.chunks == 1 && p.lower_diag <= -mha_rules::kNoCausalLimit) {
     plan.q_tile = widened_q_tile(calls_in_team, enough);
     plan.q_tiles = ceil_div(p.lq, plan.q_tile);
     plan.chunk_len = key_span(p, plan.q_tile);
