@@ -17,6 +17,8 @@
 //        | s5 (bench-shapes' S5: the d2l.ai example with its valid lengths)
 //        | B H LQ LK D CAUSAL [blhd]  (CAUSAL 0 or 1; blhd: [B, L, H, D] views;
 //                                      --hkv: KV heads, H by default)
+//        | module B L E H  (mha_module_forward, self-attention with biases:
+//                           module S1 is `module 8 512 768 12`)
 //
 // MHA_BACKEND applies to both builds.  Example (S4):
 //   MHA_BACKEND=avx512 mha_ab_builds /tmp/old/lib build/release/lib 32 8 64 64 32 0
@@ -46,6 +48,12 @@ struct Build {
   decltype(&mha_attention_varlen) attention_varlen = nullptr;
   decltype(&mha_set_num_threads) set_num_threads = nullptr;
   decltype(&mha_last_error) last_error = nullptr;
+  decltype(&mha_module_config_init) module_config_init = nullptr;
+  decltype(&mha_module_create) module_create = nullptr;
+  decltype(&mha_module_set_weight) module_set_weight = nullptr;
+  decltype(&mha_module_forward_params_init) module_params_init = nullptr;
+  decltype(&mha_module_forward) module_forward = nullptr;
+  mutable mha_module* module = nullptr;  // the module shape's, made by this build
 };
 
 template <class F>
@@ -72,6 +80,11 @@ Build load(const std::string& dir) {
   find(library, "mha_attention_varlen", &b.attention_varlen);
   find(library, "mha_set_num_threads", &b.set_num_threads);
   find(library, "mha_last_error", &b.last_error);
+  find(library, "mha_module_config_init", &b.module_config_init);
+  find(library, "mha_module_create", &b.module_create);
+  find(library, "mha_module_set_weight", &b.module_set_weight);
+  find(library, "mha_module_forward_params_init", &b.module_params_init);
+  find(library, "mha_module_forward", &b.module_forward);
   return b;
 }
 
@@ -86,6 +99,8 @@ struct Shape {
   mha_bench::S8Batch* paged = nullptr;  // S8: one query a sequence over its pages
   bool bf16_cache = false;              // S8:bf16kv: K and V in bf16
   std::vector<uint16_t> k16{}, v16{};   // S8:bf16kv's cache, with k's and v's slack
+  bool module = false;                  // mha_module_forward on [B, L, E] (self-attention)
+  int64_t e = 0;                        // the module's embedding
 
   // bench-shapes' count: 4 · H · D per (query, key) pair that takes part.
   double flops() const {
@@ -97,6 +112,9 @@ struct Shape {
       for (const int32_t keys : paged->used) n += static_cast<double>(keys);
     } else if (packed) {
       for (const int64_t l : lengths) n += pairs(l, l);
+    } else if (module) {  // the projections' products besides attention's pairs
+      const double rows = static_cast<double>(b * lq), width = static_cast<double>(e);
+      return 8.0 * rows * width * width + 4.0 * static_cast<double>(h * d * b) * pairs(lq, lk);
     } else if (valid_lens) {
       for (const int32_t keys : mha_bench::kS5ValidLens) n += pairs(lq, keys);  // S5: B = 2
     } else {
@@ -131,7 +149,14 @@ bool call(const Build& build, Shape& s, std::vector<float>& q, std::vector<float
     params.valid_lens = &lens;
   }
   mha_status status = MHA_OK;
-  if (s.paged != nullptr) {
+  if (s.module) {
+    const int64_t rows[3] = {s.b, s.lq, s.e};
+    build.tensor_init(&tq, q.data(), MHA_DTYPE_F32, 3, rows, nullptr);
+    build.tensor_init(&to, out.data(), MHA_DTYPE_F32, 3, rows, nullptr);
+    mha_module_forward_params forward;
+    build.module_params_init(&forward);
+    status = build.module_forward(build.module, &tq, &tq, &tq, &to, &forward);
+  } else if (s.paged != nullptr) {
     mha_bench::S8Batch& batch = *s.paged;
     using S8 = mha_bench::S8Batch;
     const int64_t rows[3] = {S8::kSequences, S8::kHeads, S8::kHeadSize};
@@ -185,6 +210,42 @@ bool call(const Build& build, Shape& s, std::vector<float>& q, std::vector<float
   return status == MHA_OK;
 }
 
+// The module shape's module on `build`, with module_bench's weights.
+void make_module(const Build& build, int64_t e, int64_t h) {
+  mha_module_config config;
+  build.module_config_init(&config);
+  config.embed_dim = e;
+  config.num_heads = h;
+  if (build.module_create(&config, &build.module) != MHA_OK) {
+    std::fprintf(stderr, "%s\n", build.last_error());
+    std::exit(1);
+  }
+  const float a = 1.0f / std::sqrt(static_cast<float>(e));
+  std::vector<float> w_in(static_cast<size_t>(3 * e * e)), b_in(static_cast<size_t>(3 * e)),
+      w_out(static_cast<size_t>(e * e)), b_out(static_cast<size_t>(e));
+  mha_bench::fill_uniform(w_in, 11, a);
+  mha_bench::fill_uniform(b_in, 12, a);
+  mha_bench::fill_uniform(w_out, 13, a);
+  mha_bench::fill_uniform(b_out, 14, a);
+  const struct {
+    const char* name;
+    std::vector<float>* data;
+    int32_t ndim;
+    int64_t shape[2];
+  } weights[] = {{"in_proj_weight", &w_in, 2, {3 * e, e}},
+                 {"in_proj_bias", &b_in, 1, {3 * e, 0}},
+                 {"out_proj.weight", &w_out, 2, {e, e}},
+                 {"out_proj.bias", &b_out, 1, {e, 0}}};
+  for (const auto& w : weights) {
+    mha_tensor t;
+    build.tensor_init(&t, w.data->data(), MHA_DTYPE_F32, w.ndim, w.shape, nullptr);
+    if (build.module_set_weight(build.module, w.name, &t) != MHA_OK) {
+      std::fprintf(stderr, "%s\n", build.last_error());
+      std::exit(1);
+    }
+  }
+}
+
 double quantile(std::vector<double> x, double at) {
   std::sort(x.begin(), x.end());
   return x[static_cast<size_t>(std::lround(at * static_cast<double>(x.size() - 1)))];
@@ -193,7 +254,8 @@ double quantile(std::vector<double> x, double at) {
 [[noreturn]] void usage() {
   std::fprintf(stderr,
                "mha_ab_builds BASE_LIB_DIR NEW_LIB_DIR [--rounds N] [--threads N] "
-               "[--seconds S] [--hkv N] (s9 | s8 | s8bf16 | s5 | B H LQ LK D CAUSAL [blhd])\n");
+               "[--seconds S] [--hkv N] (s9 | s8 | s8bf16 | s5 | B H LQ LK D CAUSAL [blhd] | "
+               "module B L E H)\n");
   std::exit(2);
 }
 
@@ -257,6 +319,16 @@ int main(int argc, char** argv) {
     // The d2l.ai example: packed, blhd, valid_lens, B, H, Hkv, Lq, Lk, D, causal.
     const Shape s5{false, false, true, 2, 5, 0, 4, 6, 20, false, {}, {}};
     s = s5;
+  } else if (shape_args.size() == 5 && shape_args[0] == "module") {
+    s.module = true;
+    s.causal = false;
+    s.b = whole(shape_args[1]);
+    s.lq = s.lk = whole(shape_args[2]);
+    s.e = whole(shape_args[3]);
+    s.h = whole(shape_args[4]);
+    if (s.b < 1 || s.lq < 1 || s.h < 1 || s.e < 1 || s.e % s.h != 0) usage();
+    s.d = s.e / s.h;
+    for (const Build& b : builds) make_module(b, s.e, s.h);
   } else if (shape_args.size() == 6 || shape_args.size() == 7) {
     s.b = whole(shape_args[0]);
     s.h = whole(shape_args[1]);
@@ -271,8 +343,8 @@ int main(int argc, char** argv) {
   }
   s.hkv = hkv > 0 && !s.packed ? hkv : s.h;  // packed: K and V rows as Q's
   if (s.h % s.hkv != 0) usage();
-  std::vector<float> q(s.b * s.h * s.lq * s.d), k(s.b * s.hkv * s.lk * s.d), v(k.size()),
-      out(q.size());
+  std::vector<float> q(s.b * s.h * s.lq * s.d), k(s.module ? 0 : s.b * s.hkv * s.lk * s.d),
+      v(k.size()), out(q.size());
   mha_bench::fill_uniform(q, 1);
   mha_bench::fill_uniform(k, 2);
   mha_bench::fill_uniform(v, 3);
