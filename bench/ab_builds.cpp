@@ -220,25 +220,9 @@ void make_module(const Build& build, int64_t e, int64_t h) {
     std::fprintf(stderr, "%s\n", build.last_error());
     std::exit(1);
   }
-  const float a = 1.0f / std::sqrt(static_cast<float>(e));
-  std::vector<float> w_in(static_cast<size_t>(3 * e * e)), b_in(static_cast<size_t>(3 * e)),
-      w_out(static_cast<size_t>(e * e)), b_out(static_cast<size_t>(e));
-  mha_bench::fill_uniform(w_in, 11, a);
-  mha_bench::fill_uniform(b_in, 12, a);
-  mha_bench::fill_uniform(w_out, 13, a);
-  mha_bench::fill_uniform(b_out, 14, a);
-  const struct {
-    const char* name;
-    std::vector<float>* data;
-    int32_t ndim;
-    int64_t shape[2];
-  } weights[] = {{"in_proj_weight", &w_in, 2, {3 * e, e}},
-                 {"in_proj_bias", &b_in, 1, {3 * e, 0}},
-                 {"out_proj.weight", &w_out, 2, {e, e}},
-                 {"out_proj.bias", &b_out, 1, {e, 0}}};
-  for (const auto& w : weights) {
+  for (mha_bench::ModuleWeight& w : mha_bench::module_weights(e)) {
     mha_tensor t;
-    build.tensor_init(&t, w.data->data(), MHA_DTYPE_F32, w.ndim, w.shape, nullptr);
+    build.tensor_init(&t, w.data.data(), MHA_DTYPE_F32, w.ndim, w.shape, nullptr);
     if (build.module_set_weight(build.module, w.name, &t) != MHA_OK) {
       std::fprintf(stderr, "%s\n", build.last_error());
       std::exit(1);

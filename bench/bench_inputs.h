@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <numeric>
 #include <random>
@@ -20,6 +21,29 @@ inline void fill_uniform(std::vector<float>& x, uint64_t seed, float amplitude =
     z ^= z >> 31;
     e = amplitude * static_cast<float>(static_cast<double>(z >> 40) * 0x1p-23 - 1.0);
   }
+}
+
+// The module benchmarks' weights for embedding e, by PyTorch's names:
+// in_proj_weight [3E, E], in_proj_bias [3E], out_proj.weight [E, E] and
+// out_proj.bias [E], uniform in [-1/sqrt(E), 1/sqrt(E)).
+struct ModuleWeight {
+  const char* name;
+  std::vector<float> data;
+  int32_t ndim;
+  int64_t shape[2];
+};
+inline std::vector<ModuleWeight> module_weights(int64_t e) {
+  std::vector<ModuleWeight> weights = {{"in_proj_weight", {}, 2, {3 * e, e}},
+                                       {"in_proj_bias", {}, 1, {3 * e, 0}},
+                                       {"out_proj.weight", {}, 2, {e, e}},
+                                       {"out_proj.bias", {}, 1, {e, 0}}};
+  const float amplitude = 1.0f / std::sqrt(static_cast<float>(e));
+  uint64_t seed = 11;
+  for (ModuleWeight& w : weights) {
+    w.data.resize(static_cast<size_t>(w.shape[0] * std::max<int64_t>(w.shape[1], 1)));
+    fill_uniform(w.data, seed++, amplitude);
+  }
+  return weights;
 }
 
 // S5's valid lengths (the d2l.ai example: B 2, H 5, Lq 4, Lk 6, D 20).

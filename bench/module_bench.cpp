@@ -158,25 +158,9 @@ void bm_module(benchmark::State& st, const std::string& backend, const ModuleSha
     st.SkipWithError(mha_last_error());
     return;
   }
-  const float a = 1.0f / std::sqrt(static_cast<float>(s.e));
-  std::vector<float> w_in(static_cast<size_t>(3 * s.e * s.e)), b_in(static_cast<size_t>(3 * s.e)),
-      w_out(static_cast<size_t>(s.e * s.e)), b_out(static_cast<size_t>(s.e));
-  mha_bench::fill_uniform(w_in, 11, a);
-  mha_bench::fill_uniform(b_in, 12, a);
-  mha_bench::fill_uniform(w_out, 13, a);
-  mha_bench::fill_uniform(b_out, 14, a);
-  const struct {
-    const char* name;
-    std::vector<float>* data;
-    int32_t ndim;
-    int64_t shape[2];
-  } weights[] = {{"in_proj_weight", &w_in, 2, {3 * s.e, s.e}},
-                 {"in_proj_bias", &b_in, 1, {3 * s.e, 0}},
-                 {"out_proj.weight", &w_out, 2, {s.e, s.e}},
-                 {"out_proj.bias", &b_out, 1, {s.e, 0}}};
-  for (const auto& w : weights) {
+  for (mha_bench::ModuleWeight& w : mha_bench::module_weights(s.e)) {
     mha_tensor t;
-    mha_tensor_init(&t, w.data->data(), MHA_DTYPE_F32, w.ndim, w.shape, nullptr);
+    mha_tensor_init(&t, w.data.data(), MHA_DTYPE_F32, w.ndim, w.shape, nullptr);
     if (mha_module_set_weight(module.m, w.name, &t) != MHA_OK) {
       st.SkipWithError(mha_last_error());
       return;
