@@ -99,6 +99,7 @@ struct Shape {
   mha_bench::S8Batch* paged = nullptr;  // S8: one query a sequence over its pages
   bool bf16_cache = false;              // S8:bf16kv: K and V in bf16
   std::vector<uint16_t> k16{}, v16{};   // S8:bf16kv's cache, with k's and v's slack
+  bool head_major_pages = false;        // s8hm: [num_blocks, Hkv, block, D] pages
   bool module = false;                  // mha_module_forward on [B, L, E] (self-attention)
   int64_t e = 0;                        // the module's embedding
 
@@ -161,6 +162,10 @@ bool call(const Build& build, Shape& s, std::vector<float>& q, std::vector<float
     using S8 = mha_bench::S8Batch;
     const int64_t rows[3] = {S8::kSequences, S8::kHeads, S8::kHeadSize};
     const int64_t pages[4] = {batch.num_blocks, S8::kBlock, S8::kKvHeads, S8::kHeadSize};
+    // s8hm: each block holds one KV head's rows after the other's.
+    const int64_t head_major[4] = {S8::kBlock * S8::kKvHeads * S8::kHeadSize, S8::kHeadSize,
+                                   S8::kBlock * S8::kHeadSize, 1};
+    const int64_t* page_strides = s.head_major_pages ? head_major : nullptr;
     const int64_t cu_shape[1] = {S8::kSequences + 1}, used_shape[1] = {S8::kSequences};
     const int64_t table_shape[2] = {S8::kSequences, batch.max_blocks};
     mha_tensor cu, used, table;
@@ -169,8 +174,8 @@ bool call(const Build& build, Shape& s, std::vector<float>& q, std::vector<float
       build.tensor_init(&tk, page_aligned(s.k16), MHA_DTYPE_BF16, 4, pages, nullptr);
       build.tensor_init(&tv, page_aligned(s.v16), MHA_DTYPE_BF16, 4, pages, nullptr);
     } else {
-      build.tensor_init(&tk, page_aligned(k), MHA_DTYPE_F32, 4, pages, nullptr);
-      build.tensor_init(&tv, page_aligned(v), MHA_DTYPE_F32, 4, pages, nullptr);
+      build.tensor_init(&tk, page_aligned(k), MHA_DTYPE_F32, 4, pages, page_strides);
+      build.tensor_init(&tv, page_aligned(v), MHA_DTYPE_F32, 4, pages, page_strides);
     }
     build.tensor_init(&to, out.data(), MHA_DTYPE_F32, 3, rows, nullptr);
     build.tensor_init(&cu, batch.cu_q.data(), MHA_DTYPE_I32, 1, cu_shape, nullptr);
@@ -287,7 +292,8 @@ int main(int argc, char** argv) {
       s.cu_seqlens.push_back(s.cu_seqlens.back() + static_cast<int32_t>(l));
     }
     s.lq = s.lk = s.cu_seqlens.back();
-  } else if (shape_args.size() == 1 && (shape_args[0] == "s8" || shape_args[0] == "s8bf16")) {
+  } else if (shape_args.size() == 1 &&
+             (shape_args[0] == "s8" || shape_args[0] == "s8bf16" || shape_args[0] == "s8hm")) {
     static mha_bench::S8Batch batch;
     using S8 = mha_bench::S8Batch;
     s.paged = &batch;
@@ -299,6 +305,7 @@ int main(int argc, char** argv) {
     s.d = S8::kHeadSize;
     hkv = S8::kKvHeads;
     s.bf16_cache = shape_args[0] == "s8bf16";
+    s.head_major_pages = shape_args[0] == "s8hm";
   } else if (shape_args.size() == 1 && shape_args[0] == "s5") {
     // The d2l.ai example: packed, blhd, valid_lens, B, H, Hkv, Lq, Lk, D, causal.
     const Shape s5{false, false, true, 2, 5, 0, 4, 6, 20, false, {}, {}};
