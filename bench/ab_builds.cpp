@@ -14,6 +14,8 @@
 //   SHAPE: s9 (bench-shapes' S9, packed through mha_attention_varlen)
 //        | s8 (bench-shapes' S8: paged fp32 decode, 16 sequences, blocks of 16)
 //        | s8bf16 (S8:bf16kv, the same cache in bf16)
+//        | s8hm (the same fp32 cache with each block holding one KV head's
+//                rows after another's)
 //        | s5 (bench-shapes' S5: the d2l.ai example with its valid lengths)
 //        | B H LQ LK D CAUSAL [blhd]  (CAUSAL 0 or 1; blhd: [B, L, H, D] views;
 //                                      --hkv: KV heads, H by default)
@@ -243,8 +245,8 @@ double quantile(std::vector<double> x, double at) {
 [[noreturn]] void usage() {
   std::fprintf(stderr,
                "mha_ab_builds BASE_LIB_DIR NEW_LIB_DIR [--rounds N] [--threads N] "
-               "[--seconds S] [--hkv N] (s9 | s8 | s8bf16 | s5 | B H LQ LK D CAUSAL [blhd] | "
-               "module B L E H)\n");
+               "[--seconds S] [--hkv N] (s9 | s8 | s8bf16 | s8hm | s5 | "
+               "B H LQ LK D CAUSAL [blhd] | module B L E H)\n");
   std::exit(2);
 }
 
