@@ -238,11 +238,16 @@ inline void pv_block_run(const float* const* p, Rows v_rows, int j0, int j1, int
                          int64_t dvp, int ahead, float* total) {
   using B = xsimd::batch<float, Arch>;
   constexpr int W = static_cast<int>(B::size);
+  // Every loop over o unrolled, so that o stays in registers: rolled, the
+  // zeroing and the final sums put o on the stack around the key loop.
   B o[R][NB];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
     for (int c = 0; c < NB; ++c) o[r][c] = B(0.0f);
   }
   const float* pr[R];  // in registers, not reloaded through `p` every key
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) pr[r] = p[r];
   for (int j = j0; j < j1; ++j) {
     const element_t<kKv>* v = v_rows(j) + col;
@@ -272,8 +277,10 @@ inline void pv_block_run(const float* const* p, Rows v_rows, int j0, int j1, int
       }
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     float* t = total + r * dvp + col;
+#pragma GCC unroll 8
     for (int c = 0; c < NB; ++c) (B::load_aligned(t + c * W) + o[r][c]).store_aligned(t + c * W);
   }
 }
