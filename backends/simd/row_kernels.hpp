@@ -171,7 +171,14 @@ template <class Arch, int32_t kKv, int R, int kVectors, class Rows>
       for (int t = 0; t < W; ++t) {
         const int row = j0 + std::min(t, last);
         const element_t<kKv>* k = k_rows(row) + c0 * W;
-        if (c0 == 0) prefetch_row<3>(k_rows(row + ahead), dp);
+        if (c0 == 0) {
+          prefetch_row<3>(k_rows(row + ahead), dp);
+        } else {
+          // This chunk's lines again: rows 4 KiB apart (token-major) keep
+          // line l of all W rows in one L1 set, more rows than its ways, so
+          // what the first chunk requested is gone by now.
+          prefetch_row<3>(k_rows(row + ahead) + c0 * W, int64_t{C} * W);
+        }
         B a[R];
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) a[r] = c0 == 0 ? B(0.0f) : part[r][t];
