@@ -168,7 +168,8 @@ WorkPlan plan_work(const mha_kernel_problem& p, const Backend& backend, int64_t 
   // window's left edge (key tiles start from an item's first visible key).
   // (Zen 5, two threads: S1 as [B, L, H, D] views, whose items held 4 query
   // tiles, takes whole heads of 8: 0.971 of the time at one thread, 0.955 at
-  // two.)  One call with the old bound keeps the plan above.
+  // two.)  A lone call whose bound is still 2 · kTargetItems gets back the
+  // tile chosen above.
   const int64_t enough = threads > 0
                              ? std::min<int64_t>(kCopiedItemsPerThread * threads, 2 * kTargetItems)
                              : 2 * kTargetItems;
