@@ -149,7 +149,19 @@ constexpr int held_chunk(int R, int kVectors, int budget) {
 // head-major GQA decode 0.896, token-major GQA from DRAM 0.970; S3b16 at two
 // threads 1.011.  Only for fp32 rows: bf16 rows (S8 in bf16) took 1.047 of
 // the time this way.
-template <class Arch, int32_t kKv, int R, int kVectors, class Rows>
+//
+// kStep keys go in step, their FMAs interleaved, so that 2 x R chains are in
+// flight in program order rather than R (a key's chain of C FMAs takes 4 C
+// cycles; with R 4 and C 4 one key alone left the FMA pipes half idle, and
+// the out-of-order core did not fill them from the next key).  rows_scores_fixed
+// takes 2 for rows back to back (one KV head's rows, head-major): head-major
+// GQA decode (`--hkv 8 1 32 1 4096 128 0`, Zen 5, in-process A/B) 0.909 and
+// 0.939 (builds swapped) at one thread, 0.968 at two; D 64 and S3 (one row)
+// unchanged.  Token-major rows 4 KiB apart (S8's pages, read from L2 after
+// the read pass) measured 0.978-1.018 and a dense token-major batch 1.013-
+// 1.025 that way: they keep one key at a time.  The same chain per score
+// either way, so the same bits.
+template <class Arch, int32_t kKv, int R, int kVectors, int kStep, class Rows>
 [[gnu::noinline]] void rows_scores_held(const float* q, Rows k_rows, int keys, float* s,
                                         int64_t s_stride, int ahead) {
   using B = xsimd::batch<float, Arch>;
@@ -157,6 +169,7 @@ template <class Arch, int32_t kKv, int R, int kVectors, class Rows>
   constexpr int C =
       held_chunk(R, kVectors, Blocking<Arch>::kDecodeRows * Blocking<Arch>::kDecodeQVectors);
   static_assert(C > 0 && kVectors % C == 0, "whole chunks of the head dimension");
+  static_assert(W % kStep == 0, "whole steps of keys");
   constexpr int64_t dp = int64_t{kVectors} * W;
   B part[R][W];
   for (int j0 = 0; j0 < keys; j0 += W) {
@@ -168,30 +181,43 @@ template <class Arch, int32_t kKv, int R, int kVectors, class Rows>
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) qc[r][c] = B::load_aligned(q + r * dp + (c0 + c) * W);
       }
-      for (int t = 0; t < W; ++t) {
-        const int row = j0 + std::min(t, last);
-        const element_t<kKv>* k = k_rows(row) + c0 * W;
-        if (c0 == 0) {
-          prefetch_row<3>(k_rows(row + ahead), dp);
-        } else {
-          // This chunk's lines again: not all of the first chunk's requests
-          // for them last until here (rows 4 KiB apart, token-major, put
-          // line l of all W rows into one L1 set, more rows than its ways).
-          // GQA decode 2-4 % faster, token- and head-major alike
-          // (docs/kernel-design.md).
-          prefetch_row<3>(k_rows(row + ahead) + c0 * W, int64_t{C} * W);
+      for (int t = 0; t < W; t += kStep) {
+        const element_t<kKv>* kp[kStep];
+#pragma GCC unroll 2
+        for (int u = 0; u < kStep; ++u) {
+          const int row = j0 + std::min(t + u, last);
+          kp[u] = k_rows(row) + c0 * W;
+          if (c0 == 0) {
+            prefetch_row<3>(k_rows(row + ahead), dp);
+          } else {
+            // This chunk's lines again: not all of the first chunk's requests
+            // for them last until here (rows 4 KiB apart, token-major, put
+            // line l of all W rows into one L1 set, more rows than its ways).
+            // GQA decode 2-4 % faster, token- and head-major alike
+            // (docs/kernel-design.md).
+            prefetch_row<3>(k_rows(row + ahead) + c0 * W, int64_t{C} * W);
+          }
         }
-        B a[R];
+        B a[kStep][R];
+#pragma GCC unroll 2
+        for (int u = 0; u < kStep; ++u) {
 #pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) a[r] = c0 == 0 ? B(0.0f) : part[r][t];
+          for (int r = 0; r < R; ++r) a[u][r] = c0 == 0 ? B(0.0f) : part[r][t + u];
+        }
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) {
-          const B kx = load_widen<Arch, kKv>(k + c * W);
+#pragma GCC unroll 2
+          for (int u = 0; u < kStep; ++u) {
+            const B kx = load_widen<Arch, kKv>(kp[u] + c * W);
 #pragma GCC unroll 8
-          for (int r = 0; r < R; ++r) a[r] = xsimd::fma(qc[r][c], kx, a[r]);
+            for (int r = 0; r < R; ++r) a[u][r] = xsimd::fma(qc[r][c], kx, a[u][r]);
+          }
         }
+#pragma GCC unroll 2
+        for (int u = 0; u < kStep; ++u) {
 #pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) part[r][t] = a[r];
+          for (int r = 0; r < R; ++r) part[r][t + u] = a[u][r];
+        }
       }
     }
     for (int r = 0; r < R; ++r) sums_of<Arch>(part[r]).store_aligned(s + r * s_stride + j0);
@@ -204,7 +230,15 @@ template <class Arch, int32_t kKv, int R, int kVectors, class Rows>
 inline void rows_scores_fixed(const float* q, Rows k_rows, int keys, float* s, int64_t s_stride,
                               int ahead) {
   if constexpr (kKv == MHA_DTYPE_F32 && Blocking<Arch>::kDecodeQVectors > 0) {
-    rows_scores_held<Arch, kKv, R, kVectors>(q, k_rows, keys, s, s_stride, ahead);
+    // Two keys in step for one KV head's rows back to back (rows_scores_held).
+    constexpr int64_t dp = int64_t{kVectors} * xsimd::batch<float, Arch>::size;
+    bool back_to_back = false;
+    if constexpr (std::is_same<Rows, StridedRows<float>>::value) back_to_back = k_rows.stride == dp;
+    if (back_to_back) {
+      rows_scores_held<Arch, kKv, R, kVectors, 2>(q, k_rows, keys, s, s_stride, ahead);
+    } else {
+      rows_scores_held<Arch, kKv, R, kVectors, 1>(q, k_rows, keys, s, s_stride, ahead);
+    }
   } else {
     constexpr int W = static_cast<int>(xsimd::batch<float, Arch>::size);
     rows_scores_of<Arch, kKv, R, kVectors>(q, int64_t{kVectors} * W, k_rows, keys, s, s_stride,

@@ -251,6 +251,15 @@ TEST_P(Micro, DecodeRowKernelsMatchPlainLoops) {
       std::vector<float> k(static_cast<size_t>(keys * k_stride + w));
       for (size_t x = 0; x < static_cast<size_t>(max_rows * dp); ++x) q[x] = rng.uniform();
       for (float& f : k) f = rng.uniform();
+      // The same K rows back to back (AVX-512 reads such rows two keys in
+      // step): the same scores, bit for bit.
+      std::vector<float> k_dense(static_cast<size_t>(keys * dp + w));
+      for (int j = 0; j < keys; ++j) {
+        for (int64_t x = 0; x < dp; ++x) {
+          k_dense[static_cast<size_t>(j * dp + x)] = k[static_cast<size_t>(j * k_stride + x)];
+        }
+      }
+      Aligned s_dense(static_cast<size_t>(max_rows * s_stride));
       std::vector<float> probs(static_cast<size_t>(max_rows * keys)),
           acc0(static_cast<size_t>(max_rows * dp));
       for (float& f : probs) f = rng.uniform(0, 1);
@@ -262,8 +271,12 @@ TEST_P(Micro, DecodeRowKernelsMatchPlainLoops) {
         SCOPED_TRACE("keys " + std::to_string(keys) + " dp " + std::to_string(dp) + " rows " +
                      std::to_string(rows));
         k_->rows_scores(rows, q.get(), dp, k.data(), k_stride, keys, s.get(), s_stride);
+        k_->rows_scores(rows, q.get(), dp, k_dense.data(), dp, keys, s_dense.get(), s_stride);
         for (int r = 0; r < rows; ++r) {
           for (int j = 0; j < keys; ++j) {
+            ASSERT_EQ(s_dense[static_cast<size_t>(r * s_stride + j)],
+                      s[static_cast<size_t>(r * s_stride + j)])
+                << "rows back to back, row " << r << " key " << j;
             double ref = 0, mag = 0;
             for (int64_t x = 0; x < dp; ++x) {
               const double t = D(q[static_cast<size_t>(r * dp + x)]) *
