@@ -153,14 +153,17 @@ constexpr int held_chunk(int R, int kVectors, int budget) {
 // kStep keys go in step, their FMAs interleaved, so that 2 x R chains are in
 // flight in program order rather than R (a key's chain of C FMAs takes 4 C
 // cycles; with R 4 and C 4 one key alone left the FMA pipes half idle, and
-// the out-of-order core did not fill them from the next key).  rows_scores_fixed
-// takes 2 for rows back to back (one KV head's rows, head-major): head-major
-// GQA decode (`--hkv 8 1 32 1 4096 128 0`, Zen 5, in-process A/B) 0.909 and
-// 0.939 (builds swapped) at one thread, 0.968 at two; D 64 and S3 (one row)
-// unchanged.  Token-major rows 4 KiB apart (S8's pages, read from L2 after
-// the read pass) measured 0.978-1.018 and a dense token-major batch 1.013-
-// 1.025 that way: they keep one key at a time.  The same chain per score
-// either way, so the same bits.
+// the out-of-order core did not fill them from the next key).
+// rows_scores_fixed takes 2 for four rows (GQA, four query heads per KV
+// head) whose K rows lie back to back (head-major): head-major GQA decode
+// (`--hkv 8 1 32 1 4096 128 0`, Zen 5, in-process A/B) 0.909 and 0.939
+// (builds swapped) at one thread, 0.968 at two, eight query heads per KV
+// head 0.963; D 64 unchanged.  Not taken where no gain showed: two rows
+// 1.051-1.066 and three 1.035 (but two rows moved by 1.014-1.042 with their
+// code unchanged, from placement alone: docs/kernel-design.md), one row (S3)
+// 1.003-1.009, token-major rows 4 KiB apart (S8's pages, read from L2 after
+// the read pass) 0.978-1.018, a dense token-major batch 1.013-1.025.  The
+// same chain per score either way, so the same bits.
 template <class Arch, int32_t kKv, int R, int kVectors, int kStep, class Rows>
 [[gnu::noinline]] void rows_scores_held(const float* q, Rows k_rows, int keys, float* s,
                                         int64_t s_stride, int ahead) {
@@ -230,15 +233,16 @@ template <class Arch, int32_t kKv, int R, int kVectors, class Rows>
 inline void rows_scores_fixed(const float* q, Rows k_rows, int keys, float* s, int64_t s_stride,
                               int ahead) {
   if constexpr (kKv == MHA_DTYPE_F32 && Blocking<Arch>::kDecodeQVectors > 0) {
-    // Two keys in step for one KV head's rows back to back (rows_scores_held).
+    // Two keys in step for four rows of one KV head back to back
+    // (rows_scores_held).
     constexpr int64_t dp = int64_t{kVectors} * xsimd::batch<float, Arch>::size;
-    bool back_to_back = false;
-    if constexpr (std::is_same<Rows, StridedRows<float>>::value) back_to_back = k_rows.stride == dp;
-    if (back_to_back) {
-      rows_scores_held<Arch, kKv, R, kVectors, 2>(q, k_rows, keys, s, s_stride, ahead);
-    } else {
-      rows_scores_held<Arch, kKv, R, kVectors, 1>(q, k_rows, keys, s, s_stride, ahead);
+    if constexpr (R == 4 && std::is_same<Rows, StridedRows<float>>::value) {
+      if (k_rows.stride == dp) {
+        rows_scores_held<Arch, kKv, R, kVectors, 2>(q, k_rows, keys, s, s_stride, ahead);
+        return;
+      }
     }
+    rows_scores_held<Arch, kKv, R, kVectors, 1>(q, k_rows, keys, s, s_stride, ahead);
   } else {
     constexpr int W = static_cast<int>(xsimd::batch<float, Arch>::size);
     rows_scores_of<Arch, kKv, R, kVectors>(q, int64_t{kVectors} * W, k_rows, keys, s, s_stride,
