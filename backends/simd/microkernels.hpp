@@ -136,6 +136,10 @@ enum class PvJoin {
                // run, so that its accumulators need no zeroing beforehand
                // (S4's 64 × 32 zero stores per head were 3 % of its time)
   kAdd,        // acc = acc + sum: a key tile's later runs (alpha is not read)
+  kOutput,     // acc = sum · alpha, acc being the output rows and alpha 1 / the
+               // row's softmax sum: a query tile whose only key tile is one
+               // run, written straight to the output (its values checked as
+               // stored into `poison`, as write_item_rows does)
 };
 
 // acc[r][c] = acc[r][c] · alpha[r] + Σ_j P[j][r] · V[j][c] for NR rows and
@@ -145,7 +149,7 @@ enum class PvJoin {
 // with the run's width plus the number of runs, not with the number of keys.
 template <class Arch, int kStride, int NR, int NC, PvJoin kJoin = PvJoin::kRescale>
 inline void pv_block(const float* probs, const float* alpha, const float* v_rows, int64_t v_stride,
-                     int keys, float* acc, int64_t acc_stride) {
+                     int keys, float* acc, int64_t acc_stride, float* poison = nullptr) {
   using B = xsimd::batch<float, Arch>;
   constexpr int W = static_cast<int>(B::size);
   // Every loop over o unrolled, so that o stays in registers: a rolled one
@@ -173,6 +177,21 @@ inline void pv_block(const float* probs, const float* alpha, const float* v_rows
 #pragma GCC unroll 8
       for (int c = 0; c < NC; ++c) o[r][c] = xsimd::fma(pr, vv[c], o[r][c]);
     }
+  }
+  if constexpr (kJoin == PvJoin::kOutput) {
+    B check(0.0f);  // v - v: 0 for finite v, NaN otherwise
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; ++r) {
+      const B inv(alpha[r]);
+#pragma GCC unroll 8
+      for (int c = 0; c < NC; ++c) {
+        const B v = o[r][c] * inv;
+        v.store_unaligned(acc + r * acc_stride + c * W);
+        check += v - v;
+      }
+    }
+    (B::load_aligned(poison) + check).store_aligned(poison);
+    return;
   }
 #pragma GCC unroll 8
   for (int r = 0; r < NR; ++r) {
