@@ -235,9 +235,8 @@ inline void rows_scores_fixed(const float* q, Rows k_rows, int keys, float* s, i
   if constexpr (kKv == MHA_DTYPE_F32 && Blocking<Arch>::kDecodeQVectors > 0) {
     // Two keys in step for four rows of one KV head back to back
     // (rows_scores_held).
-    constexpr int64_t dp = int64_t{kVectors} * xsimd::batch<float, Arch>::size;
     if constexpr (R == 4 && std::is_same<Rows, StridedRows<float>>::value) {
-      if (k_rows.stride == dp) {
+      if (k_rows.stride == int64_t{kVectors} * xsimd::batch<float, Arch>::size) {
         rows_scores_held<Arch, kKv, R, kVectors, 2>(q, k_rows, keys, s, s_stride, ahead);
         return;
       }
