@@ -117,14 +117,19 @@ inline void write_item_row(const mha_work_item& item, int64_t row_h, int64_t row
 // 1.5 % of its time); the bits are the same.  A finite sum is at least the
 // weight of the row's maximum, so a value is finite exactly when its
 // accumulator is.
+// Whether an item's rows are the common case: fp32 output with unit stride,
+// no LSE and no sink to fold in (the sums divided and stored, nothing else).
+inline bool plain_output_rows(const mha_work_item& item, float sink) {
+  return item.out_dtype == MHA_DTYPE_F32 && item.out_strides[2] == 1 && item.lse == nullptr &&
+         sink == -std::numeric_limits<float>::infinity();
+}
+
 template <class Arch>
 inline bool write_item_rows(const mha_work_item& item, int64_t row_h, int64_t row_i0, int64_t n,
                             const float* acc, int64_t dvp, int64_t dv, const float* row_max,
                             const float* row_sum, float sink, const ScoreUnits& units) {
   using B = xsimd::batch<float, Arch>;
-  const bool plain = item.out_dtype == MHA_DTYPE_F32 && item.out_strides[2] == 1 &&
-                     item.lse == nullptr && sink == -std::numeric_limits<float>::infinity();
-  if (!plain) {
+  if (!plain_output_rows(item, sink)) {
     const bool finite = all_finite<Arch>(acc, n * dvp);
     for (int64_t r = 0; r < n; ++r) {
       write_item_row<Arch>(item, row_h, row_i0 + r, acc + r * dvp, dv, row_max[r], row_sum[r], sink,
