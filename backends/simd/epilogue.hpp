@@ -106,6 +106,13 @@ inline void write_item_row(const mha_work_item& item, int64_t row_h, int64_t row
                       : item.lse + row_h * item.lse_strides[0] + row_i * item.lse_strides[1]);
 }
 
+// Whether an item's rows are the common case: fp32 output with unit stride,
+// no LSE and no sink to fold in (the sums divided and stored, nothing else).
+inline bool plain_output_rows(const mha_work_item& item, float sink) {
+  return item.out_dtype == MHA_DTYPE_F32 && item.out_strides[2] == 1 && item.lse == nullptr &&
+         sink == -std::numeric_limits<float>::infinity();
+}
+
 // Rows row_i0 .. row_i0 + n of a prefill tile (accumulators dvp floats
 // apart from acc) written as write_item_row would, one row after another;
 // false when a value written is not finite (the caller then computes the
@@ -117,13 +124,6 @@ inline void write_item_row(const mha_work_item& item, int64_t row_h, int64_t row
 // 1.5 % of its time); the bits are the same.  A finite sum is at least the
 // weight of the row's maximum, so a value is finite exactly when its
 // accumulator is.
-// Whether an item's rows are the common case: fp32 output with unit stride,
-// no LSE and no sink to fold in (the sums divided and stored, nothing else).
-inline bool plain_output_rows(const mha_work_item& item, float sink) {
-  return item.out_dtype == MHA_DTYPE_F32 && item.out_strides[2] == 1 && item.lse == nullptr &&
-         sink == -std::numeric_limits<float>::infinity();
-}
-
 template <class Arch>
 inline bool write_item_rows(const mha_work_item& item, int64_t row_h, int64_t row_i0, int64_t n,
                             const float* acc, int64_t dvp, int64_t dv, const float* row_max,

@@ -264,8 +264,7 @@ class RowsKernel {
     head.dvp = dvp;
     head.units = ScoreUnits::base2(p.scale);
     head.sink = mha_kernel::sink_logit(p, h);
-    head.plain = item.out_dtype == MHA_DTYPE_F32 && item.out_strides[2] == 1 &&
-                 item.lse == nullptr && head.sink == kNegInf;
+    head.plain = plain_output_rows(item, head.sink);
     head.variants = mha_kernel::has_score_variants(p);
     head.dropout = p.dropout_p > 0.0f;
     const bool q_in_place = p.q_dtype == MHA_DTYPE_F32 && p.q_strides[3] == 1;
