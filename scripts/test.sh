@@ -174,7 +174,10 @@ stage_aarch64() {
   scripts/install-deps.sh native cross
   configure build/aarch64 -DCMAKE_TOOLCHAIN_FILE=cmake/toolchains/aarch64-linux-gnu.cmake -DMHA_BUILD_MPI=OFF
   cmake --build build/aarch64 -j"$jobs"
-  ctest --test-dir build/aarch64 --output-on-failure -j"$jobs" -LE heavy
+  # The x86 backends' instances of the parameterised tests are left out: they
+  # are not built for aarch64 and would only skip, at a qemu start each.
+  ctest --test-dir build/aarch64 --output-on-failure -j"$jobs" -LE heavy \
+    -E '/(avx2|avx512|avx512bf16)(  #|$)'
 }
 
 # The Python package as a user installs it: `pip install ./python` (pip fetches
