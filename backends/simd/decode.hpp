@@ -159,13 +159,8 @@ class DecodeKernel {
     bool ok = false;
     with_dtype(p.kv_dtype, [&](auto kv) {
       constexpr int32_t kKv = decltype(kv)::value;
-      if (p.block_table != nullptr) {
-        ok = units.raw ? compute_in<true, kKv, true>(p, item, rows, nq, units)
-                       : compute_in<false, kKv, true>(p, item, rows, nq, units);
-      } else {
-        ok = units.raw ? compute_in<true, kKv, false>(p, item, rows, nq, units)
-                       : compute_in<false, kKv, false>(p, item, rows, nq, units);
-      }
+      ok = p.block_table != nullptr ? compute_in<kKv, true>(p, item, rows, nq, units)
+                                    : compute_in<kKv, false>(p, item, rows, nq, units);
     });
     return ok;
   }
@@ -323,8 +318,11 @@ class DecodeKernel {
   // the key's scale folded into its score, the value's into its weight), or
   // widened into packed fp32 tiles when their rows are strided.  In a paged
   // cache (kPaged) the tile's rows are found through a table of their
-  // addresses, its int8 scales gathered.
-  template <bool kRaw, int32_t kKv, bool kPaged>
+  // addresses, its int8 scales gathered.  The raw units (units.raw) are
+  // decided per row and tile, at the softmax: as a template parameter they
+  // doubled the kernel's instances (a sixth of each plugin's code and of its
+  // compile time) for one branch a row and tile.
+  template <int32_t kKv, bool kPaged>
   static bool compute_in(const mha_kernel_problem& p, const mha_work_item& item, const Rows& rows,
                          int64_t nq, const ScoreUnits& units) {
     using T = element_t<kKv>;
@@ -509,8 +507,10 @@ class DecodeKernel {
           if (skip_removed) {
             for (int j = 0; j < keys; ++j) rows.removed[j] = s[j] == kNegInf;
           }
-          const float alpha =
-              update_softmax_row<Arch, KTP, kRaw>(s, keys, rows.row_max[r], rows.row_sum[r], units);
+          const float alpha = units.raw ? update_softmax_row<Arch, KTP, true>(
+                                              s, keys, rows.row_max[r], rows.row_sum[r], units)
+                                        : update_softmax_row<Arch, KTP, false>(
+                                              s, keys, rows.row_max[r], rows.row_sum[r], units);
           if (p.dropout_p > 0.0f) {
             apply_dropout_row<Arch>(p.dropout_p, rows.row_key[r], j0, keys, s);
           }
