@@ -238,6 +238,7 @@ for stage in "${stages[@]}"; do
   t0=$(date +%s)
   "stage_$stage"
   summary+=("$stage: passed in $(( $(date +%s) - t0 )) s")
+  echo "--- ${summary[-1]}"  # also here: a later stage's failure ends the script
 done
 section "summary"
 printf '%s\n' "${summary[@]}"
