@@ -274,6 +274,19 @@ inline int with_block_of(int count, F&& f) {
   return N;
 }
 
+// Calls f(std::integral_constant<int, n>{}) for a column block of n <= N
+// vectors (count >= 1) and returns n: N while that leaves no lone vector
+// behind (whose R accumulators alone would wait on the FMA latency), else
+// the largest power of two within count.
+template <int N, class F>
+inline int with_column_block(int count, F&& f) {
+  if (count >= N && count != N + 1) {
+    f(std::integral_constant<int, N>{});
+    return N;
+  }
+  return with_block_of<pow2_floor(N)>(count, f);
+}
+
 // One column block of rows_pv: o_r = Σ_j p_rj·V_j[col, col + NB·W) over keys
 // [j0, j1), added to total_r (row r's at total + r·dvp).  Everything it reads
 // arrives as a value, so the loop keeps its pointers and bound in registers:
@@ -335,7 +348,8 @@ inline void pv_block_run(const float* const* p, Rows v_rows, int j0, int j1, int
 // probabilities at probs[r] (`keys` of them), its dvp floats at acc[r].
 // The rows `ahead` on are requested into L1 (into_l1) or L2.
 // Every V vector is loaded once for all R rows; R rows x NB vectors of Dv
-// accumulate in registers (NB within kDecodePvVectors and the budget).
+// accumulate in registers (NB within kDecodePvVectors and the budget,
+// blocking.hpp).
 //
 // Summed in two levels -- runs of kPvRun keys from zero, then the runs into
 // the tile's totals (R·dvp floats of scratch at `total`) -- so that rounding
@@ -352,15 +366,19 @@ template <class Arch, int32_t kKv, int R, class Rows>
   using B = xsimd::batch<float, Arch>;
   constexpr int W = static_cast<int>(B::size);
   constexpr int kPvRun = 32;
+  // fp32 rows: R x n accumulators, the n V vectors and a broadcast within
+  // kDecodePvRegistersF32 registers where that is wider than the rule.
+  constexpr int kPow2 = pow2_floor(Blocking<Arch>::kDecodeAccumulators / R);
+  constexpr int kFit = (Blocking<Arch>::kDecodePvRegistersF32 - 1) / (R + 1);
   constexpr int NC = std::min(Blocking<Arch>::kDecodePvVectors,
-                              pow2_floor(Blocking<Arch>::kDecodeAccumulators / R));
+                              kKv == MHA_DTYPE_F32 ? std::max(kPow2, kFit) : kPow2);
   const int vectors = static_cast<int>(dvp / W);
   std::fill(total, total + R * dvp, 0.0f);
   for (int j0 = 0; j0 < keys; j0 += kPvRun) {
     const int j1 = std::min(keys, j0 + kPvRun);
     for (int c0 = 0; c0 < vectors;) {
       const int64_t col = int64_t{c0} * W;
-      c0 += with_block_of<NC>(vectors - c0, [&](auto nb) {
+      c0 += with_column_block<NC>(vectors - c0, [&](auto nb) {
         constexpr int NB = decltype(nb)::value;
         // The first block requests the rows `ahead` on (if any), once per row.
         if (col == 0 && ahead > 0 && into_l1) {
