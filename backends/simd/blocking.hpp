@@ -63,13 +63,13 @@ struct Blocking<xsimd::fma3<xsimd::avx2>> {
   static constexpr int kDecodeAccumulators = 8;
   // fp32 rows' P·V within the 16 registers: for four rows 12 accumulators
   // + 3 V vectors + 1 broadcast, 3 vectors of Dv instead of 2 (Dv 128 as
-  // 3+3+3+3+2+2; three rows 3 instead of 2, two rows 5 instead of 4): 12 chains of
-  // FMAs where 8 left the two FMA pipes waiting on their latency.  Zen 3
-  // (family 25 model 1), in-process A/B, both orders, 11 rounds: S8 0.976
-  // and 0.997 of the time at one thread, 0.983 and 0.930 at two; head-major
-  // GQA decode (`--hkv 8 1 32 1 4096 128 0`) 0.931 and 0.907; token-major
-  // GQA from DRAM (16 x 4096 keys) 0.978 and 0.962.  Widened rows (bf16,
-  // f16, int8) keep 8: they hold a broadcast per row.
+  // 3+3+3+3+2+2), 12 chains of FMAs where 8 left the two FMA pipes waiting
+  // on their latency; three rows 3 instead of 2, two rows 5 instead of 4.
+  // Zen 3 (family 25 model 1), in-process A/B, both orders, 11 rounds: S8
+  // 0.963 and 0.988 of the time at one thread, 0.988 and 0.963 at two;
+  // head-major GQA decode (`--hkv 8 1 32 1 4096 128 0`) 0.942 and 0.948,
+  // two query heads per KV head 0.986 and 0.970 (docs/kernel-design.md).
+  // Widened rows (bf16, f16, int8) keep 2: they hold a broadcast per row.
   static constexpr int kDecodePvRegistersF32 = 16;
   // One row's P·V (MHA decode) takes 8 vectors, 8 chains of FMAs: with 4 it
   // waited on the FMA latency (Zen 5: S3 0.83 of the time at one thread).
