@@ -369,7 +369,8 @@ template <class Arch, int32_t kKv, int R, class Rows>
   // fp32 rows: R x n accumulators, the n V vectors and a broadcast within
   // kDecodePvRegistersF32 registers where that is wider than the rule.
   constexpr int kPow2 = pow2_floor(Blocking<Arch>::kDecodeAccumulators / R);
-  constexpr int kFit = (Blocking<Arch>::kDecodePvRegistersF32 - 1) / (R + 1);
+  constexpr int kRegisters = Blocking<Arch>::kDecodePvRegistersF32;
+  constexpr int kFit = kRegisters > 0 ? (kRegisters - 1) / (R + 1) : 0;
   constexpr int NC = std::min(Blocking<Arch>::kDecodePvVectors,
                               kKv == MHA_DTYPE_F32 ? std::max(kPow2, kFit) : kPow2);
   const int vectors = static_cast<int>(dvp / W);
