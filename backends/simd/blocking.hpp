@@ -15,6 +15,11 @@ struct Blocking {
   //   P·V:    6 query rows x 4 vectors of Dv = 24 accumulators + 4 V loads + 1 broadcast
   static constexpr int kScoreQueryVectors = 4;
   static constexpr int kScoreKeys = 6;
+  // Steps of the score block's reduction a turn of its loop, with one test
+  // for a prefetch a turn (4), or one step and one test each (1).  GCC
+  // spills 2 of the 24 accumulators in a turn of 4 steps here (nothing in
+  // the loop of 1), and this ISA was not timed with it.
+  static constexpr int kScoreStepsPerTurn = 1;
   static constexpr int kPvRows = 6;
   static constexpr int kPvVectors = 4;
   static constexpr int kQueryTile = 64;
@@ -53,6 +58,11 @@ template <>
 struct Blocking<xsimd::fma3<xsimd::avx2>> {
   static constexpr int kScoreQueryVectors = 2;
   static constexpr int kScoreKeys = 6;
+  // Four steps a turn (no spill: 12 accumulators + 2 + 1): a test every step
+  // cost S4 (D 32) about 10 % of its score phase alone in the L1.  Zen 3
+  // (family 25 model 1), in-process A/B, both orders, 11 rounds: S4 0.905
+  // and 1/1.117 of the time, S1 0.874 and 1/1.145, S2 0.919 and 1/1.127.
+  static constexpr int kScoreStepsPerTurn = 4;
   static constexpr int kPvRows = 6;
   static constexpr int kPvVectors = 2;
   static constexpr int kQueryTile = 64;

@@ -90,16 +90,19 @@ inline void score_block(const float* qt, const float* k_rows, int64_t k_stride, 
       __builtin_prefetch(reinterpret_cast<const char*>(k[n] + NK * k_stride) + line * 64, 0, 3);
     }
   };
-  // Four steps a turn, the turn's one test for a prefetch before them: a
-  // test every step cost S4 (D 32, 31 steps a block) about 10 % of its
-  // score phase on Zen 3 (family 25 model 1, the phase alone in the L1).
+  // Blocking::kScoreStepsPerTurn steps a turn, one test for a prefetch
+  // before them (the turns of 4 steps start at x = 4 l + 1).
+  constexpr int kTurn = Blocking<Arch>::kScoreStepsPerTurn;
+  static_assert(kTurn == 1 || kTurn == 4, "a turn of one step, or of the 4 a line takes");
   int64_t x = 1;
-  for (; x + 4 <= d; x += 4) {
-    if ((x >> 2) < lines) fetch_line(x >> 2);
-    step(x);
-    step(x + 1);
-    step(x + 2);
-    step(x + 3);
+  if constexpr (kTurn == 4) {
+    for (; x + 4 <= d; x += 4) {
+      if ((x >> 2) < lines) fetch_line(x >> 2);
+      step(x);
+      step(x + 1);
+      step(x + 2);
+      step(x + 3);
+    }
   }
   for (; x < d; ++x) {
     if ((x & 3) == 1 && (x >> 2) < lines) fetch_line(x >> 2);
