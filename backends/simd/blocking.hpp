@@ -16,9 +16,10 @@ struct Blocking {
   static constexpr int kScoreQueryVectors = 4;
   static constexpr int kScoreKeys = 6;
   // Steps of the score block's reduction a turn of its loop, with one test
-  // for a prefetch a turn (4), or one step and one test each (1).  GCC
-  // spills 2 of the 24 accumulators in a turn of 4 steps here (nothing in
-  // the loop of 1), and this ISA was not timed with it.
+  // for a prefetch a turn (4), or one step and one test each (1).  On
+  // AVX-512 GCC spills 2 of the 24 accumulators in a turn of 4 steps
+  // (nothing in the loop of 1; NEON's code not looked at), and neither ISA
+  // was timed with it.
   static constexpr int kScoreStepsPerTurn = 1;
   static constexpr int kPvRows = 6;
   static constexpr int kPvVectors = 4;
