@@ -17,8 +17,10 @@
 //        | s8hm (the same fp32 cache with each block holding one KV head's
 //                rows after another's)
 //        | s5 (bench-shapes' S5: the d2l.ai example with its valid lengths)
-//        | B H LQ LK D CAUSAL [blhd]  (CAUSAL 0 or 1; blhd: [B, L, H, D] views;
-//                                      --hkv: KV heads, H by default)
+//        | B H LQ LK D CAUSAL [blhd|qkv]  (CAUSAL 0 or 1; blhd: [B, L, H, D]
+//                                      views; qkv: Q, K and V as views of one
+//                                      [B, L, 3·H·D] buffer, the module's, LQ =
+//                                      LK; --hkv: KV heads, H by default)
 //        | module B L E H  (mha_module_forward, self-attention with biases:
 //                           module S1 is `module 8 512 768 12`)
 //
@@ -93,7 +95,8 @@ Build load(const std::string& dir) {
 struct Shape {
   bool packed = false;  // S9 through mha_attention_varlen
   bool blhd = false;
-  bool valid_lens = false;                                 // S5's
+  bool qkv = false;         // Q, K, V in one [B, L, 3·H·D] buffer (blhd's output)
+  bool valid_lens = false;  // S5's
   int64_t b = 1, h = 12, hkv = 0, lq = 0, lk = 0, d = 64;  // hkv 0: = h
   bool causal = true;
   std::vector<int64_t> lengths;  // packed: each sequence's
@@ -207,10 +210,19 @@ bool call(const Build& build, Shape& s, std::vector<float>& q, std::vector<float
     const int64_t q_shape[4] = {s.b, s.h, s.lq, s.d}, k_shape[4] = {s.b, s.hkv, s.lk, s.d};
     const int64_t q_strides[4] = {s.lq * s.h * s.d, s.d, s.h * s.d, 1};
     const int64_t k_strides[4] = {s.lk * s.hkv * s.d, s.d, s.hkv * s.d, 1};
-    build.tensor_init(&tq, q.data(), MHA_DTYPE_F32, 4, q_shape, s.blhd ? q_strides : nullptr);
-    build.tensor_init(&tk, k.data(), MHA_DTYPE_F32, 4, k_shape, s.blhd ? k_strides : nullptr);
-    build.tensor_init(&tv, v.data(), MHA_DTYPE_F32, 4, k_shape, s.blhd ? k_strides : nullptr);
-    build.tensor_init(&to, out.data(), MHA_DTYPE_F32, 4, q_shape, s.blhd ? q_strides : nullptr);
+    if (s.qkv) {
+      const int64_t e = s.h * s.d;
+      const int64_t qkv_strides[4] = {s.lq * 3 * e, s.d, 3 * e, 1};
+      build.tensor_init(&tq, q.data(), MHA_DTYPE_F32, 4, q_shape, qkv_strides);
+      build.tensor_init(&tk, q.data() + e, MHA_DTYPE_F32, 4, k_shape, qkv_strides);
+      build.tensor_init(&tv, q.data() + 2 * e, MHA_DTYPE_F32, 4, k_shape, qkv_strides);
+    } else {
+      build.tensor_init(&tq, q.data(), MHA_DTYPE_F32, 4, q_shape, s.blhd ? q_strides : nullptr);
+      build.tensor_init(&tk, k.data(), MHA_DTYPE_F32, 4, k_shape, s.blhd ? k_strides : nullptr);
+      build.tensor_init(&tv, v.data(), MHA_DTYPE_F32, 4, k_shape, s.blhd ? k_strides : nullptr);
+    }
+    const bool out_blhd = s.blhd || s.qkv;
+    build.tensor_init(&to, out.data(), MHA_DTYPE_F32, 4, q_shape, out_blhd ? q_strides : nullptr);
     status = build.attention(&tq, &tk, &tv, &to, &params);
   }
   if (status != MHA_OK) std::fprintf(stderr, "%s\n", build.last_error());
@@ -246,7 +258,7 @@ double quantile(std::vector<double> x, double at) {
   std::fprintf(stderr,
                "mha_ab_builds BASE_LIB_DIR NEW_LIB_DIR [--rounds N] [--threads N] "
                "[--seconds S] [--hkv N] (s9 | s8 | s8bf16 | s8hm | s5 | "
-               "B H LQ LK D CAUSAL [blhd] | module B L E H)\n");
+               "B H LQ LK D CAUSAL [blhd|qkv] | module B L E H)\n");
   std::exit(2);
 }
 
@@ -309,8 +321,8 @@ int main(int argc, char** argv) {
     s.bf16_cache = shape_args[0] == "s8bf16";
     s.head_major_pages = shape_args[0] == "s8hm";
   } else if (shape_args.size() == 1 && shape_args[0] == "s5") {
-    // The d2l.ai example: packed, blhd, valid_lens, B, H, Hkv, Lq, Lk, D, causal.
-    const Shape s5{false, false, true, 2, 5, 0, 4, 6, 20, false, {}, {}};
+    // The d2l.ai example: packed, blhd, qkv, valid_lens, B, H, Hkv, Lq, Lk, D, causal.
+    const Shape s5{false, false, false, true, 2, 5, 0, 4, 6, 20, false, {}, {}};
     s = s5;
   } else if (shape_args.size() == 5 && shape_args[0] == "module") {
     s.module = true;
@@ -330,14 +342,17 @@ int main(int argc, char** argv) {
     s.d = whole(shape_args[4]);
     s.causal = shape_args[5] != "0";
     s.blhd = shape_args.size() == 7 && shape_args[6] == "blhd";
+    s.qkv = shape_args.size() == 7 && shape_args[6] == "qkv";
+    if (shape_args.size() == 7 && !s.blhd && !s.qkv) usage();
     if (s.b < 1 || s.h < 1 || s.lq < 1 || s.lk < 1 || s.d < 1) usage();
+    if (s.qkv && (s.lq != s.lk || hkv > 0)) usage();
   } else {
     usage();
   }
   s.hkv = hkv > 0 && !s.packed ? hkv : s.h;  // packed: K and V rows as Q's
   if (s.h % s.hkv != 0) usage();
-  std::vector<float> q(s.b * s.h * s.lq * s.d), k(s.module ? 0 : s.b * s.hkv * s.lk * s.d),
-      v(k.size()), out(q.size());
+  std::vector<float> q(s.b * s.h * s.lq * s.d * (s.qkv ? 3 : 1)),
+      k(s.module || s.qkv ? 0 : s.b * s.hkv * s.lk * s.d), v(k.size()), out(s.b * s.h * s.lq * s.d);
   mha_bench::fill_uniform(q, 1);
   mha_bench::fill_uniform(k, 2);
   mha_bench::fill_uniform(v, 3);
