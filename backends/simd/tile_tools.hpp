@@ -137,19 +137,29 @@ class PrefetchQueue {
   // does not fit is left to the hardware.
   //
   // A query tile with a single key tile (`short_tile`) that cannot cover its
-  // lines requests none when the rows it reads lie back to back: the
-  // hardware prefetchers follow those, and lines requested into the L1 early
-  // evict the tile's own working set, which fills it.  Zen 5 (family 26
-  // model 2), in-process A/B, loops aligned: S4 0.979 and 0.979 (builds
-  // swapped) at one thread, 0.958 at two, AVX2 S4 0.974; S1 0.998, S5
-  // 0.998, S9 0.997.  Giving up on every tile the queue cannot cover cost
-  // S2 1.012 and S9 1.009 (their first query tiles lose the next tile's Q).
-  // Lines for writing come last and are not reached anyway: they do not
-  // count.
+  // lines, when the rows it reads lie back to back, requests only the first
+  // range's (the next Q tile, or the next head's Q), if those fit: the
+  // hardware prefetchers follow the rest, and lines requested into the L1
+  // early evict the tile's own working set, which fills it.  Zen 5 (family
+  // 26 model 2), in-process A/B, loops aligned, none against all within the
+  // bound: S4 0.979 and 0.979 (builds swapped) at one thread, 0.958 at two,
+  // AVX2 S4 0.974; S1 0.998, S5 0.998, S9 0.997.  Then Q alone against none
+  // (Zen 3, family 25 model 1, AVX2, where `perf` put 10 % of S4 in Q's
+  // packing, waiting on its rows; 5 % after): S4 0.972 and 1/1.037 (41
+  // rounds), 0.980, 0.965, 1/1.028 and 1/0.984 (21 rounds), 0.985 and
+  // 1/1.030 at two threads; S9 1.016 and 1/1.014.  Giving up on every tile
+  // the queue cannot cover cost S2 1.012 and S9 1.009 (their first query
+  // tiles lose the next tile's Q).  Lines for writing come last and are not
+  // reached anyway: they do not count.
   void pace(int64_t steps, bool short_tile = false) {
     per_step_ = steps > 0 ? (lines_left_ + steps - 1) / steps : 0;
-    if (per_step_ > kMaxLinesPerStep) {
-      per_step_ = short_tile && back_to_back_ ? 0 : kMaxLinesPerStep;
+    if (per_step_ <= kMaxLinesPerStep) return;
+    per_step_ = kMaxLinesPerStep;
+    if (short_tile && back_to_back_) {
+      const int64_t first_lines = ranges_[0].rows * ranges_[0].lines_per_row;
+      per_step_ = steps > 0 ? (first_lines + steps - 1) / steps : 0;
+      if (per_step_ > kMaxLinesPerStep) per_step_ = 0;
+      lines_left_ = per_step_ > 0 ? first_lines : 0;
     }
   }
 
