@@ -157,7 +157,7 @@ class PrefetchQueue {
     per_step_ = kMaxLinesPerStep;
     if (short_tile && back_to_back_) {
       const int64_t first_lines = ranges_[0].rows * ranges_[0].lines_per_row;
-      per_step_ = steps > 0 ? (first_lines + steps - 1) / steps : 0;
+      per_step_ = (first_lines + steps - 1) / steps;  // steps > 0: lines_left_ did not fit
       if (per_step_ > kMaxLinesPerStep) per_step_ = 0;
       lines_left_ = per_step_ > 0 ? first_lines : 0;
     }
