@@ -63,6 +63,10 @@ class RowsKernel {
   // Rows whose scores are computed together (each K vector loaded once for
   // them, independent FMA chains).
   static constexpr int kRowBlock = 4;
+  // A plain row (fp32 output with unit stride, no LSE, no sink) of at most
+  // this many vectors of Dv goes from its P·V sums in registers straight to
+  // the output (values_out).
+  static constexpr int kPlainVectors = 4;
   // Lane l's key index, as a float (the limits are compared in floats).
   alignas(64) static constexpr float kLaneIndex[16] = {0, 1, 2,  3,  4,  5,  6,  7,
                                                        8, 9, 10, 11, 12, 13, 14, 15};
@@ -126,14 +130,17 @@ class RowsKernel {
         for (int64_t x = 0; x < dp; ++x) B(0.0f).store_aligned(t.kt + x * kKeys);
       }
     }
-    int64_t loaded_kvh = -1;
+    // Each query head's KV head counted along, not divided out per head (two
+    // 64-bit divisions a head were about 1 % of S5).
+    const int64_t group = p.heads / p.kv_heads;
     with_key_vectors(keys, [&](auto vectors) {
       constexpr int NKV = decltype(vectors)::value;
+      int64_t kvh = item.h_begin / group, next_kvh_at = item.h_begin;
       for (int64_t h = item.h_begin; h < item.h_end; ++h) {
-        const int64_t kvh = mha_kernel::kv_head_of(p, h);
-        if (kvh != loaded_kvh && keys > 0) {
-          load_kv<NKV>(p, t, item.b, kvh, kb, keys, dvp);
-          loaded_kvh = kvh;
+        if (h == next_kvh_at) {  // a KV head's first query head in the item
+          if (h != item.h_begin) ++kvh;
+          next_kvh_at = (kvh + 1) * group;
+          if (keys > 0) load_kv<NKV>(p, t, item.b, kvh, kb, keys, dvp);
         }
         if (!head_rows<NKV>(p, item, t, h, kb, keys, dvp)) careful_head(p, item, t, h);
       }
@@ -359,6 +366,18 @@ class RowsKernel {
             p.dropout_p, mha_kernel::dropout_row_key(p, item.b, head.h, item.q_begin + row_i),
             head.kb, NKV * W, s);
       }
+      if (head.plain && head.dvp <= kPlainVectors * W) {
+        float* out = static_cast<float*>(item.out) + head.row_h * item.out_strides[0] +
+                     row_i * item.out_strides[1];
+        bool written = false;
+        with_count<kPlainVectors>(static_cast<int>(head.dvp / W), [&](auto width) {
+          written = values_out<decltype(width)::value>(s, static_cast<int>(lo[r]),
+                                                       static_cast<int>(hi[r]), t.v, head.dvp,
+                                                       sum[r], p.dv, out);
+        });
+        if (!written) return false;
+        continue;
+      }
       const bool finite =
           values(s, static_cast<int>(lo[r]), static_cast<int>(hi[r]), t.v, head.dvp, t.acc);
       if (!finite || !(sum[r] > 0.0f) || !std::isfinite(sum[r])) return false;
@@ -432,6 +451,37 @@ class RowsKernel {
       finite &= values_block<decltype(width)::value>(p, lo, hi, v, dvp, c0, acc);
     });
     return finite;
+  }
+
+  // values() and write_row's plain case in one, for Dv of at most
+  // kPlainVectors vectors: the row's sums stay in registers, multiplied by
+  // 1 / sum on their way to out (fp32, unit stride) -- the same operations
+  // as values() then write_row, so the same bits; S5 (Dv 20): <see docs>.
+  // Nothing is written, and false returned, when a sum is not finite or the
+  // row has no weight (the careful path's cases).
+  template <int N>
+  __attribute__((always_inline)) static bool values_out(const float* p, int lo, int hi,
+                                                        const float* v, int64_t dvp, float sum,
+                                                        int64_t dv, float* out) {
+    B a[N];
+    for (int c = 0; c < N; ++c) a[c] = B(0.0f);
+    for (int j = lo; j <= hi; ++j) {
+      const B pj(p[j]);
+      const float* row = v + j * dvp;
+      for (int c = 0; c < N; ++c) a[c] = xsimd::fma(pj, B::load_aligned(row + c * W), a[c]);
+    }
+    B poison(0.0f);  // a - a is 0 for finite a, NaN for NaN and infinities
+    for (int c = 0; c < N; ++c) poison += a[c] - a[c];
+    if (!xsimd::all(poison == poison) || !(sum > 0.0f) || !std::isfinite(sum)) return false;
+    const B inv(1.0f / sum);
+    for (int c = 0; c < N; ++c) {
+      if ((c + 1) * W <= dv) {
+        (a[c] * inv).store_unaligned(out + c * W);
+      } else {
+        store_partial<Arch>(out + c * W, a[c] * inv, static_cast<int>(dv - c * W));
+      }
+    }
+    return true;
   }
 
   template <int N>
