@@ -456,7 +456,8 @@ class RowsKernel {
   // values() and write_row's plain case in one, for Dv of at most
   // kPlainVectors vectors: the row's sums stay in registers, multiplied by
   // 1 / sum on their way to out (fp32, unit stride) -- the same operations
-  // as values() then write_row, so the same bits; S5 (Dv 20): <see docs>.
+  // as values() then write_row, so the same bits.  S5 (Dv 20) on AVX2,
+  // callgrind: the rows 12.3 k instructions a call against 13.7 k.
   // Nothing is written, and false returned, when a sum is not finite or the
   // row has no weight (the careful path's cases).
   template <int N>
