@@ -230,12 +230,15 @@ namespace {
 // first_item + plan.items()) of the batch, its split-KV partials (if any) at
 // partial_out / partial_lse.
 struct PlannedCall {
-  KernelCall* call;
+  // Not zeroed first: run_attention sets every member (a tiny call paid for
+  // zeroing the 0.5 KiB problem it then overwrote).
+  PlannedCall() {}  // NOLINT(modernize-use-equals-default): = default would zero it
+  KernelCall* call = nullptr;
   WorkPlan plan;
   mha_kernel_problem item_problem;  // what its items see (split-KV: no sinks)
-  int64_t first_item, first_merge;
-  float* partial_out;
-  float* partial_lse;
+  int64_t first_item = 0, first_merge = 0;
+  float* partial_out = nullptr;
+  float* partial_lse = nullptr;
   int64_t rows_per_item() const { return plan.heads_per_item * plan.q_tile; }
 };
 
