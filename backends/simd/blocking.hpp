@@ -10,6 +10,7 @@ namespace mha_simd {
 
 template <class Arch>
 struct Blocking {
+  static constexpr int kVectorRegisters = 32;
   // 32 vector registers (AVX-512 zmm, Arm NEON q):
   //   scores: 4 query vectors x 6 keys = 24 accumulators + 4 Q loads + 1 broadcast
   //   P·V:    6 query rows x 4 vectors of Dv = 24 accumulators + 4 V loads + 1 broadcast
@@ -57,6 +58,7 @@ struct Blocking {
 // 6 x 2 = 12 + 2 + 1 for P·V.
 template <>
 struct Blocking<xsimd::fma3<xsimd::avx2>> {
+  static constexpr int kVectorRegisters = 16;
   static constexpr int kScoreQueryVectors = 2;
   static constexpr int kScoreKeys = 6;
   // Four steps a turn (no spill: 12 accumulators + 2 + 1): a test every step

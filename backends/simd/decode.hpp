@@ -448,7 +448,7 @@ class DecodeKernel {
           constexpr int N = decltype(n)::value;
           if (k_direct) {
             rows_scores<Arch, kKv, N>(rows.q + r0 * dp, dp, k_typed, keys, rows.scores + r0 * KTP,
-                                      KTP, k_ahead);
+                                      KTP, k_ahead, rows_read);
           } else {
             rows_scores<Arch, MHA_DTYPE_F32, N>(rows.q + r0 * dp, dp,
                                                 StridedRows<float>{rows.k_pack, dp}, keys,

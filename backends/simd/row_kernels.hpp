@@ -61,15 +61,23 @@ constexpr int pow2_floor(int n) {
   return p;
 }
 
+// Keys whose scores rows_scores_of computes in step for R rows when the rows
+// are in cache: the most (a power of two dividing W, at most 8) whose R
+// accumulators and K vector each, with one Q vector, fit the ISA's registers
+// (AVX2: 4 keys for one or two rows, 2 for three or four; AVX-512 8 and 4;
+// NEON 4).
+template <class Arch>
+constexpr int score_keys_in_step(int R) {
+  constexpr int W = static_cast<int>(xsimd::batch<float, Arch>::size);
+  int n = std::min(W, 8);
+  while (n > 1 && n * (R + 1) + 1 > Blocking<Arch>::kVectorRegisters) n /= 2;
+  return n;
+}
+
 // s_r[j] = q_r · K[j] for R query rows at once and `keys` keys (K[j] at
 // k_rows(j)): q_r = q + r·dp (dp floats, a multiple of W, zero-padded), s_r = s + r·s_stride (room
 // for whole vectors).  Grouped-query attention's rows share their K rows, so
-// every K vector is loaded once for all R rows.  Keys are read one whole row
-// after the other, in address order, each prefetching the row `ahead` rows on
-// (rows_ahead): reading several rows in step (more accumulators, fewer loads
-// per FMA) made S3 1.4x slower on Zen 4 (docs/kernel-design.md).  Two partial
-// sums per row hide the FMA latency (one chain cost a single row of int8 keys 20 %
-// on avx2, where widening adds to each link); W keys share one horizontal
+// every K vector is loaded once for all R rows.  W keys share one horizontal
 // reduction per row.  The last group reads its last key again in place of the
 // missing ones, so every group runs the same register-resident code; s beyond
 // `keys` is left unspecified.  A score's chain of operations does not depend
@@ -77,48 +85,121 @@ constexpr int pow2_floor(int n) {
 // (rows_scores_fixed sends fp32 rows of D 64 and 128 on the 32-register ISAs
 // to rows_scores_held whatever R is, so that holds there too.)
 //
+// Two forms, by where the rows come from:
+// - kS = 1, rows from memory: one whole row after the other, in address
+//   order, each prefetching the row `ahead` rows on (rows_ahead), and two
+//   partial sums per score to hide the FMA latency (one chain cost a single
+//   row of int8 keys 20 % on avx2, where widening adds to each link).
+//   Reading several rows in step made S3 1.4x slower on Zen 4, and head-major
+//   GQA decode from DRAM 1.02x on Zen 3 (docs/kernel-design.md).
+// - kS > 1 (score_keys_in_step), fp32 rows of D 64 or 128 in cache
+//   (decode.hpp's read pass), AVX2 only: kS keys in step, so that each Q
+//   vector is loaded once for them.  Four rows of D 128 on AVX2 load 80
+//   vectors for 64 FMAs a key one key at a time, more than the two loads a
+//   cycle the FMAs leave room for; two keys in step, 48.  The two chains of
+//   the form above run one after the other (the even vectors, then the odd
+//   ones: R x kS accumulators live, not twice that), so a score's bits are
+//   those of the form above: a paged cache read first gives the bits of the
+//   same keys read in place (tests/test_paged.cpp, tests/micro).  Zen 3
+//   (family 25 model 1), a harness on four rows of D 128, one chain a score:
+//   75 GFLOP/s against 61 in L1, 70-72 against 57-58 from L2 with the rows
+//   back to back, 61-65 against 58 with S8's rows 4 KiB apart; S8 in place
+//   in docs/kernel-design.md.
+//
 // kVectors > 0 fixes dp at kVectors·W at compile time, so that a row's FMAs
-// unroll whole: the row kernels' usual head sizes (64 and 128) take that form
+// unroll: the row kernels' usual head sizes (64 and 128) take that form
 // (rows_scores below).  A loop over a run-time dp took 1.4-1.5x the time of
 // the unrolled one on four rows of D 128 in L1 and L2 (Zen 5), the same
-// operations in the same order.
-template <class Arch, int32_t kKv, int R, int kVectors, class Rows>
+// operations in the same order.  Keys in step unroll their loop twice only:
+// fully unrolled, GCC moved the K loads ahead and spilled them.
+template <class Arch, int32_t kKv, int R, int kVectors, int kS = 1, class Rows>
 [[gnu::noinline]] void rows_scores_of(const float* q, int64_t dp_run_time, Rows k_rows, int keys,
                                       float* s, int64_t s_stride, int ahead) {
   using B = xsimd::batch<float, Arch>;
   constexpr int W = static_cast<int>(B::size);
+  static_assert(kS >= 1 && W % kS == 0, "whole steps of keys");
+  static_assert(kS == 1 || (kKv == MHA_DTYPE_F32 && kVectors > 0 && kVectors % 2 == 0),
+                "keys in step: fp32 rows of an even number of vectors");
   const int64_t dp = kVectors > 0 ? int64_t{kVectors} * W : dp_run_time;
   B part[R][W];  // the sums of W keys, for one reduction per row
   for (int j0 = 0; j0 < keys; j0 += W) {
     const int last = std::min(W, keys - j0) - 1;
-    for (int t = 0; t < W; ++t) {
-      const int row = j0 + std::min(t, last);
-      const element_t<kKv>* k = k_rows(row);
-      prefetch_row<3>(k_rows(row + ahead), dp);
-      B a0[R], a1[R];
-      for (int r = 0; r < R; ++r) a0[r] = a1[r] = B(0.0f);
-      // Vectors x and x + W into the two chains.
-      const auto pair = [&](int64_t x) {
-        const B k0 = load_widen<Arch, kKv>(k + x), k1 = load_widen<Arch, kKv>(k + x + W);
-        for (int r = 0; r < R; ++r) {
-          a0[r] = xsimd::fma(B::load_aligned(q + r * dp + x), k0, a0[r]);
-          a1[r] = xsimd::fma(B::load_aligned(q + r * dp + x + W), k1, a1[r]);
+    if constexpr (kS == 1) {
+      for (int t = 0; t < W; ++t) {
+        const int row = j0 + std::min(t, last);
+        const element_t<kKv>* k = k_rows(row);
+        prefetch_row<3>(k_rows(row + ahead), dp);
+        B a0[R], a1[R];
+        for (int r = 0; r < R; ++r) a0[r] = a1[r] = B(0.0f);
+        // Vectors x and x + W into the two chains.
+        const auto pair = [&](int64_t x) {
+          const B k0 = load_widen<Arch, kKv>(k + x), k1 = load_widen<Arch, kKv>(k + x + W);
+          for (int r = 0; r < R; ++r) {
+            a0[r] = xsimd::fma(B::load_aligned(q + r * dp + x), k0, a0[r]);
+            a1[r] = xsimd::fma(B::load_aligned(q + r * dp + x + W), k1, a1[r]);
+          }
+        };
+        int64_t x = 0;
+        // Two pairs a step where the row has them: fewer loop instructions
+        // per FMA (token-major GQA decode from DRAM, in-process A/B: 0.95 of
+        // the time at 1 thread, 0.98 at 2).
+        for (; x + 4 * W <= dp; x += 4 * W) {
+          pair(x);
+          pair(x + 2 * W);
         }
-      };
-      int64_t x = 0;
-      // Two pairs a step where the row has them: fewer loop instructions per
-      // FMA (token-major GQA decode from DRAM, in-process A/B: 0.95 of the
-      // time at 1 thread, 0.98 at 2).
-      for (; x + 4 * W <= dp; x += 4 * W) {
-        pair(x);
-        pair(x + 2 * W);
+        for (; x + 2 * W <= dp; x += 2 * W) pair(x);
+        if (x < dp) {
+          const B k0 = load_widen<Arch, kKv>(k + x);
+          for (int r = 0; r < R; ++r) {
+            a0[r] = xsimd::fma(B::load_aligned(q + r * dp + x), k0, a0[r]);
+          }
+        }
+        for (int r = 0; r < R; ++r) part[r][t] = a0[r] + a1[r];
       }
-      for (; x + 2 * W <= dp; x += 2 * W) pair(x);
-      if (x < dp) {
-        const B k0 = load_widen<Arch, kKv>(k + x);
-        for (int r = 0; r < R; ++r) a0[r] = xsimd::fma(B::load_aligned(q + r * dp + x), k0, a0[r]);
+    } else {
+      for (int t0 = 0; t0 < W; t0 += kS) {
+        const element_t<kKv>* k[kS];
+#pragma GCC unroll 8
+        for (int u = 0; u < kS; ++u) {
+          const int row = j0 + std::min(t0 + u, last);
+          k[u] = k_rows(row);
+          prefetch_row<3>(k_rows(row + ahead), dp);
+        }
+        // Q's rows are the same for every step: opaque here, or GCC keeps
+        // copies of them on the stack across the steps.
+        const float* qs = q;
+        asm("" : "+r"(qs));
+        // The two chains of the form above, one after the other: the even
+        // vectors' (x = 0, 2W, ...), then the odd ones' (x = W, 3W, ...),
+        // each in order from 0, so the same bits; R x kS accumulators live.
+        for (int64_t half = 0; half < 2; ++half) {
+          B a[kS][R];
+#pragma GCC unroll 8
+          for (int u = 0; u < kS; ++u) {
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) a[u][r] = B(0.0f);
+          }
+#pragma GCC unroll 2
+          for (int64_t x = half * W; x < dp; x += 2 * W) {
+            B kx[kS];
+#pragma GCC unroll 8
+            for (int u = 0; u < kS; ++u) kx[u] = load_widen<Arch, kKv>(k[u] + x);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) {
+              const B qv = B::load_aligned(qs + r * dp + x);
+#pragma GCC unroll 8
+              for (int u = 0; u < kS; ++u) a[u][r] = xsimd::fma(qv, kx[u], a[u][r]);
+            }
+          }
+#pragma GCC unroll 8
+          for (int u = 0; u < kS; ++u) {
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) {
+              part[r][t0 + u] = half == 0 ? a[u][r] : part[r][t0 + u] + a[u][r];
+            }
+          }
+        }
       }
-      for (int r = 0; r < R; ++r) part[r][t] = a0[r] + a1[r];
     }
     for (int r = 0; r < R; ++r) sums_of<Arch>(part[r]).store_aligned(s + r * s_stride + j0);
   }
@@ -228,10 +309,11 @@ template <class Arch, int32_t kKv, int R, int kVectors, int kStep, class Rows>
 }
 
 // A fixed head size of kVectors vectors: Q held in registers for fp32 rows
-// on the ISAs with 32 registers, read with each FMA otherwise.
+// on the ISAs with 32 registers, read with each FMA otherwise (keys in step
+// for rows in cache).
 template <class Arch, int32_t kKv, int R, int kVectors, class Rows>
 inline void rows_scores_fixed(const float* q, Rows k_rows, int keys, float* s, int64_t s_stride,
-                              int ahead) {
+                              int ahead, bool in_cache) {
   if constexpr (kKv == MHA_DTYPE_F32 && Blocking<Arch>::kDecodeQVectors > 0) {
     // Two keys in step for four rows of one KV head back to back
     // (rows_scores_held).
@@ -244,19 +326,28 @@ inline void rows_scores_fixed(const float* q, Rows k_rows, int keys, float* s, i
     rows_scores_held<Arch, kKv, R, kVectors, 1>(q, k_rows, keys, s, s_stride, ahead);
   } else {
     constexpr int W = static_cast<int>(xsimd::batch<float, Arch>::size);
+    if constexpr (kKv == MHA_DTYPE_F32) {
+      if (in_cache) {
+        rows_scores_of<Arch, kKv, R, kVectors, score_keys_in_step<Arch>(R)>(
+            q, int64_t{kVectors} * W, k_rows, keys, s, s_stride, ahead);
+        return;
+      }
+    }
     rows_scores_of<Arch, kKv, R, kVectors>(q, int64_t{kVectors} * W, k_rows, keys, s, s_stride,
                                            ahead);
   }
 }
 
+// in_cache: the rows were read into cache before (fp32 rows of D 64 or 128
+// on AVX2: keys in step, rows_scores_of).
 template <class Arch, int32_t kKv, int R, class Rows>
 inline void rows_scores(const float* q, int64_t dp, Rows k_rows, int keys, float* s,
-                        int64_t s_stride, int ahead = kRowsAheadMax) {
+                        int64_t s_stride, int ahead = kRowsAheadMax, bool in_cache = false) {
   constexpr int W = static_cast<int>(xsimd::batch<float, Arch>::size);
   if (dp == 128) {
-    rows_scores_fixed<Arch, kKv, R, 128 / W>(q, k_rows, keys, s, s_stride, ahead);
+    rows_scores_fixed<Arch, kKv, R, 128 / W>(q, k_rows, keys, s, s_stride, ahead, in_cache);
   } else if (dp == 64) {
-    rows_scores_fixed<Arch, kKv, R, 64 / W>(q, k_rows, keys, s, s_stride, ahead);
+    rows_scores_fixed<Arch, kKv, R, 64 / W>(q, k_rows, keys, s, s_stride, ahead, in_cache);
   } else {
     rows_scores_of<Arch, kKv, R, 0>(q, dp, k_rows, keys, s, s_stride, ahead);
   }

@@ -59,10 +59,11 @@ void pv(int join, int nr, int nc, const float* probs, const float* alpha, const 
 }
 
 void rows_scores(int rows, const float* q, int64_t dp, const float* k_rows, int64_t k_stride,
-                 int keys, float* s, int64_t s_stride) {
+                 int keys, float* s, int64_t s_stride, bool in_cache) {
   mha_simd::with_count<Blk::kDecodeRows>(rows, [&](auto n) {
     mha_simd::rows_scores<Arch, MHA_DTYPE_F32, decltype(n)::value>(
-        q, dp, mha_simd::StridedRows<float>{k_rows, k_stride}, keys, s, s_stride);
+        q, dp, mha_simd::StridedRows<float>{k_rows, k_stride}, keys, s, s_stride,
+        mha_simd::kRowsAheadMax, in_cache);
   });
 }
 

@@ -23,10 +23,11 @@ struct MicroKernels {
              int64_t v_stride, int keys, float* acc, int64_t acc_stride);
   // rows_scores and rows_pv of the decode layout for 1 <= rows <= max_rows
   // query rows at once (q: rows x dp floats; total: rows x dvp floats of
-  // aligned scratch).
+  // aligned scratch); rows_scores' in_cache: rows read into cache before
+  // (keys in step).
   int max_rows;
   void (*rows_scores)(int rows, const float* q, int64_t dp, const float* k_rows, int64_t k_stride,
-                      int keys, float* s, int64_t s_stride);
+                      int keys, float* s, int64_t s_stride, bool in_cache);
   void (*rows_pv)(int rows, const float* const* probs, const float* alpha, const float* v_rows,
                   int64_t v_stride, int keys, int64_t dvp, float* const* acc, float* total);
   // store_narrow: `lanes` floats rounded to BF16 or F16 bits.

@@ -270,26 +270,35 @@ TEST_P(Micro, DecodeRowKernelsMatchPlainLoops) {
       for (int rows = 1; rows <= max_rows; ++rows) {
         SCOPED_TRACE("keys " + std::to_string(keys) + " dp " + std::to_string(dp) + " rows " +
                      std::to_string(rows));
-        k_->rows_scores(rows, q.get(), dp, k.data(), k_stride, keys, s.get(), s_stride);
-        k_->rows_scores(rows, q.get(), dp, k_dense.data(), dp, keys, s_dense.get(), s_stride);
-        for (int r = 0; r < rows; ++r) {
-          for (int j = 0; j < keys; ++j) {
-            ASSERT_EQ(s_dense[static_cast<size_t>(r * s_stride + j)],
-                      s[static_cast<size_t>(r * s_stride + j)])
-                << "rows back to back, row " << r << " key " << j;
-            double ref = 0, mag = 0;
-            for (int64_t x = 0; x < dp; ++x) {
-              const double t = D(q[static_cast<size_t>(r * dp + x)]) *
-                               D(k[static_cast<size_t>(j * k_stride + x)]);
-              ref += t;
-              mag += std::fabs(t);
-            }
-            const float got = s[static_cast<size_t>(r * s_stride + j)];
-            ASSERT_NEAR(got, ref, dot_tolerance(mag, dp)) << "row " << r << " key " << j;
-            // A row's scores do not depend on the rows grouped with it.
-            if (rows == 1) single_scores.push_back(got);
-            if (r == 0) {
-              ASSERT_EQ(got, single_scores[static_cast<size_t>(j)]) << "row 0 key " << j;
+        // Both forms: rows one at a time (from memory) and keys in step (rows
+        // in cache), which give the same bits (a paged cache read into cache
+        // first gives the bits of the same keys read in place).
+        for (const bool in_cache : {false, true}) {
+          SCOPED_TRACE(in_cache ? "rows in cache" : "rows from memory");
+          k_->rows_scores(rows, q.get(), dp, k.data(), k_stride, keys, s.get(), s_stride, in_cache);
+          k_->rows_scores(rows, q.get(), dp, k_dense.data(), dp, keys, s_dense.get(), s_stride,
+                          in_cache);
+          for (int r = 0; r < rows; ++r) {
+            for (int j = 0; j < keys; ++j) {
+              ASSERT_EQ(s_dense[static_cast<size_t>(r * s_stride + j)],
+                        s[static_cast<size_t>(r * s_stride + j)])
+                  << "rows back to back, row " << r << " key " << j;
+              double ref = 0, mag = 0;
+              for (int64_t x = 0; x < dp; ++x) {
+                const double t = D(q[static_cast<size_t>(r * dp + x)]) *
+                                 D(k[static_cast<size_t>(j * k_stride + x)]);
+                ref += t;
+                mag += std::fabs(t);
+              }
+              const float got = s[static_cast<size_t>(r * s_stride + j)];
+              ASSERT_NEAR(got, ref, dot_tolerance(mag, dp)) << "row " << r << " key " << j;
+              // A row's scores depend neither on the rows grouped with it
+              // nor on the form.
+              if (rows == 1 && !in_cache) single_scores.push_back(got);
+              if (r == 0) {
+                ASSERT_EQ(got, single_scores[static_cast<size_t>(j)])
+                    << "row 0 key " << j << " against one row from memory";
+              }
             }
           }
         }
