@@ -62,6 +62,19 @@ double dot_tolerance(double abs_sum, int64_t d) {
   return 4.0 * static_cast<double>(d) * 6e-8 * abs_sum + 1e-30;
 }
 
+// Σ_x a[x·a_step] · b[x] over d terms in float64, and Σ |a·b| into *abs_sum
+// (for dot_tolerance).
+double dot_f64(const float* a, int64_t a_step, const float* b, int64_t d, double* abs_sum) {
+  double dot = 0, mag = 0;
+  for (int64_t x = 0; x < d; ++x) {
+    const double t = D(a[x * a_step]) * D(b[x]);
+    dot += t;
+    mag += std::fabs(t);
+  }
+  *abs_sum = mag;
+  return dot;
+}
+
 TEST_P(Micro, ScoreBlockMatchesPlainDotProducts) {
   const int w = k_->lanes, stride = k_->stride;
   Rng rng(11);
@@ -79,13 +92,8 @@ TEST_P(Micro, ScoreBlockMatchesPlainDotProducts) {
         k_->score(0, nv, nk, qt.get(), k.data(), k_stride, d, scores.get(), nullptr, nullptr);
         for (int n = 0; n < nk; ++n) {
           for (int lane = 0; lane < nv * w; ++lane) {
-            double ref = 0, mag = 0;
-            for (int64_t x = 0; x < d; ++x) {
-              const double t = D(qt[static_cast<size_t>(x * stride + lane)]) *
-                               D(k[static_cast<size_t>(n * k_stride + x)]);
-              ref += t;
-              mag += std::fabs(t);
-            }
+            double mag = 0;
+            const double ref = dot_f64(qt.get() + lane, stride, k.data() + n * k_stride, d, &mag);
             ASSERT_NEAR(scores[static_cast<size_t>(n * stride + lane)], ref, dot_tolerance(mag, d))
                 << "key " << n << " lane " << lane;
           }
@@ -283,13 +291,8 @@ TEST_P(Micro, DecodeRowKernelsMatchPlainLoops) {
               ASSERT_EQ(s_dense[static_cast<size_t>(r * s_stride + j)],
                         s[static_cast<size_t>(r * s_stride + j)])
                   << "rows back to back, row " << r << " key " << j;
-              double ref = 0, mag = 0;
-              for (int64_t x = 0; x < dp; ++x) {
-                const double t = D(q[static_cast<size_t>(r * dp + x)]) *
-                                 D(k[static_cast<size_t>(j * k_stride + x)]);
-                ref += t;
-                mag += std::fabs(t);
-              }
+              double mag = 0;
+              const double ref = dot_f64(q.get() + r * dp, 1, k.data() + j * k_stride, dp, &mag);
               const float got = s[static_cast<size_t>(r * s_stride + j)];
               ASSERT_NEAR(got, ref, dot_tolerance(mag, dp)) << "row " << r << " key " << j;
               // A row's scores depend neither on the rows grouped with it
