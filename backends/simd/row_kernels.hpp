@@ -64,8 +64,8 @@ constexpr int pow2_floor(int n) {
 // Keys whose scores rows_scores_of computes in step for R rows when the rows
 // are in cache: the most (a power of two dividing W, at most 8) whose R
 // accumulators and K vector each, with one Q vector, fit the ISA's registers
-// (AVX2: 4 keys for one or two rows, 2 for three or four; AVX-512 8 and 4;
-// NEON 4).
+// (AVX2, the ISA whose fp32 rows take rows_scores_of: 4 keys for one or two
+// rows, 2 for three or four).
 template <class Arch>
 constexpr int score_keys_in_step(int R) {
   constexpr int W = static_cast<int>(xsimd::batch<float, Arch>::size);

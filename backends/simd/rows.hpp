@@ -465,15 +465,8 @@ class RowsKernel {
                                                         const float* v, int64_t dvp, float sum,
                                                         int64_t dv, float* out) {
     B a[N];
-    for (int c = 0; c < N; ++c) a[c] = B(0.0f);
-    for (int j = lo; j <= hi; ++j) {
-      const B pj(p[j]);
-      const float* row = v + j * dvp;
-      for (int c = 0; c < N; ++c) a[c] = xsimd::fma(pj, B::load_aligned(row + c * W), a[c]);
-    }
-    B poison(0.0f);  // a - a is 0 for finite a, NaN for NaN and infinities
-    for (int c = 0; c < N; ++c) poison += a[c] - a[c];
-    if (!xsimd::all(poison == poison) || !(sum > 0.0f) || !std::isfinite(sum)) return false;
+    const bool finite = sum_values<N>(p, lo, hi, v, dvp, 0, a);
+    if (!finite || !(sum > 0.0f) || !std::isfinite(sum)) return false;
     const B inv(1.0f / sum);
     for (int c = 0; c < N; ++c) {
       if ((c + 1) * W <= dv) {
@@ -489,6 +482,17 @@ class RowsKernel {
   static bool values_block(const float* p, int lo, int hi, const float* v, int64_t dvp, int64_t c0,
                            float* acc) {
     B a[N];
+    const bool finite = sum_values<N>(p, lo, hi, v, dvp, c0, a);
+    for (int c = 0; c < N; ++c) a[c].store_aligned(acc + c0 + c * W);
+    return finite;
+  }
+
+  // a[c] = Σ_{j = lo..hi} p[j] · V[j][c0 + c·W ...] for N vectors, in
+  // registers; returns whether every value is finite.
+  template <int N>
+  __attribute__((always_inline)) static bool sum_values(const float* p, int lo, int hi,
+                                                        const float* v, int64_t dvp, int64_t c0,
+                                                        B* a) {
     for (int c = 0; c < N; ++c) a[c] = B(0.0f);
     for (int j = lo; j <= hi; ++j) {
       const B pj(p[j]);
@@ -496,10 +500,7 @@ class RowsKernel {
       for (int c = 0; c < N; ++c) a[c] = xsimd::fma(pj, B::load_aligned(row + c * W), a[c]);
     }
     B poison(0.0f);  // a - a is 0 for finite a, NaN for NaN and infinities
-    for (int c = 0; c < N; ++c) {
-      a[c].store_aligned(acc + c0 + c * W);
-      poison += a[c] - a[c];
-    }
+    for (int c = 0; c < N; ++c) poison += a[c] - a[c];
     return xsimd::all(poison == poison);
   }
 
