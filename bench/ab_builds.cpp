@@ -10,7 +10,7 @@
 // the median of the per-round ratios with its quartiles.
 //
 //   mha_ab_builds BASE_LIB_DIR NEW_LIB_DIR [--rounds N] [--threads N]
-//                 [--seconds S] [--hkv N] SHAPE
+//                 [--seconds S] [--hkv N] [--kv bf16|i8] SHAPE
 //   SHAPE: s9 (bench-shapes' S9, packed through mha_attention_varlen)
 //        | s8 (bench-shapes' S8: paged fp32 decode, 16 sequences, blocks of 16)
 //        | s8bf16 (S8:bf16kv, the same cache in bf16)
@@ -20,7 +20,9 @@
 //        | B H LQ LK D CAUSAL [blhd|qkv]  (CAUSAL 0 or 1; blhd: [B, L, H, D]
 //                                      views; qkv: Q, K and V as views of one
 //                                      [B, L, 3·H·D] buffer, the module's, LQ =
-//                                      LK; --hkv: KV heads, H by default)
+//                                      LK; --hkv: KV heads, H by default;
+//                                      --kv: K and V in bf16, or int8 with
+//                                      one fp32 scale a row, [B, H, L, D] only)
 //        | module B L E H  (mha_module_forward, self-attention with biases:
 //                           module S1 is `module 8 512 768 12`)
 //
@@ -102,11 +104,14 @@ struct Shape {
   std::vector<int64_t> lengths;  // packed: each sequence's
   std::vector<int32_t> cu_seqlens;
   mha_bench::S8Batch* paged = nullptr;  // S8: one query a sequence over its pages
-  bool bf16_cache = false;              // S8:bf16kv: K and V in bf16
-  std::vector<uint16_t> k16{}, v16{};   // S8:bf16kv's cache, with k's and v's slack
-  bool head_major_pages = false;        // s8hm: [num_blocks, Hkv, block, D] pages
-  bool module = false;                  // mha_module_forward on [B, L, E] (self-attention)
-  int64_t e = 0;                        // the module's embedding
+  bool bf16_cache = false;              // S8:bf16kv (or --kv bf16): K and V in bf16
+  bool i8_cache = false;                // --kv i8: K and V in int8, a scale a row
+  std::vector<int8_t> k8{}, v8{};
+  std::vector<float> k_scale{}, v_scale{};
+  std::vector<uint16_t> k16{}, v16{};  // S8:bf16kv's cache, with k's and v's slack
+  bool head_major_pages = false;       // s8hm: [num_blocks, Hkv, block, D] pages
+  bool module = false;                 // mha_module_forward on [B, L, E] (self-attention)
+  int64_t e = 0;                       // the module's embedding
 
   // bench-shapes' count: 4 · H · D per (query, key) pair that takes part.
   double flops() const {
@@ -210,7 +215,22 @@ bool call(const Build& build, Shape& s, std::vector<float>& q, std::vector<float
     const int64_t q_shape[4] = {s.b, s.h, s.lq, s.d}, k_shape[4] = {s.b, s.hkv, s.lk, s.d};
     const int64_t q_strides[4] = {s.lq * s.h * s.d, s.d, s.h * s.d, 1};
     const int64_t k_strides[4] = {s.lk * s.hkv * s.d, s.d, s.hkv * s.d, 1};
-    if (s.qkv) {
+    mha_tensor k_scale, v_scale;
+    if (s.bf16_cache || s.i8_cache) {
+      const mha_dtype kv = s.bf16_cache ? MHA_DTYPE_BF16 : MHA_DTYPE_I8;
+      void* k_data = s.bf16_cache ? static_cast<void*>(s.k16.data()) : s.k8.data();
+      void* v_data = s.bf16_cache ? static_cast<void*>(s.v16.data()) : s.v8.data();
+      build.tensor_init(&tq, q.data(), MHA_DTYPE_F32, 4, q_shape, nullptr);
+      build.tensor_init(&tk, k_data, kv, 4, k_shape, nullptr);
+      build.tensor_init(&tv, v_data, kv, 4, k_shape, nullptr);
+      if (s.i8_cache) {
+        const int64_t scale_shape[3] = {s.b, s.hkv, s.lk};
+        build.tensor_init(&k_scale, s.k_scale.data(), MHA_DTYPE_F32, 3, scale_shape, nullptr);
+        build.tensor_init(&v_scale, s.v_scale.data(), MHA_DTYPE_F32, 3, scale_shape, nullptr);
+        params.k_scale = &k_scale;
+        params.v_scale = &v_scale;
+      }
+    } else if (s.qkv) {
       const int64_t e = s.h * s.d;
       const int64_t qkv_strides[4] = {s.lq * 3 * e, s.d, 3 * e, 1};
       build.tensor_init(&tq, q.data(), MHA_DTYPE_F32, 4, q_shape, qkv_strides);
@@ -257,7 +277,7 @@ double quantile(std::vector<double> x, double at) {
 [[noreturn]] void usage() {
   std::fprintf(stderr,
                "mha_ab_builds BASE_LIB_DIR NEW_LIB_DIR [--rounds N] [--threads N] "
-               "[--seconds S] [--hkv N] (s9 | s8 | s8bf16 | s8hm | s5 | "
+               "[--seconds S] [--hkv N] [--kv bf16|i8] (s9 | s8 | s8bf16 | s8hm | s5 | "
                "B H LQ LK D CAUSAL [blhd|qkv] | module B L E H)\n");
   std::exit(2);
 }
@@ -283,16 +303,19 @@ int main(int argc, char** argv) {
   const Build builds[2] = {load(argv[1]), load(argv[2])};
   int rounds = 20, threads = 1;
   int64_t hkv = 0;
+  std::string kv = "f32";
   double seconds = 0.2;
   std::vector<std::string> shape_args;
   for (int i = 3; i < argc; ++i) {
     const std::string a = argv[i];
-    if ((a == "--rounds" || a == "--threads" || a == "--seconds" || a == "--hkv") && i + 1 < argc) {
+    if ((a == "--rounds" || a == "--threads" || a == "--seconds" || a == "--hkv" || a == "--kv") &&
+        i + 1 < argc) {
       const std::string value = argv[++i];
       if (a == "--rounds") rounds = static_cast<int>(std::clamp<int64_t>(whole(value), 1, 10000));
       if (a == "--threads") threads = static_cast<int>(std::clamp<int64_t>(whole(value), 1, 4096));
       if (a == "--seconds") seconds = real(value);
       if (a == "--hkv") hkv = whole(value);
+      if (a == "--kv") kv = value;
     } else {
       shape_args.push_back(a);
     }
@@ -346,9 +369,13 @@ int main(int argc, char** argv) {
     if (shape_args.size() == 7 && !s.blhd && !s.qkv) usage();
     if (s.b < 1 || s.h < 1 || s.lq < 1 || s.lk < 1 || s.d < 1) usage();
     if (s.qkv && (s.lq != s.lk || hkv > 0)) usage();
+    s.bf16_cache = kv == "bf16";
+    s.i8_cache = kv == "i8";
+    if ((s.bf16_cache || s.i8_cache) && (s.blhd || s.qkv)) usage();
   } else {
     usage();
   }
+  if (kv != "f32" && kv != "bf16" && kv != "i8") usage();
   s.hkv = hkv > 0 && !s.packed ? hkv : s.h;  // packed: K and V rows as Q's
   if (s.h % s.hkv != 0) usage();
   std::vector<float> q(s.b * s.h * s.lq * s.d * (s.qkv ? 3 : 1)),
@@ -363,6 +390,16 @@ int main(int argc, char** argv) {
       s.k16[i] = mha_types::f32_to_bf16(k[i]);
       s.v16[i] = mha_types::f32_to_bf16(v[i]);
     }
+  }
+  if (s.i8_cache) {  // uniform values in [-1, 1): int8 steps of 1/127
+    s.k8.resize(k.size());
+    s.v8.resize(v.size());
+    for (size_t i = 0; i < k.size(); ++i) {
+      s.k8[i] = static_cast<int8_t>(std::lround(k[i] * 127.0f));
+      s.v8[i] = static_cast<int8_t>(std::lround(v[i] * 127.0f));
+    }
+    s.k_scale.assign(static_cast<size_t>(s.b * s.hkv * s.lk), 1.0f / 127.0f);
+    s.v_scale = s.k_scale;
   }
   for (const Build& b : builds) b.set_num_threads(threads);
 

@@ -46,6 +46,10 @@ struct Blocking {
   // of Q in registers (+ 4 accumulators + 1 K vector): 4 of each row's
   // vectors for four rows, more for fewer (rows_scores_held, held_chunk).
   static constexpr int kDecodeQVectors = 4;
+  // One row per KV head (MHA decode) reads its tile's keys as this many
+  // streams at once (row_kernels.hpp, "Key streams"); 1: in address order.
+  // Measured on Zen 3 only, with AVX2; not on this ISA.
+  static constexpr int kDecodeKeyStreams = 1;
   // The backward pass's products (gemm_tile.hpp): 6 rows x 4 vectors = 24
   // accumulators + 4 B loads + 1 broadcast; tiles of 64 queries x 64 keys.
   static constexpr int kGemmRows = 6;
@@ -88,7 +92,10 @@ struct Blocking<xsimd::fma3<xsimd::avx2>> {
   // waited on the FMA latency (Zen 5: S3 0.83 of the time at one thread).
   static constexpr int kDecodePvVectors = 8;
   static constexpr int kDecodeQVectors = 0;  // none: Q read from L1 (rows_scores_of)
-  static constexpr int kGemmRows = 6;        // 12 accumulators + 2 + 1
+  // Four streams for one row per KV head (row_kernels.hpp, "Key streams"):
+  // Zen 3 S3 about 0.8 of the time.
+  static constexpr int kDecodeKeyStreams = 4;
+  static constexpr int kGemmRows = 6;  // 12 accumulators + 2 + 1
   static constexpr int kGemmVectors = 2;
   static constexpr int kBackwardQueryTile = 64;
   static constexpr int kBackwardKeyBlock = 64;

@@ -374,9 +374,23 @@ class DecodeKernel {
     // 0.985 / 0.994; 1 row 0.991 / 1.018 against 2; a dense token-major GQA
     // batch from DRAM 0.986; AVX2 S8 1.001.  P·V's rows requested 2 ahead
     // into L1 as well: 1.037 / 1.030.
-    const int k_ahead =
-        rows_read ? kRowsAheadFromL2 : rows_ahead(dp * static_cast<int64_t>(sizeof(T)));
-    const int v_ahead = rows_read ? 0 : rows_ahead(dvp * static_cast<int64_t>(sizeof(T)));
+    //
+    // One row per KV head (MHA decode) reads its rows as key streams
+    // (row_kernels.hpp) where the ISA has them, without software prefetch.
+    // P·V's sums then run in the streams' order, so the rule depends only on
+    // the problem (not on the layout, the items or the cache's size): a
+    // paged call gives the dense call's bits.  Not for int8 rows, nor for
+    // several rows per KV head, where the streams lost (Zen 3, in-process
+    // A/B: S3:i8kv 1.05x the time, head-major GQA decode 1.7x;
+    // docs/kernel-design.md).
+    const bool streamed =
+        Blocking<Arch>::kDecodeKeyStreams > 1 && segment_rows == 1 && streams_for<kKv, 1>();
+    const bool stream_in_place = streamed && !rows_read;
+    const int k_ahead = rows_read         ? kRowsAheadFromL2
+                        : stream_in_place ? 0
+                                          : rows_ahead(dp * static_cast<int64_t>(sizeof(T)));
+    const int v_ahead =
+        rows_read || stream_in_place ? 0 : rows_ahead(dvp * static_cast<int64_t>(sizeof(T)));
     // Where P·V's requests go: into L1 for one KV head's rows back to back,
     // into L2 for token-major rows (Zen 5, in-process A/B, both builds with
     // loops aligned: S8 in bf16 took 1.058 of the time with L1, a dense
@@ -448,7 +462,7 @@ class DecodeKernel {
           constexpr int N = decltype(n)::value;
           if (k_direct) {
             rows_scores<Arch, kKv, N>(rows.q + r0 * dp, dp, k_typed, keys, rows.scores + r0 * KTP,
-                                      KTP, k_ahead, rows_read);
+                                      KTP, k_ahead, rows_read, stream_in_place);
           } else {
             rows_scores<Arch, MHA_DTYPE_F32, N>(rows.q + r0 * dp, dp,
                                                 StridedRows<float>{rows.k_pack, dp}, keys,
@@ -543,10 +557,10 @@ class DecodeKernel {
           if (v_rows != nullptr) {
             rows_pv<Arch, MHA_DTYPE_F32, N>(probs, rows.alpha + g0,
                                             StridedRows<float>{v_rows, v_stride}, keys, dvp, acc,
-                                            rows.pv_total, v_ahead, v_into_l1);
+                                            rows.pv_total, v_ahead, v_into_l1, streamed);
           } else {
             rows_pv<Arch, kKv, N>(probs, rows.alpha + g0, v_typed, keys, dvp, acc, rows.pv_total,
-                                  v_ahead, v_into_l1);
+                                  v_ahead, v_into_l1, streamed);
           }
         });
       }

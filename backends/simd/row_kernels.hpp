@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "simd/blocking.hpp"
@@ -48,10 +49,48 @@ constexpr int rows_ahead(int64_t row_bytes) {
 // buffer.
 constexpr int kRowsAheadFromL2 = 2;
 
+// Keys of each stream in turn in rows_pv (key streams, below): one or two
+// rows alike in the stand-alone read.
+constexpr int kPvStreamGrain = 2;
+
 // The first `count` rows of `rows`, `elements` each.
 template <class Rows>
 inline void prefetch_rows(const Rows& rows, int count, int64_t elements) {
   for (int t = 0; t < count; ++t) prefetch_row(rows(t), elements);
+}
+
+// Key streams.  One query row per KV head (MHA decode: S3) does little
+// arithmetic per row it reads, and on Zen 3 (family 25 model 1) one stream
+// of rows per thread reads memory at about 70 % of what the read probe's
+// several streams get: a stand-alone read of S3's K and V, a tile of 1024
+// rows of 512 B at a time, read 13-17 GB/s in address order and 19-23 with
+// the tile read as four streams (its quarters) taking one or two rows of
+// each in turn -- but 14-16 with 8 rows (4 KiB) of each in turn.  So the
+// decode kernel reads a tile's first n x len keys as n = kDecodeKeyStreams
+// streams of len keys, `grain` keys of each in turn (streamed_key maps the
+// i-th key read to its index), the rest in address order; the scores keep
+// their places and their bits, P·V sums the keys in the order read.  With
+// the streams no software prefetch: the hardware prefetchers follow four
+// streams (in-process A/B, S3 at one thread: 8 rows ahead 1.30x the time of
+// none, 2 rows ahead 1.14x, 1 row 1.07x).  docs/kernel-design.md has the
+// layouts where the streams lost (GQA rows, int8 rows, token-major rows).
+template <int kStreams, int kGrain>
+constexpr int streamed_key(int i, int len) {
+  return (i / kGrain) % kStreams * len + i / (kGrain * kStreams) * kGrain + i % kGrain;
+}
+
+// The row kernels that take key streams: one row (R), not int8 rows
+// (decode.hpp's rule; the others are compiled without them).
+template <int32_t kKv, int R>
+constexpr bool streams_for() {
+  return R == 1 && kKv != MHA_DTYPE_I8;
+}
+
+// Keys per stream: the most that are a multiple of `unit` (0: too few keys
+// for whole units in every stream).
+template <int kStreams>
+constexpr int stream_length(int keys, int unit) {
+  return keys / (kStreams * unit) * unit;
 }
 
 // The largest power of two <= n (n >= 1).
@@ -112,9 +151,13 @@ constexpr int score_keys_in_step(int R) {
 // the unrolled one on four rows of D 128 in L1 and L2 (Zen 5), the same
 // operations in the same order.  Keys in step unroll their loop twice only:
 // fully unrolled, GCC moved the K loads ahead and spilled them.
+//
+// streamed (kS = 1): the keys read as key streams (above), W / n keys of each
+// stream a group of W, each score stored in its place.
 template <class Arch, int32_t kKv, int R, int kVectors, int kS = 1, class Rows>
 [[gnu::noinline]] void rows_scores_of(const float* q, int64_t dp_run_time, Rows k_rows, int keys,
-                                      float* s, int64_t s_stride, int ahead) {
+                                      float* s, int64_t s_stride, int ahead,
+                                      bool streamed = false) {
   using B = xsimd::batch<float, Arch>;
   constexpr int W = static_cast<int>(B::size);
   static_assert(kS >= 1 && W % kS == 0, "whole steps of keys");
@@ -122,13 +165,18 @@ template <class Arch, int32_t kKv, int R, int kVectors, int kS = 1, class Rows>
                 "keys in step: fp32 rows of an even number of vectors");
   const int64_t dp = kVectors > 0 ? int64_t{kVectors} * W : dp_run_time;
   B part[R][W];  // the sums of W keys, for one reduction per row
+  constexpr int kStreams = kS == 1 && streams_for<kKv, R>() ? Blocking<Arch>::kDecodeKeyStreams : 1;
+  constexpr int kGrain = W / kStreams;
+  const int stream_len = kStreams > 1 && streamed ? stream_length<kStreams>(keys, W) : 0;
   for (int j0 = 0; j0 < keys; j0 += W) {
     const int last = std::min(W, keys - j0) - 1;
+    const bool in_streams = j0 < kStreams * stream_len;
     if constexpr (kS == 1) {
       for (int t = 0; t < W; ++t) {
-        const int row = j0 + std::min(t, last);
+        const int row = in_streams ? streamed_key<kStreams, kGrain>(j0 + t, stream_len)
+                                   : j0 + std::min(t, last);
         const element_t<kKv>* k = k_rows(row);
-        prefetch_row<3>(k_rows(row + ahead), dp);
+        if (ahead > 0) prefetch_row<3>(k_rows(row + ahead), dp);
         B a0[R], a1[R];
         for (int r = 0; r < R; ++r) a0[r] = a1[r] = B(0.0f);
         // Vectors x and x + W into the two chains.
@@ -201,7 +249,19 @@ template <class Arch, int32_t kKv, int R, int kVectors, int kS = 1, class Rows>
         }
       }
     }
-    for (int r = 0; r < R; ++r) sums_of<Arch>(part[r]).store_aligned(s + r * s_stride + j0);
+    if (kStreams > 1 && in_streams) {  // kGrain scores for each stream's place
+      for (int r = 0; r < R; ++r) {
+        alignas(64) float sums[W];
+        sums_of<Arch>(part[r]).store_aligned(sums);
+        for (int u = 0; u < kStreams; ++u) {
+          std::memcpy(
+              s + r * s_stride + streamed_key<kStreams, kGrain>(j0 + u * kGrain, stream_len),
+              sums + u * kGrain, sizeof(float) * kGrain);
+        }
+      }
+    } else {
+      for (int r = 0; r < R; ++r) sums_of<Arch>(part[r]).store_aligned(s + r * s_stride + j0);
+    }
   }
 }
 
@@ -313,7 +373,7 @@ template <class Arch, int32_t kKv, int R, int kVectors, int kStep, class Rows>
 // for rows in cache).
 template <class Arch, int32_t kKv, int R, int kVectors, class Rows>
 inline void rows_scores_fixed(const float* q, Rows k_rows, int keys, float* s, int64_t s_stride,
-                              int ahead, bool in_cache) {
+                              int ahead, bool in_cache, bool streamed) {
   if constexpr (kKv == MHA_DTYPE_F32 && Blocking<Arch>::kDecodeQVectors > 0) {
     // Two keys in step for four rows of one KV head back to back
     // (rows_scores_held).
@@ -334,22 +394,27 @@ inline void rows_scores_fixed(const float* q, Rows k_rows, int keys, float* s, i
       }
     }
     rows_scores_of<Arch, kKv, R, kVectors>(q, int64_t{kVectors} * W, k_rows, keys, s, s_stride,
-                                           ahead);
+                                           ahead, streamed);
   }
 }
 
 // in_cache: the rows were read into cache before (fp32 rows of D 64 or 128
-// on AVX2: keys in step, rows_scores_of).
+// on AVX2: keys in step, rows_scores_of).  streamed: read the rows from
+// memory as key streams where the ISA has them (rows_scores_of); the same
+// scores either way.  ahead 0: no software prefetch.
 template <class Arch, int32_t kKv, int R, class Rows>
 inline void rows_scores(const float* q, int64_t dp, Rows k_rows, int keys, float* s,
-                        int64_t s_stride, int ahead = kRowsAheadMax, bool in_cache = false) {
+                        int64_t s_stride, int ahead = kRowsAheadMax, bool in_cache = false,
+                        bool streamed = false) {
   constexpr int W = static_cast<int>(xsimd::batch<float, Arch>::size);
   if (dp == 128) {
-    rows_scores_fixed<Arch, kKv, R, 128 / W>(q, k_rows, keys, s, s_stride, ahead, in_cache);
+    rows_scores_fixed<Arch, kKv, R, 128 / W>(q, k_rows, keys, s, s_stride, ahead, in_cache,
+                                             streamed);
   } else if (dp == 64) {
-    rows_scores_fixed<Arch, kKv, R, 64 / W>(q, k_rows, keys, s, s_stride, ahead, in_cache);
+    rows_scores_fixed<Arch, kKv, R, 64 / W>(q, k_rows, keys, s, s_stride, ahead, in_cache,
+                                            streamed);
   } else {
-    rows_scores_of<Arch, kKv, R, 0>(q, dp, k_rows, keys, s, s_stride, ahead);
+    rows_scores_of<Arch, kKv, R, 0>(q, dp, k_rows, keys, s, s_stride, ahead, streamed);
   }
 }
 
@@ -379,13 +444,14 @@ inline int with_column_block(int count, F&& f) {
 }
 
 // One column block of rows_pv: o_r = Σ_j p_rj·V_j[col, col + NB·W) over keys
-// [j0, j1), added to total_r (row r's at total + r·dvp).  Everything it reads
+// [j0, j1) -- or, with stream_len > 0, over the keys streamed_key maps them
+// to, in that order --, added to total_r (row r's at total + r·dvp).  Everything it reads
 // arrives as a value, so the loop keeps its pointers and bound in registers:
 // written as a lambda over rows_pv's locals, the same loop reloaded them from
 // the closure and ran at 0.70 of this speed in L1 (Zen 5, R 4, Dv 128).
 template <class Arch, int32_t kKv, int R, int NB, int kPrefetch, class Rows>
 inline void pv_block_run(const float* const* p, Rows v_rows, int j0, int j1, int64_t col,
-                         int64_t dvp, int ahead, float* total) {
+                         int64_t dvp, int ahead, float* total, int stream_len) {
   using B = xsimd::batch<float, Arch>;
   constexpr int W = static_cast<int>(B::size);
   // Every loop over o unrolled, so that o stays in registers: rolled, the
@@ -399,7 +465,10 @@ inline void pv_block_run(const float* const* p, Rows v_rows, int j0, int j1, int
   const float* pr[R];  // in registers, not reloaded through `p` every key
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) pr[r] = p[r];
-  for (int j = j0; j < j1; ++j) {
+  constexpr int kStreams = streams_for<kKv, R>() ? Blocking<Arch>::kDecodeKeyStreams : 1;
+  for (int i = j0; i < j1; ++i) {
+    const int j =
+        kStreams > 1 && stream_len > 0 ? streamed_key<kStreams, kPvStreamGrain>(i, stream_len) : i;
     const element_t<kKv>* v = v_rows(j) + col;
     if constexpr (kPrefetch > 0) prefetch_row<kPrefetch>(v_rows(j + ahead), dvp);
     if constexpr (kKv == MHA_DTYPE_F32) {
@@ -450,10 +519,16 @@ inline void pv_block_run(const float* const* p, Rows v_rows, int j0, int j1, int
 // each run, not across the whole tile: the run's V rows stay in L1 while
 // its blocks are summed, so memory sees one stream of rows in address order.
 // Each element is the same chain of operations whatever R and NB are.
+//
+// streamed: the keys read as key streams where the ISA has them (above),
+// kPvStreamGrain keys of each stream in turn, each run of kPvRun keys read
+// taking kPvRun / n of every stream: a sum in another order, so the caller's
+// rule for it must not depend on the thread count or the cache's layout.
 template <class Arch, int32_t kKv, int R, class Rows>
 [[gnu::noinline]] void rows_pv(const float* const* probs, const float* alpha, Rows v_rows, int keys,
                                int64_t dvp, float* const* acc, float* total,
-                               int ahead = kRowsAheadMax, bool into_l1 = true) {
+                               int ahead = kRowsAheadMax, bool into_l1 = true,
+                               bool streamed = false) {
   using B = xsimd::batch<float, Arch>;
   constexpr int W = static_cast<int>(B::size);
   constexpr int kPvRun = 32;
@@ -465,20 +540,26 @@ template <class Arch, int32_t kKv, int R, class Rows>
   constexpr int NC = std::min(Blocking<Arch>::kDecodePvVectors,
                               kKv == MHA_DTYPE_F32 ? std::max(kPow2, kFit) : kPow2);
   const int vectors = static_cast<int>(dvp / W);
+  constexpr int kStreams = streams_for<kKv, R>() ? Blocking<Arch>::kDecodeKeyStreams : 1;
+  const int stream_len = kStreams > 1 && streamed ? stream_length<kStreams>(keys, kPvRun) : 0;
   std::fill(total, total + R * dvp, 0.0f);
   for (int j0 = 0; j0 < keys; j0 += kPvRun) {
     const int j1 = std::min(keys, j0 + kPvRun);
+    const int run_stream_len = j0 < kStreams * stream_len ? stream_len : 0;
     for (int c0 = 0; c0 < vectors;) {
       const int64_t col = int64_t{c0} * W;
       c0 += with_column_block<NC>(vectors - c0, [&](auto nb) {
         constexpr int NB = decltype(nb)::value;
         // The first block requests the rows `ahead` on (if any), once per row.
         if (col == 0 && ahead > 0 && into_l1) {
-          pv_block_run<Arch, kKv, R, NB, 3>(probs, v_rows, j0, j1, col, dvp, ahead, total);
+          pv_block_run<Arch, kKv, R, NB, 3>(probs, v_rows, j0, j1, col, dvp, ahead, total,
+                                            run_stream_len);
         } else if (col == 0 && ahead > 0) {
-          pv_block_run<Arch, kKv, R, NB, 2>(probs, v_rows, j0, j1, col, dvp, ahead, total);
+          pv_block_run<Arch, kKv, R, NB, 2>(probs, v_rows, j0, j1, col, dvp, ahead, total,
+                                            run_stream_len);
         } else {
-          pv_block_run<Arch, kKv, R, NB, 0>(probs, v_rows, j0, j1, col, dvp, ahead, total);
+          pv_block_run<Arch, kKv, R, NB, 0>(probs, v_rows, j0, j1, col, dvp, ahead, total,
+                                            run_stream_len);
         }
       });
     }

@@ -59,19 +59,21 @@ void pv(int join, int nr, int nc, const float* probs, const float* alpha, const 
 }
 
 void rows_scores(int rows, const float* q, int64_t dp, const float* k_rows, int64_t k_stride,
-                 int keys, float* s, int64_t s_stride, bool in_cache) {
+                 int keys, float* s, int64_t s_stride, bool in_cache, bool streamed) {
   mha_simd::with_count<Blk::kDecodeRows>(rows, [&](auto n) {
     mha_simd::rows_scores<Arch, MHA_DTYPE_F32, decltype(n)::value>(
         q, dp, mha_simd::StridedRows<float>{k_rows, k_stride}, keys, s, s_stride,
-        mha_simd::kRowsAheadMax, in_cache);
+        streamed ? 0 : mha_simd::kRowsAheadMax, in_cache, streamed);
   });
 }
 
 void rows_pv(int rows, const float* const* probs, const float* alpha, const float* v_rows,
-             int64_t v_stride, int keys, int64_t dvp, float* const* acc, float* total) {
+             int64_t v_stride, int keys, int64_t dvp, float* const* acc, float* total,
+             bool streamed) {
   mha_simd::with_count<Blk::kDecodeRows>(rows, [&](auto n) {
     mha_simd::rows_pv<Arch, MHA_DTYPE_F32, decltype(n)::value>(
-        probs, alpha, mha_simd::StridedRows<float>{v_rows, v_stride}, keys, dvp, acc, total);
+        probs, alpha, mha_simd::StridedRows<float>{v_rows, v_stride}, keys, dvp, acc, total,
+        streamed ? 0 : mha_simd::kRowsAheadMax, true, streamed);
   });
 }
 

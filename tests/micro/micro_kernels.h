@@ -24,12 +24,14 @@ struct MicroKernels {
   // rows_scores and rows_pv of the decode layout for 1 <= rows <= max_rows
   // query rows at once (q: rows x dp floats; total: rows x dvp floats of
   // aligned scratch); rows_scores' in_cache: rows read into cache before
-  // (keys in step).
+  // (keys in step); streamed: the keys read as key streams (one row, where
+  // the ISA has them; no software prefetch).
   int max_rows;
   void (*rows_scores)(int rows, const float* q, int64_t dp, const float* k_rows, int64_t k_stride,
-                      int keys, float* s, int64_t s_stride, bool in_cache);
+                      int keys, float* s, int64_t s_stride, bool in_cache, bool streamed);
   void (*rows_pv)(int rows, const float* const* probs, const float* alpha, const float* v_rows,
-                  int64_t v_stride, int keys, int64_t dvp, float* const* acc, float* total);
+                  int64_t v_stride, int keys, int64_t dvp, float* const* acc, float* total,
+                  bool streamed);
   // store_narrow: `lanes` floats rounded to BF16 or F16 bits.
   void (*narrow)(int32_t dtype, const float* x, uint16_t* out);
   // load_widen: `lanes` BF16 or F16 bits, or int8 values, as floats.

@@ -245,7 +245,9 @@ TEST_P(Micro, PvBlockMatchesPlainSums) {
 TEST_P(Micro, DecodeRowKernelsMatchPlainLoops) {
   const int w = k_->lanes;
   Rng rng(14);
-  for (const int keys : {1, w - 1 > 0 ? w - 1 : 1, w, 3 * w + 1, 200}) {
+  // 200 and 515 keys: key streams with keys left over (rows_scores: streams
+  // of 6w and 16w keys; rows_pv: of 32 and 128).
+  for (const int keys : {1, w - 1 > 0 ? w - 1 : 1, w, 3 * w + 1, 200, 515}) {
     // rows_pv both ways: rows within the register budget (one column block)
     // and wider ones (column blocks inside each run, 5 and 40 vectors);
     // rows_scores with dp fixed at compile time (64, 128) and not.
@@ -278,14 +280,17 @@ TEST_P(Micro, DecodeRowKernelsMatchPlainLoops) {
       for (int rows = 1; rows <= max_rows; ++rows) {
         SCOPED_TRACE("keys " + std::to_string(keys) + " dp " + std::to_string(dp) + " rows " +
                      std::to_string(rows));
-        // Both forms: rows one at a time (from memory) and keys in step (rows
-        // in cache), which give the same bits (a paged cache read into cache
-        // first gives the bits of the same keys read in place).
-        for (const bool in_cache : {false, true}) {
-          SCOPED_TRACE(in_cache ? "rows in cache" : "rows from memory");
-          k_->rows_scores(rows, q.get(), dp, k.data(), k_stride, keys, s.get(), s_stride, in_cache);
+        // Every form: rows one at a time (from memory), keys in step (rows
+        // in cache) and key streams, which give the same bits (a paged cache
+        // read into cache first gives the bits of the same keys read in
+        // place; the streams only read the keys in another order).
+        for (const int form : {0, 1, 2}) {
+          const bool in_cache = form == 1, streamed = form == 2;
+          SCOPED_TRACE(in_cache ? "rows in cache" : streamed ? "key streams" : "rows from memory");
+          k_->rows_scores(rows, q.get(), dp, k.data(), k_stride, keys, s.get(), s_stride, in_cache,
+                          streamed);
           k_->rows_scores(rows, q.get(), dp, k_dense.data(), dp, keys, s_dense.get(), s_stride,
-                          in_cache);
+                          in_cache, streamed);
           for (int r = 0; r < rows; ++r) {
             for (int j = 0; j < keys; ++j) {
               ASSERT_EQ(s_dense[static_cast<size_t>(r * s_stride + j)],
@@ -297,7 +302,7 @@ TEST_P(Micro, DecodeRowKernelsMatchPlainLoops) {
               ASSERT_NEAR(got, ref, dot_tolerance(mag, dp)) << "row " << r << " key " << j;
               // A row's scores depend neither on the rows grouped with it
               // nor on the form.
-              if (rows == 1 && !in_cache) single_scores.push_back(got);
+              if (rows == 1 && form == 0) single_scores.push_back(got);
               if (r == 0) {
                 ASSERT_EQ(got, single_scores[static_cast<size_t>(j)])
                     << "row 0 key " << j << " against one row from memory";
@@ -305,30 +310,36 @@ TEST_P(Micro, DecodeRowKernelsMatchPlainLoops) {
             }
           }
         }
-        // rows_pv over the same rows as V.
-        const float* p_rows[8];
-        float* acc_rows[8];
-        for (int r = 0; r < rows; ++r) {
-          p_rows[r] = probs.data() + r * keys;
-          acc_rows[r] = acc.get() + r * dp;
-          for (int64_t x = 0; x < dp; ++x) {
-            acc[static_cast<size_t>(r * dp + x)] = acc0[static_cast<size_t>(r * dp + x)];
-          }
-        }
-        k_->rows_pv(rows, p_rows, alphas, k.data(), k_stride, keys, dp, acc_rows, total.get());
-        for (int r = 0; r < rows; ++r) {
-          for (int64_t x = 0; x < dp; ++x) {
-            double sum = 0;
-            for (int j = 0; j < keys; ++j) {
-              sum += D(probs[static_cast<size_t>(int64_t{r} * keys + j)]) *
-                     D(k[static_cast<size_t>(j * k_stride + x)]);
+        // rows_pv over the same rows as V, in address order and as key
+        // streams (another order of the sums: against the reference only).
+        for (const bool streamed : {false, true}) {
+          SCOPED_TRACE(streamed ? "P·V, key streams" : "P·V");
+          const float* p_rows[8];
+          float* acc_rows[8];
+          for (int r = 0; r < rows; ++r) {
+            p_rows[r] = probs.data() + r * keys;
+            acc_rows[r] = acc.get() + r * dp;
+            for (int64_t x = 0; x < dp; ++x) {
+              acc[static_cast<size_t>(r * dp + x)] = acc0[static_cast<size_t>(r * dp + x)];
             }
-            const double expected = D(acc0[static_cast<size_t>(r * dp + x)]) * D(alphas[r]) + sum;
-            const float got = acc[static_cast<size_t>(r * dp + x)];
-            ASSERT_NEAR(got, expected, 1e-5 * (keys + 1)) << "row " << r << " column " << x;
-            if (rows == 1) single_acc.push_back(got);
-            if (r == 0) {
-              ASSERT_EQ(got, single_acc[static_cast<size_t>(x)]) << "row 0 column " << x;
+          }
+          k_->rows_pv(rows, p_rows, alphas, k.data(), k_stride, keys, dp, acc_rows, total.get(),
+                      streamed);
+          for (int r = 0; r < rows; ++r) {
+            for (int64_t x = 0; x < dp; ++x) {
+              double sum = 0;
+              for (int j = 0; j < keys; ++j) {
+                sum += D(probs[static_cast<size_t>(int64_t{r} * keys + j)]) *
+                       D(k[static_cast<size_t>(j * k_stride + x)]);
+              }
+              const double expected = D(acc0[static_cast<size_t>(r * dp + x)]) * D(alphas[r]) + sum;
+              const float got = acc[static_cast<size_t>(r * dp + x)];
+              ASSERT_NEAR(got, expected, 1e-5 * (keys + 1)) << "row " << r << " column " << x;
+              if (streamed) continue;
+              if (rows == 1) single_acc.push_back(got);
+              if (r == 0) {
+                ASSERT_EQ(got, single_acc[static_cast<size_t>(x)]) << "row 0 column " << x;
+              }
             }
           }
         }
