@@ -71,9 +71,10 @@ inline void prefetch_rows(const Rows& rows, int count, int64_t elements) {
 // i-th key read to its index), the rest in address order; the scores keep
 // their places and their bits, P·V sums the keys in the order read.  With
 // the streams no software prefetch: the hardware prefetchers follow four
-// streams (in-process A/B, S3 at one thread: 8 rows ahead 1.30x the time of
-// none, 2 rows ahead 1.14x, 1 row 1.07x).  docs/kernel-design.md has the
-// layouts where the streams lost (GQA rows, int8 rows, token-major rows).
+// streams (in-process A/B, S3 at one thread: none against 1 row ahead 0.94,
+// 1 row against 2 0.83, 2 against 8 0.90).  S3 then took 0.81-0.84 of the
+// time at one thread, 0.83-0.86 at two.  docs/kernel-design.md has the
+// layouts where the streams lost (GQA rows, int8 rows).
 template <int kStreams, int kGrain>
 constexpr int streamed_key(int i, int len) {
   return (i / kGrain) % kStreams * len + i / (kGrain * kStreams) * kGrain + i % kGrain;
