@@ -375,17 +375,20 @@ class DecodeKernel {
     // batch from DRAM 0.986; AVX2 S8 1.001.  P·V's rows requested 2 ahead
     // into L1 as well: 1.037 / 1.030.
     //
-    // One row per KV head (MHA decode) reads its rows as key streams
-    // (row_kernels.hpp) where the ISA has them, without software prefetch.
-    // P·V's sums then run in the streams' order, so the rule depends only on
-    // the problem (not on the layout, the items or the cache's size): a
-    // paged call gives the dense call's bits.  Not for int8 rows, nor for
-    // several rows per KV head, where the streams lost (Zen 3, in-process
-    // A/B: S3:i8kv 1.05x the time, head-major GQA decode 1.7x;
-    // docs/kernel-design.md).
+    // One or two rows per KV head (MHA decode, two queries or two query
+    // heads per KV head) read their rows as key streams (row_kernels.hpp)
+    // where the ISA has them.  P·V's sums then run in the streams' order, so
+    // whether they do depends only on the problem (not on the layout, the
+    // items or the cache's size): a paged call gives the dense call's bits.
+    // Not for int8 rows, nor for more rows per KV head, where the streams
+    // lost (Zen 3, in-process A/B: S3:i8kv 1.05x the time, head-major GQA
+    // decode of four rows 1.7x; docs/kernel-design.md).  The streams go
+    // without software prefetch -- for two rows only where K and V outgrow
+    // the L3 (in it, two rows without requests took 1.05-1.28x the time).
     const bool streamed =
-        Blocking<Arch>::kDecodeKeyStreams > 1 && segment_rows == 1 && streams_for<kKv, 1>();
-    const bool stream_in_place = streamed && !rows_read;
+        Blocking<Arch>::kDecodeKeyStreams > 1 && segment_rows <= 2 && streams_for<kKv, 2>();
+    const bool stream_in_place =
+        streamed && !rows_read && (segment_rows == 1 || p.kv_streamed != 0);
     const int k_ahead = rows_read         ? kRowsAheadFromL2
                         : stream_in_place ? 0
                                           : rows_ahead(dp * static_cast<int64_t>(sizeof(T)));

@@ -59,8 +59,8 @@ inline void prefetch_rows(const Rows& rows, int count, int64_t elements) {
   for (int t = 0; t < count; ++t) prefetch_row(rows(t), elements);
 }
 
-// Key streams.  One query row per KV head (MHA decode: S3) does little
-// arithmetic per row it reads, and on Zen 3 (family 25 model 1) one stream
+// Key streams.  One query row per KV head (MHA decode: S3) -- or two --
+// does little arithmetic per row it reads, and on Zen 3 (family 25 model 1) one stream
 // of rows per thread reads memory at about 70 % of what the read probe's
 // several streams get: a stand-alone read of S3's K and V, a tile of 1024
 // rows of 512 B at a time, read 13-17 GB/s in address order and 19-23 with
@@ -80,11 +80,11 @@ constexpr int streamed_key(int i, int len) {
   return (i / kGrain) % kStreams * len + i / (kGrain * kStreams) * kGrain + i % kGrain;
 }
 
-// The row kernels that take key streams: one row (R), not int8 rows
+// The row kernels that take key streams: one or two rows (R), not int8 rows
 // (decode.hpp's rule; the others are compiled without them).
 template <int32_t kKv, int R>
 constexpr bool streams_for() {
-  return R == 1 && kKv != MHA_DTYPE_I8;
+  return R <= 2 && kKv != MHA_DTYPE_I8;
 }
 
 // Keys per stream: the most that are a multiple of `unit` (0: too few keys
