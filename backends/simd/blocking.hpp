@@ -46,7 +46,7 @@ struct Blocking {
   // of Q in registers (+ 4 accumulators + 1 K vector): 4 of each row's
   // vectors for four rows, more for fewer (rows_scores_held, held_chunk).
   static constexpr int kDecodeQVectors = 4;
-  // One row per KV head (MHA decode) reads its tile's keys as this many
+  // One or two rows per KV head (MHA decode) read their tile's keys as this many
   // streams at once (row_kernels.hpp, "Key streams"); 1: in address order.
   // Measured on Zen 3 only, with AVX2; not on this ISA.
   static constexpr int kDecodeKeyStreams = 1;
@@ -92,7 +92,7 @@ struct Blocking<xsimd::fma3<xsimd::avx2>> {
   // waited on the FMA latency (Zen 5: S3 0.83 of the time at one thread).
   static constexpr int kDecodePvVectors = 8;
   static constexpr int kDecodeQVectors = 0;  // none: Q read from L1 (rows_scores_of)
-  // Four streams for one row per KV head (row_kernels.hpp, "Key streams"):
+  // Four streams for one or two rows per KV head (row_kernels.hpp, "Key streams"):
   // Zen 3 S3 about 0.8 of the time.
   static constexpr int kDecodeKeyStreams = 4;
   static constexpr int kGemmRows = 6;  // 12 accumulators + 2 + 1
