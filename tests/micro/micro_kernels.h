@@ -24,7 +24,7 @@ struct MicroKernels {
   // rows_scores and rows_pv of the decode layout for 1 <= rows <= max_rows
   // query rows at once (q: rows x dp floats; total: rows x dvp floats of
   // aligned scratch); rows_scores' in_cache: rows read into cache before
-  // (keys in step); streamed: the keys read as key streams (one row, where
+  // (keys in step); streamed: the keys read as key streams (one or two rows, where
   // the ISA has them; no software prefetch).
   int max_rows;
   void (*rows_scores)(int rows, const float* q, int64_t dp, const float* k_rows, int64_t k_stride,
