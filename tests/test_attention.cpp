@@ -397,6 +397,22 @@ TEST_P(Attention, Lengths) {
   }
 }
 
+// Tiny problems (the rows layout) over head sizes that leave a partial
+// vector or none, and key counts within one vector of keys and past it (AVX2
+// takes dot products along the head dimension for the first, a transposed K
+// for the second); grouped heads, the last rows of K and V followed by the
+// arena's NaN guard (a read past a row's end shows in the results).
+TEST_P(Attention, TinyHeadSizesAndKeyCounts) {
+  uint64_t seed = 150;
+  for (const int64_t d : {1, 3, 7, 8, 9, 20, 31, 64, 128}) {
+    for (const int64_t lk : {1, 2, 3, 5, 8, 9, 16}) {
+      Case c;
+      c.B = 2, c.H = 4, c.Hkv = 2, c.Lq = 3, c.Lk = lk, c.D = d, c.seed = ++seed;
+      run_case(c);
+    }
+  }
+}
+
 TEST_P(Attention, UnequalLengths) {
   const std::pair<int64_t, int64_t> lengths[] = {{1, 257}, {257, 1}, {7, 130}, {130, 7},
                                                  {17, 97}, {97, 17}, {33, 65}, {65, 33},

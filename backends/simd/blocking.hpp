@@ -50,6 +50,10 @@ struct Blocking {
   // streams at once (row_kernels.hpp, "Key streams"); 1: in address order.
   // Measured on Zen 3 only, with AVX2; not on this ISA.
   static constexpr int kDecodeKeyStreams = 1;
+  // Tiny problems (rows.hpp, dot_scores): few keys take dot products along
+  // the head dimension instead of a transposed K.  Measured on AVX2 only;
+  // AVX-512 transposes up to 8 keys in half-width registers.
+  static constexpr bool kRowsDotScores = false;
   // The backward pass's products (gemm_tile.hpp): 6 rows x 4 vectors = 24
   // accumulators + 4 B loads + 1 broadcast; tiles of 64 queries x 64 keys.
   static constexpr int kGemmRows = 6;
@@ -95,6 +99,9 @@ struct Blocking<xsimd::fma3<xsimd::avx2>> {
   // Four streams for one or two rows per KV head (row_kernels.hpp, "Key streams"):
   // Zen 3 S3 about 0.8 of the time.
   static constexpr int kDecodeKeyStreams = 4;
+  // Tiny problems' scores as dot products for up to half a vector of keys
+  // (rows.hpp, dot_scores): S5 about 0.9 of the time on Zen 3.
+  static constexpr bool kRowsDotScores = true;
   static constexpr int kGemmRows = 6;  // 12 accumulators + 2 + 1
   static constexpr int kGemmVectors = 2;
   static constexpr int kBackwardQueryTile = 64;

@@ -7,8 +7,10 @@
 // holds several heads of one batch; each query's limits are worked out once
 // for all of them; each KV head's K is transposed (one register of keys per
 // head-dimension index) and its V rows copied, zero-padded, once for all its
-// query rows.  A row is then D broadcast FMAs, one vector softmax with no
-// running state (all keys fit one tile), and P·V over the keys it sees.
+// query rows.  A row is then D broadcast FMAs (on AVX2, for half a vector
+// of keys or fewer, a dot product with each key's row instead, K left as it
+// is), one vector softmax with no running state (all keys fit one tile), and
+// P·V over the keys it sees.
 //
 // The careful cases -- a row whose result came out non-finite, or that has
 // keys but no weight (logits that overflowed, a mask of -inf on every key,
@@ -63,6 +65,18 @@ class RowsKernel {
   // Rows whose scores are computed together (each K vector loaded once for
   // them, independent FMA chains).
   static constexpr int kRowBlock = 4;
+  // Whether the scores take dot products along the head dimension
+  // (score_rows_dot, no transposition of K): where the ISA says so, for at
+  // most half a vector of keys, which a transposed K would carry in lanes
+  // mostly idle.  AVX2 (Zen 3, family 25 model 1), in-process A/B against
+  // the transposed K (`mha_ab_builds`, 11-15 rounds, both orders): S5 (three
+  // keys, D 20) 0.86-0.95 and 1/1.07-1/1.09 of the time, callgrind 18.6 k
+  // instructions a call against 21.5 k; four queries of four keys at D 64
+  // 0.87 and 1/1.15; three keys at D 128 0.67 and 1/1.53; four keys of a KV
+  // head shared by eight query heads at D 128 0.81 and 1/1.22.  Not past
+  // half a vector: eight such keys took 1.14 and 1/0.88 (eight query heads
+  // share one transposition), eight keys at D 64 without groups 1.00.
+  static bool dot_scores(int keys) { return Blocking<Arch>::kRowsDotScores && keys <= W / 2; }
   // A plain row (fp32 output with unit stride, no LSE, no sink) of at most
   // this many vectors of Dv goes from its P·V sums in registers straight to
   // the output (values_out).
@@ -82,6 +96,12 @@ class RowsKernel {
     int64_t* first;  // [Lq]: each query's first visible key
     int64_t* last;   // [Lq]: its last
     void* prefill;   // the careful path's scratch
+  };
+
+  // K's rows for score_rows_dot: in place, or widened into Scratch::stage.
+  struct KeyRows {
+    const float* first;
+    int64_t stride;
   };
 
   static int64_t dvp_of(const mha_kernel_problem& p) { return round_up(p.dv, W); }
@@ -136,13 +156,14 @@ class RowsKernel {
     with_key_vectors(keys, [&](auto vectors) {
       constexpr int NKV = decltype(vectors)::value;
       int64_t kvh = item.h_begin / group, next_kvh_at = item.h_begin;
+      KeyRows k_rows{t.stage, dp};
       for (int64_t h = item.h_begin; h < item.h_end; ++h) {
         if (h == next_kvh_at) {  // a KV head's first query head in the item
           if (h != item.h_begin) ++kvh;
           next_kvh_at = (kvh + 1) * group;
-          if (keys > 0) load_kv<NKV>(p, t, item.b, kvh, kb, keys, dvp);
+          if (keys > 0) k_rows = load_kv<NKV>(p, t, item.b, kvh, kb, keys, dvp);
         }
-        if (!head_rows<NKV>(p, item, t, h, kb, keys, dvp)) careful_head(p, item, t, h);
+        if (!head_rows<NKV>(p, item, t, k_rows, h, kb, keys, dvp)) careful_head(p, item, t, h);
       }
     });
   }
@@ -161,23 +182,27 @@ class RowsKernel {
     f(std::integral_constant<int, 1>{});
   }
 
-  // K of keys kb .. kb + keys transposed into t.kt, V copied into t.v, both
-  // fp32 whatever their dtype (an int8 row times its scale).  fp32 rows with
-  // unit column stride outside a paged cache are read in place; the others
-  // are widened first (K into t.stage).
+  // K of keys kb .. kb + keys transposed into t.kt (or, for dot products,
+  // dot_scores, left as rows: where they are returned), V copied into t.v,
+  // both fp32 whatever their dtype (an int8 row times its scale).  fp32 rows
+  // with unit column stride outside a paged cache are read in place; the
+  // others are widened first (K into t.stage).
   template <int NKV>
-  static void load_kv(const mha_kernel_problem& p, const Scratch& t, int64_t b, int64_t kvh,
-                      int64_t kb, int keys, int64_t dvp) {
+  static KeyRows load_kv(const mha_kernel_problem& p, const Scratch& t, int64_t b, int64_t kvh,
+                         int64_t kb, int keys, int64_t dvp) {
+    const bool transpose = NKV > 1 || !dot_scores(keys);
+    const int64_t dp = round_up(p.d, W);
     const bool in_place = p.kv_dtype == MHA_DTYPE_F32 && p.block_table == nullptr;
+    KeyRows k_rows{t.stage, dp};
     if (in_place && p.k_strides[3] == 1) {
-      transpose_keys<NKV>(mha_kernel::k_row(p, b, kvh, kb), p.k_strides[2], keys, p.d, t.kt);
+      k_rows = {mha_kernel::k_row(p, b, kvh, kb), p.k_strides[2]};
+      if (transpose) transpose_keys<NKV>(k_rows.first, k_rows.stride, keys, p.d, t.kt);
     } else {
-      const int64_t dp = round_up(p.d, W);
       for (int jj = 0; jj < keys; ++jj) {
         widen_kv_row(p, p.k, p.k_strides, p.k_scale, p.k_scale_strides, p.d, b, kvh, kb + jj,
                      t.stage + jj * dp);
       }
-      transpose_keys<NKV>(t.stage, dp, keys, p.d, t.kt);
+      if (transpose) transpose_keys<NKV>(t.stage, dp, keys, p.d, t.kt);
     }
     if (in_place && p.v_strides[3] == 1) {
       const float* v = mha_kernel::v_row(p, b, kvh, kb);
@@ -189,6 +214,7 @@ class RowsKernel {
         widen_kv_row(p, p.v, p.v_strides, p.v_scale, p.v_scale_strides, p.dv, b, kvh, kb + jj, v);
       }
     }
+    return k_rows;
   }
 
   // Row j of (b, kvh) of K or V (n values) widened to fp32 at dst.
@@ -262,7 +288,7 @@ class RowsKernel {
   // soon as one of them needs it.
   template <int NKV>
   static bool head_rows(const mha_kernel_problem& p, const mha_work_item& item, const Scratch& t,
-                        int64_t h, int64_t kb, int keys, int64_t dvp) {
+                        const KeyRows& k_rows, int64_t h, int64_t kb, int keys, int64_t dvp) {
     HeadRows head{};
     head.h = h;
     head.row_h = h - item.h_begin;
@@ -292,7 +318,7 @@ class RowsKernel {
                 q[r] = t.q + r * p.d;
               }
             }
-            score_rows<NKV, R>(q, t.kt, p.d, head.units.q_factor, t.s);
+            scores_of<NKV, R>(q, t, k_rows, keys, p.d, head.units.q_factor);
             ok = finish_rows<NKV, R>(p, item, t, head, r0);
           });
       if (!ok) return false;
@@ -434,6 +460,62 @@ class RowsKernel {
         (acc[0][r][v] * B(factor)).store_aligned(s + r * kKeys + v * W);
       }
     }
+  }
+
+  // The scores of R rows into t.s: dot products along the head dimension
+  // (dot_scores) or against the transposed K.
+  template <int NKV, int R>
+  static void scores_of(const float* const* q, const Scratch& t, const KeyRows& k_rows, int keys,
+                        int64_t d, float factor) {
+    if constexpr (NKV == 1 && Blocking<Arch>::kRowsDotScores) {
+      if (dot_scores(keys)) return score_rows_dot<R>(q, k_rows, keys, d, factor, t.s);
+    }
+    score_rows<NKV, R>(q, t.kt, d, factor, t.s);
+  }
+
+  // score_rows for keys that fit one vector, along the head dimension
+  // instead (AVX2, Blocking::kRowsDotScores): s[r][l] = (q_r · K[l]) ·
+  // factor, K's row l at k.first + l · k.stride.  Rows of d floats, each
+  // one's last partial vector read masked (a row that ends at the end of the
+  // caller's buffer is never read past).  Each K vector is loaded once for
+  // the R rows; a key's R sums share one horizontal reduction, and the
+  // lanes past the keys are 0.
+  template <int R>
+  static void score_rows_dot(const float* const* q, const KeyRows& k, int keys, int64_t d,
+                             float factor, float* s) {
+#if defined(__AVX2__)
+    static_assert(W == 8 && R <= 4, "AVX2's 8 lanes, at most four rows");
+    for (int r = 0; r < R; ++r) B(0.0f).store_aligned(s + r * kKeys);
+    const int64_t whole = d / W * W;
+    const int tail = static_cast<int>(d - whole);
+    const __m128 scale = _mm_set1_ps(factor);
+    for (int j = 0; j < keys; ++j) {
+      const float* row = k.first + j * k.stride;
+      B acc[4] = {B(0.0f), B(0.0f), B(0.0f), B(0.0f)};
+      for (int64_t x = 0; x < whole; x += W) {
+        const B kv = B::load_unaligned(row + x);
+        for (int r = 0; r < R; ++r) acc[r] = xsimd::fma(B::load_unaligned(q[r] + x), kv, acc[r]);
+      }
+      if (tail > 0) {
+        const B kv = load_partial<Arch>(row + whole, tail);
+        for (int r = 0; r < R; ++r) {
+          acc[r] = xsimd::fma(load_partial<Arch>(q[r] + whole, tail), kv, acc[r]);
+        }
+      }
+      // Lane r of `sums`: row r's score (lanes 0+1, 2+3, their sum, then the
+      // two halves).
+      const __m256 pairs =
+          _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+      const __m128 sums = _mm_mul_ps(
+          _mm_add_ps(_mm256_castps256_ps128(pairs), _mm256_extractf128_ps(pairs, 1)), scale);
+      alignas(16) float lanes[4];
+      _mm_store_ps(lanes, sums);
+      for (int r = 0; r < R; ++r) s[r * kKeys + j] = lanes[r];
+    }
+#else
+    static_cast<void>(q), static_cast<void>(k), static_cast<void>(keys), static_cast<void>(d),
+        static_cast<void>(factor), static_cast<void>(s);
+#endif
   }
 
   // acc = Σ_{j = lo..hi} p[j] · V[j]: Dv in blocks of up to 4 vectors held in
