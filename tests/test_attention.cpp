@@ -398,9 +398,9 @@ TEST_P(Attention, Lengths) {
 }
 
 // Tiny problems (the rows layout) over head sizes that leave a partial
-// vector or none, and key counts within one vector of keys and past it (AVX2
-// takes dot products along the head dimension for the first, a transposed K
-// for the second); grouped heads, the last rows of K and V followed by the
+// vector or none, and key counts from one to two vectors of keys (AVX2 takes
+// dot products along the head dimension for up to four keys, a transposed K
+// past them); grouped heads, the last rows of K and V followed by the
 // arena's NaN guard (a read past a row's end shows in the results).
 TEST_P(Attention, TinyHeadSizesAndKeyCounts) {
   uint64_t seed = 150;
