@@ -10,6 +10,7 @@
 
 #include "cpu_caches.h"
 #include "cpu_features.h"
+#include "decode_streams.h"
 #include "env.h"
 #include "error.h"
 #include "known_backends.h"
@@ -209,17 +210,28 @@ void Registry::probe_locked(Backend& backend) {
   }
   // The tiles for this machine's caches: the runtime plans work items with
   // them, and the plugin's kernels use the same.
-  mha_tile_sizes tiles{plugin->query_tile, plugin->key_tile, 0};
-  if (plugin->choose_tiles != nullptr) plugin->choose_tiles(&cpu_caches(), &tiles);
-  if (tiles.query_tile <= 0 || tiles.key_tile <= 0 || tiles.decode_key_tile < 0) {
+  // The decode's key streams are the CPU's matter (decode_streams.cpp): the
+  // plugin answers with what its kernels do.
+  mha_tile_sizes tiles{plugin->query_tile, plugin->key_tile, 0, decode_key_streams()};
+  if (plugin->choose_tiles != nullptr) {
+    plugin->choose_tiles(&cpu_caches(), &tiles);
+  } else {
+    tiles.decode_key_streams = 1;
+  }
+  if (tiles.query_tile <= 0 || tiles.key_tile <= 0 || tiles.decode_key_tile < 0 ||
+      tiles.decode_key_streams <= 0) {
     backend.reason =
         intern("its chosen tile sizes are not positive (query " + std::to_string(tiles.query_tile) +
-               ", key " + std::to_string(tiles.key_tile) + ")");
+               ", key " + std::to_string(tiles.key_tile) + ", decode streams " +
+               std::to_string(tiles.decode_key_streams) + ")");
     return;
   }
   if (verbose_level() >= 1) {
-    std::fprintf(stderr, "mha: backend %s: tiles of %d queries x %d keys, decode %d keys\n",
-                 backend.name.c_str(), tiles.query_tile, tiles.key_tile, tiles.decode_key_tile);
+    std::fprintf(stderr,
+                 "mha: backend %s: tiles of %d queries x %d keys, decode %d keys in %d "
+                 "stream%s\n",
+                 backend.name.c_str(), tiles.query_tile, tiles.key_tile, tiles.decode_key_tile,
+                 tiles.decode_key_streams, tiles.decode_key_streams == 1 ? "" : "s");
   }
   backend.tiles = tiles;
   backend.plugin = plugin;

@@ -19,8 +19,9 @@ struct Blocking {
   // Steps of the score block's reduction a turn of its loop, with one test
   // for a prefetch a turn (4), or one step and one test each (1).  On
   // AVX-512 GCC spills 2 of the 24 accumulators in a turn of 4 steps
-  // (nothing in the loop of 1; NEON's code not looked at), and neither ISA
-  // was timed with it.
+  // (nothing in the loop of 1; NEON's code not looked at).  Zen 5 (family
+  // 26 model 2), AVX-512, 4 against 1, in-process A/B, both orders: S4
+  // 1.002 and 1/1.002, S1 1.003 and 1/1.002, S2 0.994 and 1/0.993 -- alike.
   static constexpr int kScoreStepsPerTurn = 1;
   static constexpr int kPvRows = 6;
   static constexpr int kPvVectors = 4;
@@ -47,8 +48,11 @@ struct Blocking {
   // vectors for four rows, more for fewer (rows_scores_held, held_chunk).
   static constexpr int kDecodeQVectors = 4;
   // One or two rows per KV head (MHA decode) read their tile's keys as this many
-  // streams at once (row_kernels.hpp, "Key streams"); 1: in address order.
-  // Measured on Zen 3 only, with AVX2; not on this ISA.
+  // streams at once where the runtime asks for streams on this CPU
+  // (row_kernels.hpp, "Key streams"); 1: in address order.  Zen 5 (family 26
+  // model 2), AVX-512, four streams: S3 1.30 and 1/0.79 of the time at one
+  // thread, S3b16's rows 1.11 and 1/0.90 at two -- and the CPUs that gain
+  // from streams (Zen 1 to 3) have no AVX-512.
   static constexpr int kDecodeKeyStreams = 1;
   // Tiny problems (rows.hpp, dot_scores): few keys take dot products along
   // the head dimension instead of a transposed K.  Measured on AVX2 only;
@@ -96,8 +100,9 @@ struct Blocking<xsimd::fma3<xsimd::avx2>> {
   // waited on the FMA latency (Zen 5: S3 0.83 of the time at one thread).
   static constexpr int kDecodePvVectors = 8;
   static constexpr int kDecodeQVectors = 0;  // none: Q read from L1 (rows_scores_of)
-  // Four streams for one or two rows per KV head (row_kernels.hpp, "Key streams"):
-  // Zen 3 S3 about 0.8 of the time.
+  // Four streams for one or two rows per KV head (row_kernels.hpp, "Key
+  // streams") where the runtime asks for them (runtime/decode_streams.cpp):
+  // Zen 3 S3 about 0.8 of the time; on Zen 5 1.6x (two rows 2x).
   static constexpr int kDecodeKeyStreams = 4;
   // Tiny problems' scores as dot products for up to half a vector of keys
   // (rows.hpp, dot_scores): S5 about 0.9 of the time on Zen 3.

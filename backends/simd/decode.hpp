@@ -377,16 +377,19 @@ class DecodeKernel {
     //
     // One or two rows per KV head (MHA decode, two queries or two query
     // heads per KV head) read their rows as key streams (row_kernels.hpp)
-    // where the ISA has them.  P·V's sums then run in the streams' order, so
-    // whether they do depends only on the problem (not on the layout, the
-    // items or the cache's size): a paged call gives the dense call's bits.
+    // where the ISA has them and the runtime asks for them on this CPU
+    // (runtime/decode_streams.cpp: Zen 3 gains, Zen 5 loses).  P·V's sums
+    // then run in the streams' order, so whether they do depends only on the
+    // problem and the process's CPU (not on the layout, the items or the
+    // cache's size): a paged call gives the dense call's bits.
     // Not for int8 rows, nor for more rows per KV head, where the streams
     // lost (Zen 3, in-process A/B: S3:i8kv 1.05x the time, head-major GQA
     // decode of four rows 1.7x; docs/kernel-design.md).  The streams go
     // without software prefetch -- for two rows only where K and V outgrow
     // the L3 (in it, two rows without requests took 1.05-1.28x the time).
-    const bool streamed =
-        Blocking<Arch>::kDecodeKeyStreams > 1 && segment_rows <= 2 && streams_for<kKv, 2>();
+    const bool streamed = Blocking<Arch>::kDecodeKeyStreams > 1 &&
+                          mha_simd_chosen_tiles().decode_key_streams > 1 && segment_rows <= 2 &&
+                          streams_for<kKv, 2>();
     const bool stream_in_place =
         streamed && !rows_read && (segment_rows == 1 || p.kv_streamed != 0);
     const int k_ahead = rows_read         ? kRowsAheadFromL2

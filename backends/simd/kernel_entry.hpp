@@ -26,8 +26,9 @@ void mha_simd_packed_gemm(int64_t m, int64_t n, int64_t k, float alpha, const fl
 // before any kernel runs; the kernels only read them.  Defined in the table's
 // translation unit.
 struct mha_simd_tiles {
-  int32_t key_tile;      // prefill keys per tile, a multiple of kScoreKeys
-  int64_t l2_bytes;      // the L2 the decode's token-major tiles fill (0: unknown)
-  int64_t pv_run_bytes;  // prefill: V rows one P·V run keeps in the L1 (0: whole key tiles)
+  int32_t key_tile;            // prefill keys per tile, a multiple of kScoreKeys
+  int64_t l2_bytes;            // the L2 the decode's token-major tiles fill (0: unknown)
+  int64_t pv_run_bytes;        // prefill: V rows one P·V run keeps in the L1 (0: whole key tiles)
+  int32_t decode_key_streams;  // 1, or Blocking's kDecodeKeyStreams (row_kernels.hpp)
 };
 const mha_simd_tiles& mha_simd_chosen_tiles();

@@ -18,7 +18,7 @@ namespace mha_simd {
 // until the runtime calls choose_tiles.
 template <class Arch>
 mha_simd_tiles& tiles_of_this_plugin() {
-  static mha_simd_tiles tiles{Blocking<Arch>::kKeyTile, 0, 0};
+  static mha_simd_tiles tiles{Blocking<Arch>::kKeyTile, 0, 0, 1};
   return tiles;
 }
 
@@ -31,6 +31,9 @@ void choose_tiles(const mha_cache_sizes* caches, mha_tile_sizes* tiles) {
   tiles->query_tile = Blocking<Arch>::kQueryTile;
   tiles->key_tile = chosen.key_tile;
   tiles->decode_key_tile = Blocking<Arch>::kDecodeKeyTile;
+  // Streams where the runtime asks for them and this ISA's kernels have them.
+  chosen.decode_key_streams = tiles->decode_key_streams > 1 ? Blocking<Arch>::kDecodeKeyStreams : 1;
+  tiles->decode_key_streams = chosen.decode_key_streams;
 }
 
 // The module's matrix-product micro-kernel, where this ISA has one

@@ -74,7 +74,10 @@ inline void prefetch_rows(const Rows& rows, int count, int64_t elements) {
 // streams (in-process A/B, S3 at one thread: none against 1 row ahead 0.94,
 // 1 row against 2 0.83, 2 against 8 0.90).  S3 then took 0.81-0.84 of the
 // time at one thread, 0.83-0.86 at two.  docs/kernel-design.md has the
-// layouts where the streams lost (four rows per KV head, int8 rows).
+// layouts where the streams lost (four rows per KV head, int8 rows) -- and
+// the CPU where they all lose: on Zen 5 (family 26 model 2) S3 took 1.6x the
+// time with them, so the runtime asks for streams only on Zen 1 to 3
+// (runtime/decode_streams.cpp; mha_simd_tiles::decode_key_streams).
 template <int kStreams, int kGrain>
 constexpr int streamed_key(int i, int len) {
   return (i / kGrain) % kStreams * len + i / (kGrain * kStreams) * kGrain + i % kGrain;

@@ -46,8 +46,11 @@ extern "C" {
  * 13: mha_kernel_problem ends with kv_streamed: whether the call's K and V
  *    outgrow the last-level cache.
  * 14: mha_plugin ends with gemm_ukernel (mha_gemm_ukernel): a micro-kernel
- *    for the module's matrix products, run inside BLIS's framework. */
-#define MHA_PLUGIN_ABI_VERSION 14
+ *    for the module's matrix products, run inside BLIS's framework.
+ * 15: mha_tile_sizes ends with decode_key_streams: whether the decode reads
+ *    a tile's rows as several streams, which the runtime decides from the
+ *    CPU. */
+#define MHA_PLUGIN_ABI_VERSION 15
 #define MHA_PLUGIN_ENTRY_SYMBOL "mha_plugin_entry"
 
 /* CPU features, as the runtime detects them (OS support included). */
@@ -281,11 +284,17 @@ typedef struct mha_cache_sizes {
 
 /* ABI 10: the tiles a plugin works with on this machine.  The runtime plans
  * work items with query_tile and key_tile (split-KV chunks are multiples of
- * key_tile); decode_key_tile is informative (mha-info prints it; 0: none). */
+ * key_tile); decode_key_tile is informative (mha-info prints it; 0: none).
+ * ABI 15: decode_key_streams is, on the way in, what the runtime asks for
+ * on this CPU -- 1: a decode tile's rows read in address order; more: as
+ * that many streams at once, for CPUs whose hardware prefetchers bring one
+ * stream of rows at well below the memory's rate -- and on the way out what
+ * the kernels do (1 where the plugin has no streams). */
 typedef struct mha_tile_sizes {
   int32_t query_tile;
   int32_t key_tile;
   int32_t decode_key_tile;
+  int32_t decode_key_streams;
 } mha_tile_sizes;
 
 /* ABI 14: a micro-kernel for the module's matrix products.  The runtime runs

@@ -1,0 +1,63 @@
+#include "decode_streams.h"
+
+#include <mha/plugin_abi.h>
+
+#include <cstring>
+
+#include "cpu_features.h"
+#include "env.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
+namespace mha::rt {
+namespace {
+
+// Whether this CPU's hardware prefetchers bring one stream of rows at well
+// below what several streams get, so that a decode over one row per KV head
+// (little arithmetic per row) reads faster as several streams.  Measured
+// (docs/kernel-design.md, "Decode on Zen 3: key streams"; in-process A/B of
+// the AVX2 plugin with four streams against one, S3 at one thread):
+//   Zen 3 (AMD family 25 model 1): one stream 13-14 GB/s, four 19-22;
+//     S3 0.81 of the time with four streams.
+//   Zen 5 (AMD family 26 model 2): four streams 1.6x the time (1.3x with
+//     their rows requested ahead as well); the AVX-512 plugin's S3 1.3x.
+// So four streams on AMD's Zen 1 to Zen 3 (families 23 and 25 without
+// AVX-512, as Zen 4 in family 25 has it; Hygon's family 24 is Zen 1) --
+// Zen 1 and 2 not measured, their decode read 57 % of the probe -- and one
+// stream elsewhere, where the earlier sessions' Intel and Zen 4 / Zen 5
+// figures were taken.
+int32_t detect() {
+#if defined(__x86_64__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return 1;
+  char vendor[13] = {};
+  std::memcpy(vendor, &ebx, 4);
+  std::memcpy(vendor + 4, &edx, 4);
+  std::memcpy(vendor + 8, &ecx, 4);
+  const bool amd = std::strcmp(vendor, "AuthenticAMD") == 0;
+  const bool hygon = std::strcmp(vendor, "HygonGenuine") == 0;
+  if (!amd && !hygon) return 1;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return 1;
+  const unsigned base_family = (eax >> 8) & 0xfu;
+  const unsigned family = base_family == 0xfu ? base_family + ((eax >> 20) & 0xffu) : base_family;
+  const bool zen_1_to_3 =
+      family == 23 || family == 24 || (family == 25 && (cpu_features() & MHA_CPU_AVX512F) == 0);
+  return zen_1_to_3 ? 4 : 1;
+#else
+  return 1;
+#endif
+}
+
+}  // namespace
+
+int32_t decode_key_streams() {
+  static const int32_t streams = [] {
+    const int given = positive_env_int("MHA_DECODE_STREAMS");
+    return given > 0 ? static_cast<int32_t>(given) : detect();
+  }();
+  return streams;
+}
+
+}  // namespace mha::rt
