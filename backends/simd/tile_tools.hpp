@@ -147,7 +147,10 @@ class PrefetchQueue {
   // (Zen 3, family 25 model 1, AVX2, where `perf` put 10 % of S4 in Q's
   // packing, waiting on its rows; 5 % after): S4 0.972 and 1/1.037 (41
   // rounds), 0.980, 0.965, 1/1.028 and 1/0.984 (21 rounds), 0.985 and
-  // 1/1.030 at two threads; S9 1.016 and 1/1.014.  Giving up on every tile
+  // 1/1.030 at two threads; S9 1.016 and 1/1.014.  On Zen 5 again (11
+  // rounds): S4 1.017 and 1/0.992 against none, within that A/B's 1-2 %
+  // order effect; the Q lines into L2 instead, 1.011 and 1/0.976 against
+  // L1.  Giving up on every tile
   // the queue cannot cover cost S2 1.012 and S9 1.009 (their first query
   // tiles lose the next tile's Q).  Lines for writing come last and are not
   // reached anyway: they do not count.
