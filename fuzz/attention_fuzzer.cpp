@@ -206,6 +206,22 @@ mha_tensor describe4(void* data, mha_dtype dtype, const Layout& l) {
 const std::vector<std::string>& usable_backends() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> list;
+    // The backend queries take an index only: each index, in range or not,
+    // once per process (mha_backend_get_decode_streams: >= 1 for a usable
+    // backend, 0 otherwise, an error naming the index outside the range).
+    const int32_t count = mha_backend_count();
+    for (int32_t i = -1; i <= count; ++i) {
+      int32_t streams = -7;
+      mha_backend_info info{};
+      const bool in_range = i >= 0 && i < count;
+      const mha_status status = mha_backend_get_decode_streams(i, &streams);
+      const bool usable = in_range && mha_backend_get_info(i, &info) == MHA_OK && info.usable != 0;
+      if (in_range ? status != MHA_OK || (usable ? streams < 1 : streams != 0)
+                   : status != MHA_ERR_INVALID_VALUE || streams != -7) {
+        finding("mha_backend_get_decode_streams(" + std::to_string(i) + ") gave status " +
+                std::to_string(status) + ", streams " + std::to_string(streams));
+      }
+    }
     for (const auto& b : mha_test::list_backends()) {
       if (b.usable) list.push_back(b.name);
     }

@@ -176,6 +176,15 @@ mha_status mha_backend_get_tiles(int32_t index, mha_backend_tiles* tiles) {
   return MHA_OK;
 }
 
+mha_status mha_backend_get_decode_streams(int32_t index, int32_t* streams) {
+  clear_error();
+  if (streams == nullptr) return fail(MHA_ERR_NULL_POINTER, "streams is NULL");
+  BackendInfo b{};
+  if (const mha_status status = backend_at(index, &b); status != MHA_OK) return status;
+  *streams = b.tiles.decode_key_streams;
+  return MHA_OK;
+}
+
 mha_status mha_cpu_caches(mha_cache_info* caches) {
   clear_error();
   if (caches == nullptr) return fail(MHA_ERR_NULL_POINTER, "caches is NULL");

@@ -6,8 +6,15 @@
 // the same with other tiles is checked by test_attention and test_blocks
 // entries run under the same overrides (tests/CMakeLists.txt).
 //
+// The decode's key streams (mha_backend_get_decode_streams) are the runtime's
+// choice from the CPU, which MHA_DECODE_STREAMS overrides: only the avx2
+// backend has streams (four), every other usable backend reads in address
+// order.
+//
 // Environment read by these tests (set by tests/CMakeLists.txt):
 //   MHA_TEST_EXPECT_L1D, MHA_TEST_EXPECT_L2   the bytes the entry's override gives
+//   MHA_TEST_EXPECT_AVX2_STREAMS              the avx2 backend's streams under the
+//                                             entry's MHA_DECODE_STREAMS
 #include <gtest/gtest.h>
 #include <mha/mha.h>
 
@@ -62,17 +69,28 @@ TEST(Tiles, FollowTheRule) {
   for (int32_t i = 0; i < count; ++i) {
     mha_backend_info info{};
     mha_backend_tiles tiles{};
+    int32_t streams = -1;
     ASSERT_EQ(mha_backend_get_info(i, &info), MHA_OK) << mha_last_error();
     ASSERT_EQ(mha_backend_get_tiles(i, &tiles), MHA_OK) << mha_last_error();
+    ASSERT_EQ(mha_backend_get_decode_streams(i, &streams), MHA_OK) << mha_last_error();
     const std::string name = info.name;
     SCOPED_TRACE(name);
     if (info.usable == 0) {
       EXPECT_EQ(tiles.query_tile, 0);
       EXPECT_EQ(tiles.key_tile, 0);
       EXPECT_EQ(tiles.decode_key_tile, 0);
+      EXPECT_EQ(streams, 0);
       continue;
     }
     ++usable;
+    const std::string avx2_streams = env("MHA_TEST_EXPECT_AVX2_STREAMS");
+    if (name != "avx2") {
+      EXPECT_EQ(streams, 1);
+    } else if (!avx2_streams.empty()) {
+      EXPECT_EQ(streams, std::stoi(avx2_streams));
+    } else {
+      EXPECT_TRUE(streams == 1 || streams == 4) << streams;
+    }
     EXPECT_GT(tiles.query_tile, 0);
     EXPECT_GT(tiles.key_tile, 0);
     const int64_t lanes = lanes_of(name);
@@ -103,6 +121,15 @@ TEST(Tiles, BadArgumentsAreNamed) {
         << mha_last_error();
   }
   EXPECT_EQ(tiles.key_tile, 7) << "a refused call wrote its output";
+  EXPECT_EQ(mha_backend_get_decode_streams(0, nullptr), MHA_ERR_NULL_POINTER);
+  EXPECT_NE(std::string(mha_last_error()).find("streams"), std::string::npos) << mha_last_error();
+  int32_t streams = 7;
+  for (int32_t index : {-1, mha_backend_count()}) {
+    EXPECT_EQ(mha_backend_get_decode_streams(index, &streams), MHA_ERR_INVALID_VALUE);
+    EXPECT_NE(std::string(mha_last_error()).find("backend index"), std::string::npos)
+        << mha_last_error();
+  }
+  EXPECT_EQ(streams, 7) << "a refused call wrote its output";
 }
 
 }  // namespace

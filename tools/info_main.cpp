@@ -37,7 +37,8 @@ struct BackendEntry {
   bool usable = false;
   int32_t priority = 0;
   std::string reason;
-  mha_backend_tiles tiles{};  // zero when not usable
+  mha_backend_tiles tiles{};   // zero when not usable
+  int32_t decode_streams = 0;  // mha_backend_get_decode_streams: 0 when not usable
 };
 
 struct Info {
@@ -71,8 +72,10 @@ Info gather_info() {
     }
     mha_backend_tiles tiles{};
     (void)mha_backend_get_tiles(i, &tiles);
+    int32_t decode_streams = 0;
+    (void)mha_backend_get_decode_streams(i, &decode_streams);
     info.backends.push_back({b.name != nullptr ? b.name : "", b.usable != 0, b.priority,
-                             b.reason != nullptr ? b.reason : "", tiles});
+                             b.reason != nullptr ? b.reason : "", tiles, decode_streams});
   }
   if (const char* selected = mha_selected_backend(); selected != nullptr) {
     info.selected = selected;
@@ -101,7 +104,8 @@ std::string to_json(const Info& info) {
     if (b.usable) {
       entry["tiles"] = {{"query", b.tiles.query_tile},
                         {"key", b.tiles.key_tile},
-                        {"decode_key", b.tiles.decode_key_tile}};
+                        {"decode_key", b.tiles.decode_key_tile},
+                        {"decode_streams", b.decode_streams}};
     } else {
       entry["tiles"] = nullptr;
     }
@@ -156,8 +160,10 @@ std::string to_text(const Info& info) {
     if (b.usable) {
       out << ": usable (priority " << b.priority << "), tiles of " << b.tiles.query_tile
           << " queries x " << b.tiles.key_tile << " keys";
-      if (b.tiles.decode_key_tile > 0)
+      if (b.tiles.decode_key_tile > 0) {
         out << ", decode tiles of " << b.tiles.decode_key_tile << " keys";
+        if (b.decode_streams > 1) out << " in " << b.decode_streams << " streams";
+      }
       out << "\n";
     } else {
       out << ": not usable: " << b.reason << "\n";

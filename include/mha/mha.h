@@ -594,6 +594,14 @@ typedef struct mha_backend_tiles {
 } mha_backend_tiles;
 MHA_API mha_status mha_backend_get_tiles(int32_t index, mha_backend_tiles* tiles);
 
+/* How a usable backend's decode reads a tile's K and V rows on this CPU when
+ * one or two query rows share a KV head: 1 in address order, more as that
+ * many streams at once (the AVX2 backend's four).  The runtime decides from
+ * the CPU -- streams where its hardware prefetchers bring one stream at well
+ * below the memory's rate (AMD Zen 1 to Zen 3) -- and MHA_DECODE_STREAMS
+ * overrides it.  0 for a backend that is not usable. */
+MHA_API mha_status mha_backend_get_decode_streams(int32_t index, int32_t* streams);
+
 /* ------------------------------------------------------------ threads */
 
 /* Threads used inside one call.  Precedence: this setter, then MHA_NUM_THREADS,

@@ -895,6 +895,8 @@ struct BackendInfo {
   std::string reason;    // why it is not usable ("" when usable)
   // The tiles it chose for this machine's caches (0 when not usable).
   int32_t query_tile = 0, key_tile = 0, decode_key_tile = 0;
+  // How its decode reads a tile's rows on this CPU (mha_backend_get_decode_streams).
+  int32_t decode_streams = 0;
 };
 
 // Every backend the runtime knows, installed or not.
@@ -905,11 +907,14 @@ inline std::vector<BackendInfo> backends() {
   for (int32_t i = 0; i < n; ++i) {
     mha_backend_info info{};
     mha_backend_tiles tiles{};
+    int32_t decode_streams = 0;
     check(mha_backend_get_info(i, &info));
     check(mha_backend_get_tiles(i, &tiles));
+    check(mha_backend_get_decode_streams(i, &decode_streams));
     result.push_back(BackendInfo{info.name != nullptr ? info.name : "", info.usable != 0,
                                  info.priority, info.reason != nullptr ? info.reason : "",
-                                 tiles.query_tile, tiles.key_tile, tiles.decode_key_tile});
+                                 tiles.query_tile, tiles.key_tile, tiles.decode_key_tile,
+                                 decode_streams});
   }
   return result;
 }

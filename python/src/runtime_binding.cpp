@@ -55,6 +55,7 @@ nb::dict info() {
       tiles["query"] = b.query_tile;
       tiles["key"] = b.key_tile;
       tiles["decode_key"] = b.decode_key_tile;
+      tiles["decode_streams"] = b.decode_streams;
       entry["tiles"] = tiles;
     } else {
       entry["tiles"] = nb::none();

@@ -34,8 +34,9 @@ def test_info_has_mha_info_json_keys():
         assert list(b) == ["name", "usable", "reason", "priority", "tiles"]
         assert b["usable"] == (b["reason"] == "")
         if b["usable"]:
-            assert list(b["tiles"]) == ["query", "key", "decode_key"]
+            assert list(b["tiles"]) == ["query", "key", "decode_key", "decode_streams"]
             assert b["tiles"]["query"] > 0 and b["tiles"]["key"] > 0
+            assert b["tiles"]["decode_streams"] >= 1
         else:
             assert b["tiles"] is None
     assert info["selected"] in mha.backends()

@@ -741,15 +741,21 @@ int check_info(const std::string& file, const std::string& expected_selected) {
       if (is_usable) usable.push_back(b["name"].get<std::string>());
       // The tiles are mha_backend_get_tiles' (null when not usable).
       mha_backend_tiles tiles{};
+      int32_t streams = 0;
       const int32_t index = static_cast<int32_t>(&b - &j["backends"][0]);
       expect(mha_backend_get_tiles(index, &tiles) == MHA_OK, "mha_backend_get_tiles failed");
+      expect(mha_backend_get_decode_streams(index, &streams) == MHA_OK,
+             "mha_backend_get_decode_streams failed");
       const auto& t = b["tiles"];
       if (is_usable) {
-        expect(t.is_object() && t.size() == 3 && t.value("query", -1) == tiles.query_tile &&
+        expect(t.is_object() && t.size() == 4 && t.value("query", -1) == tiles.query_tile &&
                    t.value("key", -1) == tiles.key_tile &&
-                   t.value("decode_key", -1) == tiles.decode_key_tile && tiles.query_tile > 0 &&
-                   tiles.key_tile > 0,
-               "tiles are not {query, key, decode_key} as mha_backend_get_tiles: " + b.dump());
+                   t.value("decode_key", -1) == tiles.decode_key_tile &&
+                   t.value("decode_streams", -1) == streams && tiles.query_tile > 0 &&
+                   tiles.key_tile > 0 && streams > 0,
+               "tiles are not {query, key, decode_key, decode_streams} as "
+               "mha_backend_get_tiles and mha_backend_get_decode_streams: " +
+                   b.dump());
       } else {
         expect(t.is_null(), "an unusable backend has tiles: " + b.dump());
       }
