@@ -41,7 +41,17 @@ struct Blocking {
   // kDecodePvRegistersF32 registers with their V vectors (rows_pv).
   static constexpr int kDecodeRows = 4;
   static constexpr int kDecodeAccumulators = 16;
-  static constexpr int kDecodePvRegistersF32 = 0;  // the power-of-two rule
+  // fp32 rows' P·V within all 32 registers: four rows take 6 vectors of Dv
+  // (24 accumulators + 6 V vectors + 1 broadcast) instead of 4, so Dv 128
+  // reads each V row in two column blocks as before (6 + 2), with more
+  // chains in flight.  Zen 5 (family 26 model 2), AVX-512, in-process A/B
+  // against the power-of-two rule, 9 rounds, both orders: head-major GQA
+  // decode from DRAM (`--hkv 8 16 32 1 4096 128 0`) 0.944 and 1/1.054 of
+  // the time, in L3 (`--hkv 8 1 32 1 4096 128 0`) 0.975 and 1/1.037,
+  // token-major (`--hkv 8 4 32 1 2048 128 0 blhd`) 0.991 and 1/1.022, S8
+  // 0.989 and 1/1.013 at one thread, 1.007 and 1/1.006 at two.  NEON (also
+  // 32 registers) takes the same rule, its speed not measured.
+  static constexpr int kDecodePvRegistersF32 = kVectorRegisters;
   static constexpr int kDecodePvVectors = 8;
   // The decode score kernel holds kDecodeRows x kDecodeQVectors = 16 vectors
   // of Q in registers (+ 4 accumulators + 1 K vector): 4 of each row's
