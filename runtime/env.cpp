@@ -36,8 +36,9 @@ int positive_env_int(const char* name) {
     end = item_end;
   }
   if (!clean) {
-    std::fprintf(stderr, "mha: ignoring %s=\"%s\" (not a thread count in 1..4096%s)\n", name,
-                 printable(text).c_str(), list_allowed ? ", or a list of them" : "");
+    const char* what = std::strstr(name, "THREADS") != nullptr ? "a thread count" : "a count";
+    std::fprintf(stderr, "mha: ignoring %s=\"%s\" (not %s in 1..4096%s)\n", name,
+                 printable(text).c_str(), what, list_allowed ? ", or a list of them" : "");
     return 0;
   }
   return static_cast<int>(value);
