@@ -25,7 +25,8 @@ namespace {
 //     their rows requested ahead as well); the AVX-512 plugin's S3 1.3x.
 // So four streams on AMD's Zen 1 to Zen 3 (families 23 and 25 without
 // AVX-512, as Zen 4 in family 25 has it; Hygon's family 24 is Zen 1) --
-// Zen 1 and 2 not measured, their decode read 57 % of the probe -- and one
+// Zen 1 and 2 not measured (issue 17's Zen 1 read S3 at 57 % of the probe,
+// as one stream on Zen 3 did) -- and one
 // stream elsewhere, where the earlier sessions' Intel and Zen 4 / Zen 5
 // figures were taken.
 int32_t detect() {
