@@ -23,10 +23,10 @@ constexpr int64_t kTargetItems = 64;
 constexpr int64_t kMinChunk = 512;
 constexpr int64_t kMaxHeadsPerItem = 8;
 constexpr int64_t kWidenedQueryTiles = 16;
-// Items of copied K and V grow while each thread keeps at least this many
-// (items of one head cost alike, so 16 leave a thread idle for at most 1/16
-// of the call).
-constexpr int64_t kCopiedItemsPerThread = 16;
+// A prefill's items grow while each thread keeps at least this many (items
+// of one head cost alike, so 16 leave a thread idle for at most 1/16 of the
+// call; under a causal mask the costliest tiles of a head go first).
+constexpr int64_t kItemsPerThread = 16;
 // The decode layout keeps every query head of a KV-head group as a row of one
 // item; beyond mha_kernel::kMaxDecodeRows rows (absurd groups) the query-lane
 // layout serves.
@@ -161,19 +161,28 @@ WorkPlan plan_work(const mha_kernel_problem& p, const Backend& backend, int64_t 
   }
   // A call that shares its team with others (a packed batch's sequences: the
   // others' items balance the threads too), or whose team is small enough
-  // that fewer items balance it (kCopiedItemsPerThread a thread), takes longer
+  // that fewer items balance it (kItemsPerThread a thread), takes longer
   // items still -- when that cannot change its bits, so that a call gives the
   // same bits for any thread count and each sequence the bits of the call on
   // it alone: without split-KV (whose chunks follow the tile) and without a
   // window's left edge (key tiles start from an item's first visible key).
   // (Zen 5, two threads: S1 as [B, L, H, D] views, whose items held 4 query
   // tiles, takes whole heads of 8: 0.971 of the time at one thread, 0.955 at
-  // two.)  A lone call whose bound is still 2 · kTargetItems gets back the
-  // tile chosen above.
-  const int64_t enough = threads > 0
-                             ? std::min<int64_t>(kCopiedItemsPerThread * threads, 2 * kTargetItems)
-                             : 2 * kTargetItems;
-  if (copied && plan.chunks == 1 && p.lower_diag <= -mha_rules::kNoCausalLimit) {
+  // two.)  So do calls whose K and V are read in place: a thread that takes
+  // a head's query tiles one item each, the other thread taking the others,
+  // brings the head's K and V into its L2 for half of them -- whole heads
+  // bring each once (Zen 5, dense S1 at two threads: 0.982 and 1/1.029 of
+  // the time, both orders, 15 rounds, AVX2 0.985 and 1/1.030; one thread,
+  // S2 and S6 alike) -- but
+  // only as far as the team needs: a copy per item no longer bounds them.  A
+  // lone call of copied K and V whose bound is still 2 · kTargetItems gets
+  // back the tile chosen above.
+  const int64_t per_team = int64_t{kItemsPerThread} * std::max(threads, 0);
+  const int64_t enough =
+      copied ? (threads > 0 ? std::min<int64_t>(per_team, 2 * kTargetItems) : 2 * kTargetItems)
+             : per_team;
+  if (!decode && (copied || threads > 0) && plan.chunks == 1 &&
+      p.lower_diag <= -mha_rules::kNoCausalLimit) {
     plan.q_tile = widened_q_tile(calls_in_team, enough);
     plan.q_tiles = ceil_div(p.lq, plan.q_tile);
     plan.chunk_len = key_span(p, plan.q_tile);
