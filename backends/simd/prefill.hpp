@@ -299,7 +299,14 @@ class PrefillKernel {
         p.dropout_p > 0.0f) {
       return false;
     }
-    for (int64_t r = 0; r < nq; ++r) {
+    // A vector at a time: the sums were just stored as vectors, and a scalar
+    // load of each waited on them (S4: 0.9 % of the time in this loop; Zen
+    // 5, in-process A/B, 11 rounds, both orders: S4 0.986 and 1/1.005).
+    const int64_t whole = nq / W * W;
+    for (int64_t r = 0; r < whole; r += W) {
+      if (!xsimd::all(B::load_aligned(t.row_sum + r) > B(0.0f))) return false;
+    }
+    for (int64_t r = whole; r < nq; ++r) {
       if (!(t.row_sum[r] > 0.0f)) return false;
     }
     return true;
