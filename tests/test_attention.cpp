@@ -830,6 +830,15 @@ TEST_P(Attention, ResultsDoNotDependOnThreadCount) {
         c.k_layout = c.v_layout = Layout::BLHD;
         return c;
       }(),
+      [] {
+        // K and V read in place (head-major), whose query tiles also go
+        // into longer items for fewer threads: whole heads of 5 tiles at 1
+        // thread, 4, 2 and 1 tiles at 2, 3 and 7 (16 items a thread).
+        Case c;
+        c.B = 2, c.H = 8, c.Hkv = 4, c.Lq = 260, c.Lk = 260, c.D = 8;
+        c.causal = MHA_CAUSAL_BOTTOM_RIGHT;
+        return c;
+      }(),
   };
   for (const Case& c : cases) {
     std::vector<Outcome> outcomes;
