@@ -168,15 +168,14 @@ WorkPlan plan_work(const mha_kernel_problem& p, const Backend& backend, int64_t 
   // window's left edge (key tiles start from an item's first visible key).
   // (Zen 5, two threads: S1 as [B, L, H, D] views, whose items held 4 query
   // tiles, takes whole heads of 8: 0.971 of the time at one thread, 0.955 at
-  // two.)  So do calls whose K and V are read in place: a thread that takes
-  // a head's query tiles one item each, the other thread taking the others,
-  // brings the head's K and V into its L2 for half of them -- whole heads
-  // bring each once (Zen 5, dense S1 at two threads: 0.982 and 1/1.029 of
-  // the time, both orders, 15 rounds, AVX2 0.985 and 1/1.030; one thread,
-  // S2 and S6 alike) -- but
-  // only as far as the team needs: a copy per item no longer bounds them.  A
-  // lone call of copied K and V whose bound is still 2 · kTargetItems gets
-  // back the tile chosen above.
+  // two.)  So do calls whose K and V are read in place: with a query tile an
+  // item, two threads took a head's tiles in turn and each brought the head's
+  // K and V into its L2 for half of them; whole heads bring them once (Zen 5,
+  // dense S1 at two threads: 0.982 and 1/1.029 of the time, both orders, 15
+  // rounds, AVX2 0.985 and 1/1.030; one thread, S2 and S6 alike).  Those grow
+  // only as far as the team needs: no copy per item bounds them.  A lone
+  // call of copied K and V whose bound is still 2 · kTargetItems gets back
+  // the tile chosen above.
   const int64_t per_team = int64_t{kItemsPerThread} * std::max(threads, 0);
   const int64_t enough =
       copied ? (threads > 0 ? std::min<int64_t>(per_team, 2 * kTargetItems) : 2 * kTargetItems)
