@@ -176,10 +176,8 @@ WorkPlan plan_work(const mha_kernel_problem& p, const Backend& backend, int64_t 
   // only as far as the team needs: no copy per item bounds them.  A lone
   // call of copied K and V whose bound is still 2 · kTargetItems gets back
   // the tile chosen above.
-  const int64_t per_team = int64_t{kItemsPerThread} * std::max(threads, 0);
-  const int64_t enough =
-      copied ? (threads > 0 ? std::min<int64_t>(per_team, 2 * kTargetItems) : 2 * kTargetItems)
-             : per_team;
+  int64_t enough = kItemsPerThread * std::max(threads, 0);
+  if (copied) enough = threads > 0 ? std::min(enough, 2 * kTargetItems) : 2 * kTargetItems;
   if (!decode && (copied || threads > 0) && plan.chunks == 1 &&
       p.lower_diag <= -mha_rules::kNoCausalLimit) {
     plan.q_tile = widened_q_tile(calls_in_team, enough);
