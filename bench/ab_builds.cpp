@@ -14,6 +14,8 @@
 //   SHAPE: s9 (bench-shapes' S9, packed through mha_attention_varlen)
 //        | s8 (bench-shapes' S8: paged fp32 decode, 16 sequences, blocks of 16)
 //        | s8bf16 (S8:bf16kv, the same cache in bf16)
+//        | s8f16 (the same cache in f16)
+//        | s8i8 (S8:i8kv, the same cache in int8 with a scale a row)
 //        | s8hm (the same fp32 cache with each block holding one KV head's
 //                rows after another's)
 //        | s5 (bench-shapes' S5: the d2l.ai example with its valid lengths)
@@ -106,6 +108,7 @@ struct Shape {
   mha_bench::S8Batch* paged = nullptr;  // S8: one query a sequence over its pages
   bool bf16_cache = false;              // S8:bf16kv (or --kv bf16): K and V in bf16
   bool i8_cache = false;                // --kv i8: K and V in int8, a scale a row
+  bool f16_cache = false;               // s8f16: S8's cache in f16 (in k16, v16)
   std::vector<int8_t> k8{}, v8{};
   std::vector<float> k_scale{}, v_scale{};
   std::vector<uint16_t> k16{}, v16{};  // S8:bf16kv's cache, with k's and v's slack
@@ -180,9 +183,18 @@ bool call(const Build& build, Shape& s, std::vector<float>& q, std::vector<float
     const int64_t table_shape[2] = {S8::kSequences, batch.max_blocks};
     mha_tensor cu, used, table;
     build.tensor_init(&tq, q.data(), MHA_DTYPE_F32, 3, rows, nullptr);
-    if (s.bf16_cache) {
-      build.tensor_init(&tk, page_aligned(s.k16), MHA_DTYPE_BF16, 4, pages, nullptr);
-      build.tensor_init(&tv, page_aligned(s.v16), MHA_DTYPE_BF16, 4, pages, nullptr);
+    mha_tensor k_scale, v_scale;
+    if (s.bf16_cache || s.f16_cache) {
+      const mha_dtype half = s.bf16_cache ? MHA_DTYPE_BF16 : MHA_DTYPE_F16;
+      build.tensor_init(&tk, page_aligned(s.k16), half, 4, pages, nullptr);
+      build.tensor_init(&tv, page_aligned(s.v16), half, 4, pages, nullptr);
+    } else if (s.i8_cache) {
+      build.tensor_init(&tk, page_aligned(s.k8), MHA_DTYPE_I8, 4, pages, nullptr);
+      build.tensor_init(&tv, page_aligned(s.v8), MHA_DTYPE_I8, 4, pages, nullptr);
+      build.tensor_init(&k_scale, s.k_scale.data(), MHA_DTYPE_F32, 3, pages, nullptr);
+      build.tensor_init(&v_scale, s.v_scale.data(), MHA_DTYPE_F32, 3, pages, nullptr);
+      params.k_scale = &k_scale;
+      params.v_scale = &v_scale;
     } else {
       build.tensor_init(&tk, page_aligned(k), MHA_DTYPE_F32, 4, pages, page_strides);
       build.tensor_init(&tv, page_aligned(v), MHA_DTYPE_F32, 4, pages, page_strides);
@@ -277,7 +289,8 @@ double quantile(std::vector<double> x, double at) {
 [[noreturn]] void usage() {
   std::fprintf(stderr,
                "mha_ab_builds BASE_LIB_DIR NEW_LIB_DIR [--rounds N] [--threads N] "
-               "[--seconds S] [--hkv N] [--kv bf16|i8] (s9 | s8 | s8bf16 | s8hm | s5 | "
+               "[--seconds S] [--hkv N] [--kv bf16|i8] (s9 | s8 | s8bf16 | s8f16 | s8i8 | "
+               "s8hm | s5 | "
                "B H LQ LK D CAUSAL [blhd|qkv] | module B L E H)\n");
   std::exit(2);
 }
@@ -330,7 +343,8 @@ int main(int argc, char** argv) {
     }
     s.lq = s.lk = s.cu_seqlens.back();
   } else if (shape_args.size() == 1 &&
-             (shape_args[0] == "s8" || shape_args[0] == "s8bf16" || shape_args[0] == "s8hm")) {
+             (shape_args[0] == "s8" || shape_args[0] == "s8bf16" || shape_args[0] == "s8i8" ||
+              shape_args[0] == "s8f16" || shape_args[0] == "s8hm")) {
     static mha_bench::S8Batch batch;
     using S8 = mha_bench::S8Batch;
     s.paged = &batch;
@@ -342,6 +356,8 @@ int main(int argc, char** argv) {
     s.d = S8::kHeadSize;
     hkv = S8::kKvHeads;
     s.bf16_cache = shape_args[0] == "s8bf16";
+    s.i8_cache = shape_args[0] == "s8i8";
+    s.f16_cache = shape_args[0] == "s8f16";
     s.head_major_pages = shape_args[0] == "s8hm";
   } else if (shape_args.size() == 1 && shape_args[0] == "s5") {
     // The d2l.ai example: packed, blhd, qkv, valid_lens, B, H, Hkv, Lq, Lk, D, causal.
@@ -383,12 +399,13 @@ int main(int argc, char** argv) {
   mha_bench::fill_uniform(q, 1);
   mha_bench::fill_uniform(k, 2);
   mha_bench::fill_uniform(v, 3);
-  if (s.bf16_cache) {
+  if (s.bf16_cache || s.f16_cache) {
+    const auto half = s.bf16_cache ? mha_types::f32_to_bf16 : mha_types::f32_to_f16;
     s.k16.resize(k.size());
     s.v16.resize(v.size());
     for (size_t i = 0; i < k.size(); ++i) {
-      s.k16[i] = mha_types::f32_to_bf16(k[i]);
-      s.v16[i] = mha_types::f32_to_bf16(v[i]);
+      s.k16[i] = half(k[i]);
+      s.v16[i] = half(v[i]);
     }
   }
   if (s.i8_cache) {  // uniform values in [-1, 1): int8 steps of 1/127

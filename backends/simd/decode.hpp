@@ -212,8 +212,7 @@ class DecodeKernel {
   // token-major GQA batch from DRAM 0.73-0.77, AVX2 S8 0.72.  Prefetches in place of
   // the loads: 0.98-1.00; every other line: 1.7x the time.  Only for K and V
   // that come from memory (kv_streamed): from the L3 the same loads cost
-  // 1.03-1.29x; and only fp32 (S8's bf16 cache: 1.03 and 1.08).  See
-  // docs/kernel-design.md.
+  // 1.03-1.29x; and not int8 rows (see run).  See docs/kernel-design.md.
   template <class T, bool kPaged>
   static void read_token_rows(const mha_kernel_problem& p, const Rows& rows, int64_t b,
                               int64_t kvh0, int64_t kv_heads, int64_t j0, int keys) {
@@ -361,8 +360,12 @@ class DecodeKernel {
     const int64_t segments = rows.count / segment_rows;
     const int64_t kvh0 = mha_kernel::kv_head_of(p, item.h_begin);
     const int kt = segments > 1 ? token_tile(p, segments) : KT;
-    // Each tile's token rows read whole before its passes (read_token_rows).
-    const bool rows_read = kKv == MHA_DTYPE_F32 && segments > 1 && p.kv_streamed != 0;
+    // Each tile's token rows read whole before its passes (read_token_rows):
+    // fp32 and half-precision rows.  (Zen 5, in-process A/B, both orders:
+    // S8's cache in bf16 0.811 and 1/1.227 of the time at one thread, 0.862
+    // at two; in f16 0.838 and 1/1.177.  Int8 rows, whose widening costs
+    // more than memory gives them, 1.146: they are read in place.)
+    const bool rows_read = kKv != MHA_DTYPE_I8 && segments > 1 && p.kv_streamed != 0;
     // The prefetch distance of the rows read in place (row_kernels.hpp; 0:
     // none).  Where the token rows were read first, P·V requests nothing:
     // S8 0.962-0.971 of the time at one thread and 0.961-0.977 at two, a
