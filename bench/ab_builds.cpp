@@ -111,7 +111,7 @@ struct Shape {
   bool f16_cache = false;               // s8f16: S8's cache in f16 (in k16, v16)
   std::vector<int8_t> k8{}, v8{};
   std::vector<float> k_scale{}, v_scale{};
-  std::vector<uint16_t> k16{}, v16{};  // S8:bf16kv's cache, with k's and v's slack
+  std::vector<uint16_t> k16{}, v16{};  // a bf16 or f16 cache, with k's and v's slack
   bool head_major_pages = false;       // s8hm: [num_blocks, Hkv, block, D] pages
   bool module = false;                 // mha_module_forward on [B, L, E] (self-attention)
   int64_t e = 0;                       // the module's embedding
