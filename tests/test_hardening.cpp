@@ -9,7 +9,9 @@
 
 #include <malloc.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cfloat>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -211,6 +213,78 @@ TEST_P(Hardening, LogitsNearFltMaxAreFinite) {
           ASSERT_TRUE(std::isfinite(lse[i])) << "lse[" << i << "] = " << lse[i];
           EXPECT_NEAR(lse[i], ref.lse[i], 1e-5 * std::fabs(ref.lse[i])) << "lse[" << i << "]";
         }
+      }
+    }
+  }
+}
+
+// Values near FLT_MAX that join the scores, with scales below 1 (found by a
+// differential sweep of mha-run: the SIMD backends' careful pass took scores
+// as dot products and divided the mask by |scale|, which overflowed):
+// - a mask of -FLT_MAX on every key of a row (Hugging Face's padding): every
+//   logit rounds to -FLT_MAX, so the weights are uniform and the output is
+//   the mean of the row's values, as in PyTorch and the float64 reference;
+// - a mask of +3e38 on one key: its weight is 1;
+// - an ALiBi slope of 3e38 (only the key at distance 0 keeps a weight) and a
+//   softcap of 3e38 (tanh is the identity there);
+// - scale 0.5 with logits of 2.5e38-3.1e38, whose dot products pass FLT_MAX.
+// In every case the weights are exact in fp32 (uniform or one-hot) or the
+// logits small, so the outputs must match the reference within 2e-5.  Not
+// the padded rows with split-KV: its key chunks are merged by their fp32
+// LSEs, which at -FLT_MAX cannot hold log(keys in the chunk), so the chunks
+// weigh alike whatever their sizes -- within docs/decisions.md's tolerance
+// (4 · 2^-24 · max|logit|), but not the exact mean.
+TEST_P(Hardening, ValuesNearFltMaxWithScalesBelowOne) {
+  struct Geometry {
+    const char* name;
+    int64_t H, Hkv, Lq, Lk;
+  };
+  for (const Geometry& g : {Geometry{"prefill", 2, 1, 19, 45}, Geometry{"decode", 4, 2, 1, 70},
+                            Geometry{"split-kv", 2, 1, 2, 2500}}) {
+    for (int kase = 0; kase < 5; ++kase) {
+      if (kase == 0 && g.Lk > 1000) continue;  // split-KV: see above
+      SCOPED_TRACE(std::string(g.name) + " case " + std::to_string(kase));
+      const int64_t B = 1, D = 32, Dv = 8;
+      Rng rng(static_cast<uint64_t>(kase * 31 + g.Lk));
+      std::vector<float> q(B * g.H * g.Lq * D), k(B * g.Hkv * g.Lk * D), v(B * g.Hkv * g.Lk * Dv),
+          out(B * g.H * g.Lq * Dv, -7.0f), lse(B * g.H * g.Lq, -7.0f), mask,
+          slopes(static_cast<size_t>(g.H), 3e38f);
+      const float big = 4.4e18f;  // case 4: q, k in [0.9, 1) * big
+      for (float& f : q) f = kase == 4 ? big * rng.uniform(0.9f, 1.0f) : rng.uniform(-1.0f, 1.0f);
+      for (float& f : k) f = kase == 4 ? big * rng.uniform(0.9f, 1.0f) : rng.uniform(-1.0f, 1.0f);
+      for (float& f : v) f = rng.uniform(-1.0f, 1.0f);
+      mha_tensor tq = describe(q.data(), MHA_DTYPE_F32, {B, g.H, g.Lq, D});
+      mha_tensor tk = describe(k.data(), MHA_DTYPE_F32, {B, g.Hkv, g.Lk, D});
+      mha_tensor tv = describe(v.data(), MHA_DTYPE_F32, {B, g.Hkv, g.Lk, Dv});
+      mha_tensor to = describe(out.data(), MHA_DTYPE_F32, {B, g.H, g.Lq, Dv});
+      mha_tensor tl = describe(lse.data(), MHA_DTYPE_F32, {B, g.H, g.Lq});
+      mha_tensor tm{}, ts = describe(slopes.data(), MHA_DTYPE_F32, {g.H});
+      mha_attention_params p;
+      mha_attention_params_init(&p);
+      p.lse = &tl;
+      if (kase <= 1) {  // 0: every key of the even rows at -FLT_MAX; 1: one key at +3e38
+        mask.assign(static_cast<size_t>(g.Lq * g.Lk), 0.0f);
+        for (int64_t i = 0; i < g.Lq; ++i) {
+          for (int64_t j = 0; j < g.Lk; ++j) {
+            float& m = mask[static_cast<size_t>(i * g.Lk + j)];
+            if (kase == 0 && i % 2 == 0) m = -FLT_MAX;
+            if (kase == 1 && j == (i * 7) % g.Lk) m = 3e38f;
+          }
+        }
+        tm = describe(mask.data(), MHA_DTYPE_F32, {g.Lq, g.Lk});
+        p.mask = &tm;
+      }
+      if (kase == 2) p.alibi_slopes = &ts;
+      if (kase == 3) p.softcap = 3e38f;
+      if (kase == 4) p.has_scale = 1, p.scale = 0.5f;
+      ASSERT_EQ(mha_attention(&tq, &tk, &tv, &to, &p), MHA_OK) << mha_last_error();
+      const Reference ref = reference_attention(tq, tk, tv, &p);
+      for (size_t i = 0; i < out.size(); ++i) {
+        EXPECT_NEAR(out[i], ref.out[i], 2e-5) << "out[" << i << "]";
+      }
+      for (size_t i = 0; i < lse.size(); ++i) {
+        EXPECT_NEAR(lse[i], ref.lse[i], 1e-5 * std::max(1.0, std::fabs(ref.lse[i])))
+            << "lse[" << i << "]";
       }
     }
   }

@@ -118,6 +118,13 @@ NpyArray read_float_tensor(const char* flag, const std::string& path, const char
 TypedInput quantize_input(NpyArray array, const std::string& what, NpyArray& scale,
                           bool add_batch) {
   const NpyDtype file_dtype = array.dtype();
+  // Named here, in the file's own axes (the library would see them shifted
+  // by the batch axis added below).
+  for (size_t d = 0; d < array.shape().size(); ++d) {
+    if (array.shape()[d] == 0) {
+      throw ToolError(what + ": shape[" + std::to_string(d) + "] = 0; sizes must be positive");
+    }
+  }
   TypedInput values = convert_float_input(std::move(array), MHA_DTYPE_F32, what);
   TypedInput q8;
   q8.dtype = MHA_DTYPE_I8;
@@ -200,6 +207,23 @@ void check_packed_rank(const NpyArray& a, const char* flag, const std::string& p
                   shape + " (rank 3); the file holds " + a.describe());
 }
 
+// The multi-index of the n-th element in C order, and its text: "5" or "[1, 3]".
+std::vector<int64_t> c_order_index(const std::vector<int64_t>& shape, int64_t n) {
+  std::vector<int64_t> index(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    index[d] = n % shape[d];
+    n /= shape[d];
+  }
+  return index;
+}
+
+std::string index_text(const std::vector<int64_t>& index) {
+  if (index.size() == 1) return std::to_string(index[0]);
+  std::string text = "[";
+  for (size_t d = 0; d < index.size(); ++d) text += (d ? ", " : "") + std::to_string(index[d]);
+  return text + "]";
+}
+
 // An int32 input as the library takes it (--cu-seqlens-q/-k [B + 1],
 // --seqused-k [B], --block-table [B, max_blocks]); int64 files (NumPy's
 // default integer) are converted, a value outside int32 refused.  The library
@@ -213,17 +237,20 @@ NpyArray read_int32_input(const char* flag, const std::string& path, int rank, c
                     " must be int32 (<i4, or int64 <i8) of rank " + std::to_string(rank) + ", " +
                     shape + "; the file holds " + a.describe());
   }
-  if (a.dtype() == NpyDtype::I32) return a;
-  NpyArray offsets(NpyDtype::I32, a.shape());
+  if (a.dtype() == NpyDtype::I32 && (rank == 1 || !a.fortran_order())) return a;
+  // Copied into int32 in C order (the library takes a block table's rows
+  // contiguous), element by element through the file's own order.
+  NpyArray converted(NpyDtype::I32, a.shape());
   for (int64_t n = 0; n < a.size(); ++n) {
-    const int64_t value = a.value_as_int64(a.offset({n}));
+    const std::vector<int64_t> index = c_order_index(a.shape(), n);
+    const int64_t value = a.value_as_int64(a.offset(index));
     if (value < INT32_MIN || value > INT32_MAX) {
       throw ToolError(label(flag, path) + ": int64 value " + std::to_string(value) + " at index " +
-                      std::to_string(n) + " does not fit in int32, the offsets' dtype");
+                      index_text(index) + " does not fit in int32, the dtype of the " + what);
     }
-    offsets.set_from_double(n, static_cast<double>(value));
+    converted.set_from_double(n, static_cast<double>(value));
   }
-  return offsets;
+  return converted;
 }
 
 NpyArray read_offsets(const char* flag, const std::string& path) {

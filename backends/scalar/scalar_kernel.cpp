@@ -35,17 +35,20 @@ constexpr float kNegInf = mha_softmax::kNegInf;
 
 // The units of the scores.  Natural: Q is multiplied by the scale, a score is
 // the logit.  A logit within the fp32 range can still make a row non-finite
-// (a dot product of Q·scale that overflows on the way), so a block whose
-// output came out non-finite is computed again in raw units: Q times the sign
-// of the scale (exact), scores are dot products, |scale| is applied to their
-// distance to the row maximum, and an additive mask joins divided by |scale|.
+// (a dot product of Q·scale that overflows on the way, a mask of -FLT_MAX
+// on every key of a row), so a block whose output came out non-finite is
+// computed again in raw units: Q times the scale's sign and min(|scale|, 1),
+// a score is the logit divided by r = max(|scale|, 1), r is applied to its
+// distance to the row maximum, and an additive mask, a softcap or an ALiBi
+// slope joins divided by r (>= 1: it never overflows).  The same rule as the
+// SIMD kernels' ScoreUnits (backends/simd/tile_tools.hpp).
 struct Units {
   bool raw;
   float q_factor;
-  float abs_scale;
-  float mask(float m) const { return raw ? m / abs_scale : m; }
-  float weight(float distance) const { return std::exp(raw ? distance * abs_scale : distance); }
-  float natural(float s) const { return raw ? s * abs_scale : s; }
+  float to_logit;  // raw units: a score times this is its logit
+  float mask(float m) const { return raw ? m / to_logit : m; }
+  float weight(float distance) const { return std::exp(raw ? distance * to_logit : distance); }
+  float natural(float s) const { return raw ? s * to_logit : s; }
 };
 
 struct Workspace {
@@ -217,8 +220,10 @@ bool compute_block(const mha_kernel_problem& p, const mha_work_item& item, const
 int attend(const mha_kernel_problem* problem, const mha_work_item* item, void* scratch) {
   const mha_kernel_problem& p = *problem;
   const Workspace w = carve(scratch, p.d, p.dv);
-  const Units natural{false, p.scale, std::fabs(p.scale)};
-  const Units raw{true, p.scale < 0.0f ? -1.0f : 1.0f, std::fabs(p.scale)};
+  const Units natural{false, p.scale, 1.0f};
+  const float magnitude = std::fabs(p.scale);
+  const Units raw{true, std::copysign(std::fmin(magnitude, 1.0f), p.scale),
+                  std::fmax(magnitude, 1.0f)};
   for (int64_t h = item->h_begin; h < item->h_end; ++h) {
     for (int64_t i0 = item->q_begin; i0 < item->q_end; i0 += kRows) {
       const int64_t rows = std::min(kRows, item->q_end - i0);

@@ -59,7 +59,7 @@ template <class Arch, bool kRaw>
 inline xsimd::batch<float, Arch> exp_of_distance(xsimd::batch<float, Arch> d,
                                                  const ScoreUnits& units) {
   using B = xsimd::batch<float, Arch>;
-  if constexpr (kRaw) return fast_exp2<Arch>((d * B(units.abs_scale)) * B(kLog2e));
+  if constexpr (kRaw) return fast_exp2<Arch>((d * B(units.to_logit)) * B(kLog2e));
   return fast_exp2<Arch>(d);
 }
 

@@ -19,26 +19,31 @@ constexpr float kLn2 = 0.6931471805599453f;
 // to the row maximum.  A logit within the fp32 range can overflow there (one
 // above FLT_MAX / log2(e) ~ 2.4e38), and the row then comes out non-finite.
 //
-// Raw: a tile whose output came out non-finite is computed again with Q times
-// the sign of the scale only (exact), so a score is the dot product itself;
-// |scale| is applied to the distances to the row maximum, which are never
-// larger than the logits, and an additive mask joins divided by |scale|.
-// Logits up to FLT_MAX then give finite results on every backend.
+// Raw: a tile whose output came out non-finite is computed again with Q
+// times the scale's sign and min(|scale|, 1), so a score is the logit divided
+// by r = max(|scale|, 1); r is applied to the distances to the row maximum,
+// which are never larger than the logits, and an additive mask, a softcap or
+// an ALiBi slope joins divided by r.  Neither the dot product nor a value
+// divided by r (r >= 1) overflows where its logit does not: logits up to
+// FLT_MAX give finite results on every backend, a mask of -FLT_MAX
+// (Hugging Face's padding) on every key included.  (Q times the sign alone,
+// with mask / |scale|, overflowed such masks to -inf when |scale| < 1.)
 struct ScoreUnits {
   bool raw;
-  float q_factor;   // Q is packed times this
-  float abs_scale;  // |scale|
+  float q_factor;  // Q is packed times this
+  float to_logit;  // raw units: a score times this is its logit (r)
 
   static ScoreUnits base2(float scale) { return {false, scale * 1.4426950408889634f, 0.0f}; }
   static ScoreUnits raw_units(float scale) {
-    return {true, scale < 0.0f ? -1.0f : 1.0f, std::fabs(scale)};
+    const float magnitude = std::fabs(scale);
+    return {true, std::copysign(std::fmin(magnitude, 1.0f), scale), std::fmax(magnitude, 1.0f)};
   }
   // An additive mask value in these units.
-  float mask(float m) const { return raw ? m / abs_scale : m * 1.4426950408889634f; }
+  float mask(float m) const { return raw ? m / to_logit : m * 1.4426950408889634f; }
   // The exponent, in base 2, of a score's distance d (<= 0) to the row maximum.
-  float exponent(float d) const { return raw ? (d * abs_scale) * 1.4426950408889634f : d; }
+  float exponent(float d) const { return raw ? (d * to_logit) * 1.4426950408889634f : d; }
   // A score (a row maximum) as a logit: the inverse of mask().
-  float natural(float s) const { return raw ? s * abs_scale : s * 0.6931471805599453f; }
+  float natural(float s) const { return raw ? s * to_logit : s * 0.6931471805599453f; }
 };
 
 inline int64_t round_up(int64_t n, int64_t multiple) {

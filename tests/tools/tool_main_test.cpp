@@ -562,6 +562,36 @@ TEST_F(ToolMain, PagedCacheIsThePackedBatch) {
   EXPECT_EQ(file_bytes(path("out_paged")), file_bytes(path("out_packed")));
   EXPECT_EQ(file_bytes(path("lse_paged")), file_bytes(path("lse_packed")));
   EXPECT_EQ(file_bytes(path("out_flat")), file_bytes(path("out_packed")));
+  // NumPy's default integers: the table and the lengths as int64, in C and in
+  // Fortran order, are converted (the table used to be read as if of rank 1).
+  for (const bool fortran : {false, true}) {
+    NpyArray table64(NpyDtype::I64, {batch, max_blocks}, fortran);
+    NpyArray used64(NpyDtype::I64, {batch});
+    for (int64_t b = 0; b < batch; ++b) {
+      used64.set_from_double(b, static_cast<double>(lens_k[static_cast<size_t>(b)]));
+      for (int64_t n = 0; n < max_blocks; ++n) {
+        table64.set_from_double(table64.offset({b, n}),
+                                static_cast<double>(table.data_as<int32_t>()[b * max_blocks + n]));
+      }
+    }
+    mha_tools::write_npy(path("table64"), table64);
+    mha_tools::write_npy(path("used64"), used64);
+    const Result wide =
+        mha_run({"--q", path("q"), "--k", path("kc"), "--v", path("vc"), "--cu-seqlens-q",
+                 path("cu_q"), "--seqused-k", path("used64"), "--block-table", path("table64"),
+                 "--causal", "bottom-right", "--out", path("out_wide")});
+    ASSERT_EQ(wide.status, 0) << wide.err;
+    EXPECT_EQ(file_bytes(path("out_wide")), file_bytes(path("out_packed")));
+    table64.set_from_double(table64.offset({2, 3}), 4294967296.0);
+    mha_tools::write_npy(path("table64"), table64);
+    const Result huge = mha_run({"--q", path("q"), "--k", path("kc"), "--v", path("vc"),
+                                 "--cu-seqlens-q", path("cu_q"), "--seqused-k", path("used64"),
+                                 "--block-table", path("table64"), "--out", path("out_wide")});
+    EXPECT_EQ(huge.status, 1);
+    EXPECT_NE(huge.err.find("--block-table"), std::string::npos) << huge.err;
+    EXPECT_NE(huge.err.find("at index [2, 3] does not fit in int32"), std::string::npos)
+        << huge.err;
+  }
 
   const std::string q_path = path("q"), kc = path("kc"), vc = path("vc"), o = path("o");
   const std::string cu = path("cu_q"), u = path("used"), t = path("table");
