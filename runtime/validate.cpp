@@ -184,7 +184,16 @@ mha_status check_valid_lens(const mha_tensor* vl, const char* name, int64_t batc
 
 mha_status check_tensor(const mha_tensor* t, const char* name, int32_t min_ndim, int32_t max_ndim) {
   if (t == nullptr) return fail(MHA_ERR_NULL_POINTER, "%s is NULL", name);
-  if (t->data == nullptr) return fail(MHA_ERR_NULL_POINTER, "%s->data is NULL", name);
+  if (t->data == nullptr) {
+    // An empty array's data may well be NULL (PyTorch's, NumPy's): its size is what to name.
+    for (int32_t d = 0; d < std::min<int32_t>(t->ndim, MHA_MAX_DIMS); ++d) {
+      if (t->shape[d] <= 0) {
+        return fail(MHA_ERR_INVALID_SIZE, "%s->shape[%d] = %lld; sizes must be positive", name, d,
+                    static_cast<long long>(t->shape[d]));
+      }
+    }
+    return fail(MHA_ERR_NULL_POINTER, "%s->data is NULL", name);
+  }
   if (dtype_size(t->dtype) == 0) {
     return fail(MHA_ERR_INVALID_DTYPE, "%s has unknown dtype %d", name, t->dtype);
   }

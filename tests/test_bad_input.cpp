@@ -182,6 +182,15 @@ TEST_F(BadInput, NonPositiveSizes) {
        [](Problem& p) { p.k.shape[2] = p.v.shape[2] = 0; },
        MHA_ERR_INVALID_SIZE,
        {"k", "v"}},
+      // Empty arrays of PyTorch and NumPy may have no memory at all: the size is
+      // what is wrong, not the pointer.
+      {"Lk = 0, data NULL",
+       [](Problem& p) {
+         p.k.shape[2] = p.v.shape[2] = 0;
+         p.k.data = p.v.data = nullptr;
+       },
+       MHA_ERR_INVALID_SIZE,
+       {"k", "v"}},
       {"Lk = -5",
        [](Problem& p) { p.k.shape[2] = p.v.shape[2] = -5; },
        MHA_ERR_INVALID_SIZE,

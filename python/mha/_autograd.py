@@ -5,9 +5,9 @@ Imported by mha._attention only when a tensor that requires grad reaches it whil
 autograd is on, so torch is imported only where the caller already has.
 """
 import torch
-from torch.autograd.function import once_differentiable
 
 from . import _mha
+from ._once import once_differentiable
 
 # The arguments that have a gradient, in the order _Attention.apply takes them.
 _DIFFERENTIABLE = ("query", "key", "value", "attn_mask", "sinks")

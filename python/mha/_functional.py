@@ -6,6 +6,7 @@ Each call makes a library module of the call's configuration and copies the weig
 (O(E²), against the O(B·L·E²) of the projections); mha.torch.MultiheadAttention keeps one per
 torch module instead and copies its parameters again only when they have changed.
 """
+import functools
 import threading
 from typing import Any, Dict, Optional, Tuple
 
@@ -432,8 +433,26 @@ def _weights_key(weights, zeros):
     for name, x in weights.items():
         if not isinstance(x, torch.Tensor):
             return None
-        key.append((name, x.data_ptr(), x._version, tuple(x.shape), x.stride(), x.dtype))
+        key.append((name, x.data_ptr(), x._version, tuple(x.shape), x.stride(), x.dtype,
+                    _sample_of(x)))
     return tuple(key)
+
+
+# Elements of a weight in the key: writes through a parameter's .data (manual SGD, an EMA,
+# an init) bypass its version counter, and one that changes most elements changes these.
+_SAMPLED = 16
+
+
+@functools.lru_cache(maxsize=64)
+def _sample_positions(size):
+    return np.random.default_rng(size).integers(0, size, min(size, _SAMPLED))
+
+
+def _sample_of(x):
+    if x.numel() == 0 or x.dtype != torch_module().float32:
+        return None
+    values = x.detach().numpy()
+    return values.flat[_sample_positions(values.size)].tobytes()
 
 
 class ModuleCache:

@@ -274,7 +274,8 @@ class _ForwardShapes:
 def _check_device(device):
     if device is None:
         return
-    name = device if isinstance(device, str) else getattr(device, "type", None)
+    # "cpu", "cpu:0" or torch.device("cpu", 0), as torch takes them.
+    name = device.split(":")[0] if isinstance(device, str) else getattr(device, "type", None)
     if name != "cpu":
         raise ValueError(f"device must be None or the CPU (mha computes on the CPU), not "
                          f"{device!r}")

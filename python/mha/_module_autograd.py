@@ -8,9 +8,9 @@ is on, so torch is imported only where the caller already has.
 import weakref
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from ._functional import LibraryModule
+from ._once import once_differentiable
 
 # Arguments that never have a gradient: a tensor of them that requires grad is refused.
 _NO_GRADIENT = ("key_padding_mask", "attn_mask", "alibi_slopes")

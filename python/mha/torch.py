@@ -142,6 +142,13 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
                          batch_first=batch_first, device=device, dtype=dtype)
         self._mha_cache = ModuleCache()
 
+    def reload_weights(self) -> None:
+        """Copies the parameters into the library again at the next call.  Changes made
+        through tensor operations (an optimizer step, `load_state_dict`, `with
+        torch.no_grad(): p.mul_(...)`) and writes through `.data` that change most of a
+        weight are seen without it; a write through `.data` to a few elements may not be."""
+        self._mha_cache = ModuleCache()
+
     @classmethod
     def from_torch(cls, module: Any) -> "MultiheadAttention":
         """A copy of `module`, a torch.nn.MultiheadAttention: its constructor's arguments, its

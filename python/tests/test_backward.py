@@ -613,9 +613,24 @@ def test_second_derivatives_are_refused(rng):
     q, k, v = (torch.from_numpy(x).requires_grad_() for x in random_qkv(rng))
     out = mha.scaled_dot_product_attention(q, k, v)
     grad_out = torch.ones_like(out, requires_grad=True)
-    (grad_q,) = torch.autograd.grad(out, q, grad_out, create_graph=True)
     with pytest.raises(RuntimeError, match="once_differentiable"):
-        grad_q.sum().backward()
+        torch.autograd.grad(out, q, grad_out, create_graph=True)
+
+
+def test_second_derivatives_with_plain_grad_outputs_are_refused(rng):
+    """create_graph=True with grad_outputs that do not require grad (a Hessian, a gradient
+    penalty): torch's once_differentiable let these through, the second derivatives
+    silently 0."""
+    q, k, v = (torch.from_numpy(x) for x in random_qkv(rng))
+    with pytest.raises(RuntimeError, match="second derivatives"):
+        torch.autograd.functional.hessian(
+            lambda x: mha.scaled_dot_product_attention(x, k, v).pow(2).sum(), q)
+    leaf = q.clone().requires_grad_()
+    out = mha.scaled_dot_product_attention(leaf, k, v)
+    with pytest.raises(RuntimeError, match="second derivatives"):
+        torch.autograd.grad(out.sum(), leaf, create_graph=True)
+    (grad_q,) = torch.autograd.grad(out.sum(), leaf)  # first derivatives as before
+    assert grad_q.shape == leaf.shape
 
 
 @pytest.fixture

@@ -686,6 +686,18 @@ def test_weights_changed_in_place_or_replaced_are_used(rng):
     state = {name: 2 * value for name, value in module.state_dict().items()}
     module.load_state_dict(state)
     assert torch.equal(out(), fresh())
+    # Writes through .data bypass the version counter: most of a weight changed is seen
+    # by the sampled elements, a few elements after reload_weights().
+    for parameter in module.parameters():
+        parameter.data.mul_(0.5)
+    assert torch.equal(out(), fresh())
+    module.out_proj.bias.data.copy_(torch.randn(16))
+    assert torch.equal(out(), fresh())
+    before = out()
+    module.in_proj_weight.data[3, 5] += 1.0
+    module.reload_weights()
+    after = out()
+    assert not torch.equal(after, before) and torch.equal(after, fresh())
 
 
 def test_a_step_between_forward_and_backward_is_caught(rng):
@@ -713,9 +725,13 @@ def test_second_derivatives_are_refused(rng):
     x = torch.from_numpy(random_inputs(rng, module)[0]).requires_grad_()
     out, _ = module(x, x, x)
     grad_out = torch.ones_like(out, requires_grad=True)
-    (grad_x,) = torch.autograd.grad(out, x, grad_out, create_graph=True)
     with pytest.raises(RuntimeError, match="once_differentiable"):
-        grad_x.sum().backward()
+        torch.autograd.grad(out, x, grad_out, create_graph=True)
+    # Plain grad_outputs as well (torch's once_differentiable let them through, and a
+    # gradient penalty on the result added nothing).
+    out, _ = module(x, x, x)
+    with pytest.raises(RuntimeError, match="second derivatives"):
+        torch.autograd.grad(out.sum(), x, create_graph=True)
 
 
 # ---------------------------------------------------------------- refused

@@ -41,9 +41,13 @@ def test_constructor_refuses(kwargs, error, words):
 
 
 def test_constructor_takes_cpu_and_float32_in_every_spelling():
-    for device in ("cpu", torch.device("cpu")):
+    mha_torch = pytest.importorskip("mha.torch")
+    for device in ("cpu", "cpu:0", torch.device("cpu"), torch.device("cpu:0")):
         for dtype in (torch.float32, np.float32, "float32"):
             mha.MultiheadAttention(8, 2, device=device, dtype=dtype)
+        mha_torch.MultiheadAttention(8, 2, device=device, dtype=torch.float32)
+    with pytest.raises(ValueError, match="device must be"):
+        mha.MultiheadAttention(8, 2, device="cuda:0")
     with pytest.raises(ValueError, match="dtype must be"):
         mha.MultiheadAttention(8, 2, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="device must be"):

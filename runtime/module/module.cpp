@@ -559,9 +559,19 @@ mha_status mha_module_set_weight(mha_module* module, const char* name, const mha
     if (rank == 1) {
       for (int64_t r = 0; r < slot.rows; ++r) slot.dst[r] = src[r * value->strides[0]];
     } else {
-      for (int64_t c = 0; c < slot.cols; ++c) {
-        for (int64_t r = 0; r < slot.rows; ++r) {
-          slot.dst[c * slot.ld + r] = src[r * value->strides[0] + c * value->strides[1]];
+      // Transposed in blocks of 32 x 32: column by column over a row-major matrix read
+      // every element a line apart, and mha.torch.MultiheadAttention's copy of
+      // in_proj_weight (E 1024) took 27 ms.
+      constexpr int64_t kBlock = 32;
+      for (int64_t c0 = 0; c0 < slot.cols; c0 += kBlock) {
+        const int64_t c1 = std::min(slot.cols, c0 + kBlock);
+        for (int64_t r0 = 0; r0 < slot.rows; r0 += kBlock) {
+          const int64_t r1 = std::min(slot.rows, r0 + kBlock);
+          for (int64_t c = c0; c < c1; ++c) {
+            for (int64_t r = r0; r < r1; ++r) {
+              slot.dst[c * slot.ld + r] = src[r * value->strides[0] + c * value->strides[1]];
+            }
+          }
         }
       }
     }
