@@ -204,6 +204,9 @@ def _torch_output(query, value):
     torch = torch_module()
     if query.layout is not torch.strided:  # sparse: torch would raise a RuntimeError
         raise TypeError(f"query must be a strided tensor, not a {query.layout} one")
+    for name, x in (("query", query), ("value", value)):
+        if x.dim() == 0:  # size(-1) would raise an IndexError
+            raise ValueError(f"{name} must have 2 to 4 dimensions, has 0")
     if query.size(-1) == value.size(-1):
         # Half the cost of new_empty(shape) with PyTorch 1.13 (no shape to build).
         return torch.empty_like(query, memory_format=torch.contiguous_format)

@@ -52,11 +52,14 @@ def test_read_only_out(qkv):
         sdpa(*qkv, out=out)
 
 
-@pytest.mark.parametrize("shape", [(16,), (1, 2, 3, 9, 16)])
+@pytest.mark.parametrize("shape", [(), (16,), (1, 2, 3, 9, 16)])
 def test_query_of_the_wrong_rank(qkv, shape):
     q = np.zeros(shape, dtype=np.float32)
     with pytest.raises(ValueError, match="query must have 2 to 4 dimensions"):
         sdpa(q, *qkv[1:])
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ValueError, match="query must have 2 to 4 dimensions"):
+        sdpa(torch.zeros(shape), *(torch.from_numpy(x) for x in qkv[1:]))
 
 
 def test_dtype_mha_has_no_name_for(qkv):
