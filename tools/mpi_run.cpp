@@ -29,6 +29,7 @@ int run_mpi_attention_command(const AttentionOptions&) {
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/dtype.h"
@@ -138,9 +139,25 @@ void broadcast_bytes(void* data, int64_t bytes) {
   }
 }
 
-// A C-order descriptor over `data`.
+// A C-order descriptor over `data`.  A rank's shard may hold no rows (fewer
+// positions than chunks, fewer keys than ranks): the MPI calls take extents of
+// 0, which mha_tensor_init (the single-process API's rule) refuses, so such a
+// descriptor is written here, over a byte that is never read.
 mha_tensor dense(void* data, int32_t dtype, std::vector<int64_t> shape) {
   mha_tensor t{};
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) {
+    static unsigned char nothing = 0;
+    t.data = &nothing;
+    t.dtype = static_cast<mha_dtype>(dtype);
+    t.ndim = static_cast<int32_t>(shape.size());
+    int64_t stride = 1;
+    for (int32_t d = t.ndim - 1; d >= 0; --d) {
+      t.shape[d] = shape[static_cast<size_t>(d)];
+      t.strides[d] = stride;
+      stride *= std::max<int64_t>(t.shape[d], 1);
+    }
+    return t;
+  }
   if (mha_tensor_init(&t, data, static_cast<mha_dtype>(dtype), static_cast<int32_t>(shape.size()),
                       shape.data(), nullptr) != MHA_OK) {
     throw ToolError(std::string("a shard's descriptor: ") + mha_last_error());
@@ -278,6 +295,32 @@ class MpiRun {
     if (call_.valid_lens) header_.valid_kind = call_.valid_lens->ndim;
     if (call_.sinks) header_.sinks = call_.sinks->shape[0];
     if (call_.alibi) header_.alibi_kind = call_.alibi->ndim;
+    // The small arrays are copied whole into every rank's call by these shapes
+    // (distribute): checked here, as the library checks them in one process.
+    const auto text = [](const std::vector<int64_t>& v) {
+      std::string out = "[";
+      for (size_t d = 0; d < v.size(); ++d) out += (d ? ", " : "") + std::to_string(v[d]);
+      return out + "]";
+    };
+    const auto check_shape =
+        [&](const std::optional<mha_tensor>& t, const char* flag, const std::string& path,
+            std::vector<std::pair<const char*, std::vector<int64_t> > > allowed) {
+          if (!t) return;
+          const std::vector<int64_t> shape(t->shape, t->shape + t->ndim);
+          std::string wanted;
+          for (const auto& [name, want] : allowed) {
+            if (shape == want) return;
+            wanted += std::string(wanted.empty() ? "" : " or ") + name + " = " + text(want);
+          }
+          throw ToolError(std::string(flag) + " " + path + ": shape " + text(shape) +
+                          "; it must be " + wanted);
+        };
+    const Header& h = header_;
+    check_shape(call_.valid_lens, "--valid-lens", o_.valid_lens,
+                {{"[B]", {h.batch}}, {"[B, Lq]", {h.batch, h.lq}}});
+    check_shape(call_.alibi, "--alibi", o_.alibi,
+                {{"[H]", {h.heads}}, {"[B, H]", {h.batch, h.heads}}});
+    check_shape(call_.sinks, "--sinks", o_.sinks, {{"[H]", {h.heads}}});
   }
 
   // Rank 0 sends each rank its rows; the small arrays go to everyone.

@@ -213,6 +213,21 @@ Files additive_case() {
   return f;
 }
 
+// Fewer positions than the MPI tests' chunks: 2 queries and 3 keys, so that
+// a rank of the ring (3 ranks, zigzag: 6 chunks) or of the decode (4 ranks)
+// holds no rows; valid lengths and ALiBi slopes of the wrong shapes, which
+// every rank would otherwise copy whole.
+Files tiny_case() {
+  Random rng(77);
+  Files f;
+  f["q"] = random_floats(rng, {1, 2, 2, 8});
+  f["k"] = random_floats(rng, {1, 2, 3, 8});
+  f["v"] = random_floats(rng, {1, 2, 3, 8});
+  f["vl_wrong"] = filled(NpyDtype::I64, {3}, {1, 2, 3});
+  f["alibi_wrong"] = filled(NpyDtype::F32, {3}, {0.5, 0.25, 0.125});
+  return f;
+}
+
 // A packed variable-length batch (--cu-seqlens-q/-k): five sequences of
 // different query and key lengths -- one without queries, one without keys,
 // one with more queries than keys (bottom-right causal leaves rows empty) --,
@@ -262,7 +277,8 @@ Files varlen_case() {
 int write_case(const std::string& name, const std::string& dir) {
   const std::map<std::string, std::function<Files()>> cases = {
       {"d2l", d2l_case},       {"gqa", gqa_case},           {"additive", additive_case},
-      {"window", window_case}, {"variants", variants_case}, {"varlen", varlen_case}};
+      {"window", window_case}, {"variants", variants_case}, {"varlen", varlen_case},
+      {"tiny", tiny_case}};
   const auto it = cases.find(name);
   if (it == cases.end()) {
     std::fprintf(stderr, "mha_tools_case: unknown case '%s'\n", name.c_str());
