@@ -63,6 +63,12 @@ int run(int argc, const char* const* argv) {
                   "float32 (float16 and float64 files are converted to float32)");
       return kExitUsage;
     }
+    for (const char* flag : {"--mpi-ring", "--mpi-decode", "--mpi-layout"}) {
+      if (app.count(flag) == 0) continue;
+      print_error(std::string(flag) +
+                  " is a flag of attention mode: mha-run module runs in one process");
+      return kExitUsage;
+    }
     for (const char* flag : {"--cu-seqlens-q", "--cu-seqlens-k"}) {
       if (app.count(flag) == 0) continue;
       print_error(std::string(flag) +
@@ -72,7 +78,17 @@ int run(int argc, const char* const* argv) {
     }
     return run_module_command(module_options);
   }
-  if (backward->parsed()) return run_backward_command(backward_options);
+  if (backward->parsed()) {
+    // The MPI flags (shared with attention mode) would be ignored, and every
+    // rank under mpirun would run the whole backward.
+    for (const char* flag : {"--mpi-ring", "--mpi-decode", "--mpi-layout"}) {
+      if (app.count(flag) == 0 && backward->count(flag) == 0) continue;
+      print_error(std::string(flag) +
+                  " is a flag of attention mode: mha-run backward runs in one process");
+      return kExitUsage;
+    }
+    return run_backward_command(backward_options);
+  }
   if (attention.mpi_ring || attention.mpi_decode) return run_mpi_attention_command(attention);
   return run_attention_command(attention);
 }
