@@ -304,7 +304,7 @@ class MpiRun {
     };
     const auto check_shape =
         [&](const std::optional<mha_tensor>& t, const char* flag, const std::string& path,
-            std::vector<std::pair<const char*, std::vector<int64_t> > > allowed) {
+            const std::vector<std::pair<const char*, std::vector<int64_t> > >& allowed) {
           if (!t) return;
           const std::vector<int64_t> shape(t->shape, t->shape + t->ndim);
           std::string wanted;
