@@ -100,13 +100,19 @@ NpyArray as_f64(const NpyArray& a) {
   return converted(a, NpyDtype::F64);
 }
 
+// Q [B, H, Lq, D], K and V [B, H, Lk, D] of random values.
+Files qkv_files(Random& rng, int64_t batch, int64_t heads, int64_t lq, int64_t lk, int64_t d) {
+  Files f;
+  f["q"] = random_floats(rng, {batch, heads, lq, d});
+  f["k"] = random_floats(rng, {batch, heads, lk, d});
+  f["v"] = random_floats(rng, {batch, heads, lk, d});
+  return f;
+}
+
 // S5, the d2l.ai example, and files for the failure checks.
 Files d2l_case() {
   Random rng(2024);
-  Files f;
-  f["q"] = random_floats(rng, {2, 5, 4, 20});
-  f["k"] = random_floats(rng, {2, 5, 6, 20});
-  f["v"] = random_floats(rng, {2, 5, 6, 20});
+  Files f = qkv_files(rng, 2, 5, 4, 6, 20);
   f["valid_lens"] = filled(NpyDtype::I64, {2}, {3, 2});
   NpyArray q64(NpyDtype::F64, {2, 5, 4, 20});
   for (int64_t i = 0; i < q64.size(); ++i) q64.set_from_double(i, f["q"].value_as_double(i));
@@ -219,10 +225,7 @@ Files additive_case() {
 // every rank would otherwise copy whole.
 Files tiny_case() {
   Random rng(77);
-  Files f;
-  f["q"] = random_floats(rng, {1, 2, 2, 8});
-  f["k"] = random_floats(rng, {1, 2, 3, 8});
-  f["v"] = random_floats(rng, {1, 2, 3, 8});
+  Files f = qkv_files(rng, 1, 2, 2, 3, 8);
   f["vl_wrong"] = filled(NpyDtype::I64, {3}, {1, 2, 3});
   f["alibi_wrong"] = filled(NpyDtype::F32, {3}, {0.5, 0.25, 0.125});
   return f;
