@@ -207,7 +207,7 @@ void check_packed_rank(const NpyArray& a, const char* flag, const std::string& p
                   shape + " (rank 3); the file holds " + a.describe());
 }
 
-// The multi-index of the n-th element in C order, and its text: "5" or "[1, 3]".
+// The multi-index of the n-th element in C order.
 std::vector<int64_t> c_order_index(const std::vector<int64_t>& shape, int64_t n) {
   std::vector<int64_t> index(shape.size());
   for (size_t d = shape.size(); d-- > 0;) {
@@ -215,13 +215,6 @@ std::vector<int64_t> c_order_index(const std::vector<int64_t>& shape, int64_t n)
     n /= shape[d];
   }
   return index;
-}
-
-std::string index_text(const std::vector<int64_t>& index) {
-  if (index.size() == 1) return std::to_string(index[0]);
-  std::string text = "[";
-  for (size_t d = 0; d < index.size(); ++d) text += (d ? ", " : "") + std::to_string(index[d]);
-  return text + "]";
 }
 
 // An int32 input as the library takes it (--cu-seqlens-q/-k [B + 1],
@@ -246,7 +239,8 @@ NpyArray read_int32_input(const char* flag, const std::string& path, int rank, c
     const int64_t value = a.value_as_int64(a.offset(index));
     if (value < INT32_MIN || value > INT32_MAX) {
       throw ToolError(label(flag, path) + ": int64 value " + std::to_string(value) + " at index " +
-                      index_text(index) + " does not fit in int32, the dtype of the " + what);
+                      (index.size() == 1 ? std::to_string(index[0]) : bracketed(index)) +
+                      " does not fit in int32, the dtype of the " + what);
     }
     converted.set_from_double(n, static_cast<double>(value));
   }

@@ -297,11 +297,6 @@ class MpiRun {
     if (call_.alibi) header_.alibi_kind = call_.alibi->ndim;
     // The small arrays are copied whole into every rank's call by these shapes
     // (distribute): checked here, as the library checks them in one process.
-    const auto text = [](const std::vector<int64_t>& v) {
-      std::string out = "[";
-      for (size_t d = 0; d < v.size(); ++d) out += (d ? ", " : "") + std::to_string(v[d]);
-      return out + "]";
-    };
     const auto check_shape =
         [&](const std::optional<mha_tensor>& t, const char* flag, const std::string& path,
             const std::vector<std::pair<const char*, std::vector<int64_t> > >& allowed) {
@@ -310,9 +305,9 @@ class MpiRun {
           std::string wanted;
           for (const auto& [name, want] : allowed) {
             if (shape == want) return;
-            wanted += std::string(wanted.empty() ? "" : " or ") + name + " = " + text(want);
+            wanted += std::string(wanted.empty() ? "" : " or ") + name + " = " + bracketed(want);
           }
-          throw ToolError(std::string(flag) + " " + path + ": shape " + text(shape) +
+          throw ToolError(std::string(flag) + " " + path + ": shape " + bracketed(shape) +
                           "; it must be " + wanted);
         };
     const Header& h = header_;

@@ -115,4 +115,12 @@ std::string read_small_file(const std::string& path, std::size_t limit) {
   return text;
 }
 
+std::string bracketed(const std::vector<int64_t>& values) {
+  std::string text = "[";
+  for (std::size_t d = 0; d < values.size(); ++d) {
+    text += (d > 0 ? ", " : "") + std::to_string(values[d]);
+  }
+  return text + "]";
+}
+
 }  // namespace mha_tools

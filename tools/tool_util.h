@@ -1,10 +1,13 @@
 // Small helpers the command-line tools share: text made safe to print,
-// MHA_VERBOSE, and reading small regular files without blocking.
+// MHA_VERBOSE, reading small regular files without blocking, and an index
+// or shape as the library's messages write them.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace mha_tools {
 
@@ -24,5 +27,8 @@ bool verbose();
 // "not a regular file", "larger than N bytes") with a message that does not
 // name the path.
 std::string read_small_file(const std::string& path, std::size_t limit);
+
+// "[1, 3]", as the library writes a shape or an index in its messages.
+std::string bracketed(const std::vector<int64_t>& values);
 
 }  // namespace mha_tools
