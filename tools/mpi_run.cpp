@@ -316,6 +316,33 @@ class MpiRun {
     check_shape(call_.alibi, "--alibi", o_.alibi,
                 {{"[H]", {h.heads}}, {"[B, H]", {h.batch, h.heads}}});
     check_shape(call_.sinks, "--sinks", o_.sinks, {{"[H]", {h.heads}}});
+    read_valid_lens();
+  }
+
+  // Rank 0: the valid lengths as int64 ([B], or [B, Lq] whose rows follow the
+  // queries), checked against the whole key count here, where a bad one can be
+  // named by its index in the file (each rank's call sees only its own rows).
+  void read_valid_lens() {
+    if (!call_.valid_lens) return;
+    const Header& h = header_;
+    const mha_tensor& vl = *call_.valid_lens;
+    const int64_t rows = h.valid_kind == 2 ? h.lq : 1;
+    valid_.resize(static_cast<size_t>(h.batch * rows));
+    for (int64_t b = 0; b < h.batch; ++b) {
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t at = b * vl.strides[0] + (h.valid_kind == 2 ? i * vl.strides[1] : 0);
+        const int64_t n = vl.dtype == MHA_DTYPE_I64 ? static_cast<const int64_t*>(vl.data)[at]
+                                                    : static_cast<const int32_t*>(vl.data)[at];
+        if (n < 0 || n > h.lk) {
+          const std::vector<int64_t> index =
+              h.valid_kind == 2 ? std::vector<int64_t>{b, i} : std::vector<int64_t>{b};
+          throw ToolError("--valid-lens " + o_.valid_lens + ": the value at " + bracketed(index) +
+                          " is " + std::to_string(n) +
+                          ", outside [0, Lk = " + std::to_string(h.lk) + "]");
+        }
+        valid_[static_cast<size_t>(b * rows + i)] = n;
+      }
+    }
   }
 
   // Rank 0 sends each rank its rows; the small arrays go to everyone.
@@ -364,28 +391,16 @@ class MpiRun {
 
     // Valid lengths (as int64: [B], or [B, Lq] whose rows follow the
     // queries), the sinks and the ALiBi slopes: everyone gets them whole.
-    std::vector<int64_t> valid;
     if (h.valid_kind != 0) {
-      valid.resize(static_cast<size_t>(h.batch * (h.valid_kind == 2 ? h.lq : 1)));
-      if (rank_ == 0) {
-        const mha_tensor& vl = *call_.valid_lens;
-        for (int64_t b = 0; b < h.batch; ++b) {
-          for (int64_t i = 0; i < (h.valid_kind == 2 ? h.lq : 1); ++i) {
-            const int64_t at = b * vl.strides[0] + (h.valid_kind == 2 ? i * vl.strides[1] : 0);
-            valid[static_cast<size_t>(b * (h.valid_kind == 2 ? h.lq : 1) + i)] =
-                vl.dtype == MHA_DTYPE_I64 ? static_cast<const int64_t*>(vl.data)[at]
-                                          : static_cast<const int32_t*>(vl.data)[at];
-          }
-        }
-      }
-      broadcast_bytes(valid.data(), static_cast<int64_t>(valid.size() * sizeof(int64_t)));
+      valid_.resize(static_cast<size_t>(h.batch * (h.valid_kind == 2 ? h.lq : 1)));
+      broadcast_bytes(valid_.data(), static_cast<int64_t>(valid_.size() * sizeof(int64_t)));
       if (h.valid_kind == 1) {
-        shard_.valid = valid;
+        shard_.valid = valid_;
       } else {
         for (int64_t b = 0; b < h.batch; ++b) {
           for (size_t r = 0; r < q_runs.starts.size(); ++r) {
             for (int64_t i = q_runs.starts[r]; i < q_runs.starts[r] + q_runs.lengths[r]; ++i) {
-              shard_.valid.push_back(valid[static_cast<size_t>(b * h.lq + i)]);
+              shard_.valid.push_back(valid_[static_cast<size_t>(b * h.lq + i)]);
             }
           }
         }
@@ -536,6 +551,7 @@ class MpiRun {
   std::optional<AttentionInputs> inputs_;
   AttentionCall call_;
   Shard shard_;
+  std::vector<int64_t> valid_;  // whole (every rank, once distributed)
   Runs q_runs_;
 };
 

@@ -17,6 +17,13 @@
 namespace mha_tools {
 namespace {
 
+// A wrong command line: the message (from rank 0 alone under mpirun, where
+// every rank has the same command line) and the status.
+int usage_error(const std::string& message) {
+  if (!secondary_mpi_rank()) print_error(message);
+  return kExitUsage;
+}
+
 std::string one_line_failure(const CLI::App* /*app*/, const CLI::Error& e) {
   return "mha-run: " + escape(e.what()) + " (see mha-run --help)\n";
 }
@@ -51,6 +58,7 @@ int run(int argc, const char* const* argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    if (secondary_mpi_rank()) return e.get_exit_code();  // rank 0 says it
     return app.exit(e);
   }
   if (module->parsed()) {
@@ -58,23 +66,20 @@ int run(int argc, const char* const* argv) {
     // before `module`, would otherwise be ignored without a word.
     for (const char* flag : {"--dtype", "--kv-dtype"}) {
       if (app.count(flag) == 0) continue;
-      print_error(std::string(flag) +
-                  " is a flag of attention mode: mha-run module computes in "
-                  "float32 (float16 and float64 files are converted to float32)");
-      return kExitUsage;
+      return usage_error(std::string(flag) +
+                         " is a flag of attention mode: mha-run module computes in "
+                         "float32 (float16 and float64 files are converted to float32)");
     }
     for (const char* flag : {"--mpi-ring", "--mpi-decode", "--mpi-layout"}) {
       if (app.count(flag) == 0) continue;
-      print_error(std::string(flag) +
-                  " is a flag of attention mode: mha-run module runs in one process");
-      return kExitUsage;
+      return usage_error(std::string(flag) +
+                         " is a flag of attention mode: mha-run module runs in one process");
     }
     for (const char* flag : {"--cu-seqlens-q", "--cu-seqlens-k"}) {
       if (app.count(flag) == 0) continue;
-      print_error(std::string(flag) +
-                  " is a flag of attention mode: mha-run module takes batches of [B,L,E] "
-                  "inputs, not packed variable-length batches");
-      return kExitUsage;
+      return usage_error(std::string(flag) +
+                         " is a flag of attention mode: mha-run module takes batches of [B,L,E] "
+                         "inputs, not packed variable-length batches");
     }
     return run_module_command(module_options);
   }
@@ -83,9 +88,8 @@ int run(int argc, const char* const* argv) {
     // rank under mpirun would run the whole backward.
     for (const char* flag : {"--mpi-ring", "--mpi-decode", "--mpi-layout"}) {
       if (app.count(flag) == 0 && backward->count(flag) == 0) continue;
-      print_error(std::string(flag) +
-                  " is a flag of attention mode: mha-run backward runs in one process");
-      return kExitUsage;
+      return usage_error(std::string(flag) +
+                         " is a flag of attention mode: mha-run backward runs in one process");
     }
     return run_backward_command(backward_options);
   }

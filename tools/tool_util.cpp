@@ -89,6 +89,14 @@ bool verbose() {
   return end != text && level >= 1;
 }
 
+bool secondary_mpi_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
+    const char* rank = std::getenv(name);
+    if (rank != nullptr && *rank != '\0') return std::string_view(rank) != "0";
+  }
+  return false;
+}
+
 std::string read_small_file(const std::string& path, std::size_t limit) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw NpyError(std::string("cannot open: ") + std::strerror(errno));

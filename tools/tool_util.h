@@ -21,6 +21,12 @@ std::string escape(std::string_view text);
 // MHA_VERBOSE set to a level >= 1 (the library's own verbose switch).
 bool verbose();
 
+// This process is one of mpirun's ranks other than 0 (the launchers' rank
+// variables: Open MPI's OMPI_COMM_WORLD_RANK, PMIx's PMIX_RANK, MPICH's
+// PMI_RANK).  Errors in the command line, the same on every rank, are then
+// left to rank 0 to print, before MPI is even started.
+bool secondary_mpi_rank();
+
 // The whole content of a small regular file.  The file is opened with
 // O_NONBLOCK and checked to be a regular file before anything is read (a
 // FIFO is refused instead of blocking).  Throws NpyError ("cannot open: ...",

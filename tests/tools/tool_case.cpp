@@ -222,12 +222,15 @@ Files additive_case() {
 // Fewer positions than the MPI tests' chunks: 2 queries and 3 keys, so that
 // a rank of the ring (3 ranks, zigzag: 6 chunks) or of the decode (4 ranks)
 // holds no rows; valid lengths and ALiBi slopes of the wrong shapes, which
-// every rank would otherwise copy whole.
+// every rank would otherwise copy whole, and a valid length beyond the keys
+// in the second query's row (to be named by its index in the file, not in a
+// rank's shard).
 Files tiny_case() {
   Random rng(77);
   Files f = qkv_files(rng, 1, 2, 2, 3, 8);
   f["vl_wrong"] = filled(NpyDtype::I64, {3}, {1, 2, 3});
   f["alibi_wrong"] = filled(NpyDtype::F32, {3}, {0.5, 0.25, 0.125});
+  f["vl_row_too_long"] = filled(NpyDtype::I32, {1, 2}, {3, 4});
   return f;
 }
 
