@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cli_options.h"
+#include "input_files.h"
 #include "npy.h"
 #include "output_files.h"
 
@@ -23,8 +24,6 @@ class Validator;
 
 namespace mha_tools {
 
-// Prints "mha-run: <message>" on stderr, the message escaped (escape()).
-void print_error(const std::string& message);
 // Runs the body; an exception becomes its message on stderr and its exit
 // status: ToolError its own, OutputConflict 2, anything else 1.
 int run_guarded(const std::function<int()>& body);
@@ -77,37 +76,6 @@ void add_attention_options(CLI::App& app, AttentionOptions& options);
 // but rounds to zero (or to infinity) in float32; throws UsageError.
 void check_attention_options(const AttentionOptions& options);
 
-// Reads a float32, float16 or float64 .npy input as float32 (for the module,
-// which computes in fp32): float16 is converted exactly, float64 is rounded
-// and refused when a finite value does not fit; each conversion is said on
-// stderr under MHA_VERBOSE=1.  Other dtypes are left to the caller.
-NpyArray read_float_input(const char* flag, const std::string& path);
-
-// An input as mha reads it: the file's shape and element strides (C or
-// Fortran order) over values of `dtype`.  `file` holds them when the file
-// already had that dtype (F32, F16, BOOL); `converted` otherwise (BF16, I8,
-// or values converted from another float type).
-struct TypedInput {
-  mha_dtype dtype = MHA_DTYPE_F32;
-  std::vector<int64_t> shape, strides;
-  std::optional<NpyArray> file;
-  std::vector<uint64_t> converted;  // 8-byte aligned
-
-  int rank() const { return static_cast<int>(shape.size()); }
-  int64_t size() const;
-  void* data() { return file ? file->data() : static_cast<void*>(converted.data()); }
-  const void* data() const {
-    return file ? file->data() : static_cast<const void*>(converted.data());
-  }
-};
-
-// The values of a float array (F32, F64 or F16) as `dtype` (F32, BF16 or
-// F16), rounded to nearest with ties to even -- once, also from float64.  A
-// finite value that does not fit is refused (ToolError naming `what`); the
-// conversion is said on stderr under MHA_VERBOSE=1.  `hint` ends the refusal.
-TypedInput convert_float_input(NpyArray array, mha_dtype dtype, const std::string& what,
-                               const char* hint = "");
-
 // Applies --backend and --threads, then makes sure a backend is selected
 // (MHA_BACKEND may name an unusable one): fails with the library's message.
 void configure_runtime(const std::optional<std::string>& backend, std::optional<int> threads);
@@ -158,23 +126,6 @@ struct Timing {
 // `repeat` timed calls of `call` (after the caller's first, untimed one).
 Timing time_calls(const std::function<void()>& call, int repeat);
 Timing time_attention(AttentionCall& call, int repeat);
-
-// A descriptor over an array in its own layout (C or Fortran order), of
-// `dtype`; with add_batch a leading dimension of 1 ([H,L,D] as [1,H,L,D]).
-// Throws ToolError naming `what`.
-mha_tensor describe_array(NpyArray& array, mha_dtype dtype, const std::string& what,
-                          bool add_batch = false);
-
-// A descriptor over an input in its dtype, shape and strides (add_batch as
-// describe_array's).  Throws ToolError naming `what`.
-mha_tensor describe_input(TypedInput& input, const std::string& what, bool add_batch = false);
-
-// A float .npy input (float32, float16 or float64, any shape) as `dtype`
-// (F32, BF16 or F16), converted as convert_float_input converts Q: rounded
-// once to nearest even, said under MHA_VERBOSE=1.  Another file dtype is
-// refused (ToolError naming the flag, the file and `role`).
-TypedInput read_typed_input(const char* flag, const std::string& path, mha_dtype dtype,
-                            const char* role);
 
 // The number of (batch, head, query, key) tuples that take part: the pairs
 // left by the causal mode, the window, the valid lengths, a bool mask (true) and an

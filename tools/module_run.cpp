@@ -45,18 +45,6 @@ std::string known_keys() {
   return s;
 }
 
-[[noreturn]] void library_error(const std::string& what, mha_status status) {
-  throw ToolError(what + " failed (" + mha_status_name(status) + "): " + mha_last_error());
-}
-
-NpyArray read_input(const char* flag, const std::string& path) {
-  try {
-    return read_npy(path);
-  } catch (const NpyError& e) {
-    throw ToolError(std::string(flag) + " " + e.what());
-  }
-}
-
 // The state_dict names of one part of the module: PyTorch's packed and
 // separate names, then d2l's.
 struct Part {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -79,6 +80,10 @@ std::string escape(std::string_view text) {
     i += n;
   }
   return out;
+}
+
+void print_error(const std::string& message) {
+  std::fprintf(stderr, "mha-run: %s\n", escape(message).c_str());
 }
 
 bool verbose() {

@@ -1,6 +1,6 @@
-// Small helpers the command-line tools share: text made safe to print,
-// MHA_VERBOSE, reading small regular files without blocking, and an index
-// or shape as the library's messages write them.
+// Small helpers the command-line tools share: text made safe to print, an
+// error line on stderr, MHA_VERBOSE, reading small regular files without
+// blocking, and an index or shape as the library's messages write them.
 #pragma once
 
 #include <cstddef>
@@ -17,6 +17,9 @@ namespace mha_tools {
 // UTF-8 otherwise passes unchanged, and so does text that is already
 // escaped (escape(escape(s)) == escape(s)).
 std::string escape(std::string_view text);
+
+// Prints "mha-run: <message>" on stderr, the message escaped (escape()).
+void print_error(const std::string& message);
 
 // MHA_VERBOSE set to a level >= 1 (the library's own verbose switch).
 bool verbose();
