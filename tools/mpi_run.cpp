@@ -1,5 +1,7 @@
 #include "mpi_run.h"
 
+#include "tool_util.h"
+
 #ifndef MHA_TOOLS_HAVE_MPI
 
 namespace mha_tools {
@@ -33,7 +35,6 @@ int run_mpi_attention_command(const AttentionOptions&) {
 #include <vector>
 
 #include "common/dtype.h"
-#include "tool_util.h"
 
 namespace mha_tools {
 namespace {
