@@ -2,6 +2,7 @@
 
 #include <mha/plugin_abi.h>
 
+#include <cstdio>
 #include <cstring>
 
 #include "cpu_features.h"
@@ -56,7 +57,13 @@ int32_t detect() {
 int32_t decode_key_streams() {
   static const int32_t streams = [] {
     const int given = positive_env_int("MHA_DECODE_STREAMS");
-    return given > 0 ? static_cast<int32_t>(given) : detect();
+    if (given == 1 || given == 4) return static_cast<int32_t>(given);
+    // The plugins have one stream or four (AVX2's): a count of 2 would have
+    // been taken as four, without a word.
+    if (given > 0) {
+      std::fprintf(stderr, "mha: ignoring MHA_DECODE_STREAMS=%d (it must be 1 or 4)\n", given);
+    }
+    return detect();
   }();
   return streams;
 }
