@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <exception>
 #include <string>
+#include <string_view>
 
 #include "attention_run.h"
 #include "backward_run.h"
@@ -17,11 +18,23 @@
 namespace mha_tools {
 namespace {
 
-// A wrong command line: the message (from rank 0 alone under mpirun, where
-// every rank has the same command line) and the status.
-int usage_error(const std::string& message) {
-  if (!secondary_mpi_rank()) print_error(message);
-  return kExitUsage;
+// Whether this process is a rank other than 0 of an mpirun job whose command
+// line names an MPI mode (--mpi-ring, --mpi-decode, --mpi-layout): every rank
+// then has the same command line, and rank 0 alone says what is wrong with
+// it.  Elsewhere -- mha-run started by one rank of a user's own MPI program,
+// say -- every process reports its errors.
+bool quiet_rank(int argc, const char* const* argv) {
+  if (!secondary_mpi_rank()) return false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg(argv[i]);
+    for (const std::string_view flag : {"--mpi-ring", "--mpi-decode", "--mpi-layout"}) {
+      if (arg.substr(0, flag.size()) == flag &&
+          (arg.size() == flag.size() || arg[flag.size()] == '=')) {
+        return true;
+      }
+    }
+  }
+  return false;
 }
 
 std::string one_line_failure(const CLI::App* /*app*/, const CLI::Error& e) {
@@ -55,10 +68,15 @@ int run(int argc, const char* const* argv) {
   backward->set_version_flag("--version", version, "print the version of the mha library and exit");
   backward->footer(kRunExitStatusHelp);
 
+  const bool quiet = quiet_rank(argc, argv);
+  const auto usage_error = [quiet](const std::string& message) {
+    if (!quiet) print_error(message);
+    return kExitUsage;
+  };
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    if (secondary_mpi_rank()) return e.get_exit_code();  // rank 0 says it
+    if (quiet) return e.get_exit_code();  // rank 0 says it
     return app.exit(e);
   }
   if (module->parsed()) {
