@@ -70,7 +70,7 @@ class CheckedCall {
   void expect_lse_matches(const Reference& ref) const {
     for (int64_t r = 0; r < rows_; ++r) {
       const double want = ref.lse[static_cast<size_t>(r)];
-      const double got = lse_[static_cast<size_t>(r)];
+      const double got = static_cast<double>(lse_[static_cast<size_t>(r)]);
       if (std::isinf(want)) {
         EXPECT_EQ(got, want) << "lse row " << r;
       } else {

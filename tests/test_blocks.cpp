@@ -122,7 +122,7 @@ void run_block_case(const BlockCase& c) {
         EXPECT_LE(max_abs_error(out_ts.back(), ref),
                   tolerance_for(backend, c.dtype, c.dtype, ref, MHA_DTYPE_F32));
         for (size_t r = 0; r < ref.lse.size(); ++r) {
-          const double want = ref.lse[r], got = lses.back()[r];
+          const double want = ref.lse[r], got = static_cast<double>(lses.back()[r]);
           if (std::isinf(want)) {
             ASSERT_EQ(got, want) << "lse row " << r;
           } else {

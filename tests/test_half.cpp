@@ -184,7 +184,7 @@ TEST(QuantizeKv, RoundTripWithinHalfAScale) {
         values[static_cast<size_t>(d)] = value;
         largest = std::max(largest, std::fabs(value));
       }
-      const double scale = scales[static_cast<size_t>(row)];
+      const double scale = static_cast<double>(scales[static_cast<size_t>(row)]);
       EXPECT_NEAR(scale, largest / 127.0, 1e-6 * largest) << "row " << row;
       for (int64_t d = 0; d < D; ++d) {
         const int8_t stored = q[static_cast<size_t>(row * D + d)];

@@ -612,7 +612,7 @@ struct CacheWrite {
       case MHA_DTYPE_F32: {
         float x = 0;
         std::memcpy(&x, &cache[static_cast<size_t>(at * 4)], 4);
-        return x;
+        return static_cast<double>(x);
       }
       case MHA_DTYPE_I8:
         return static_cast<double>(static_cast<int8_t>(cache[static_cast<size_t>(at)])) *
@@ -629,7 +629,7 @@ struct CacheWrite {
   double stored(float x) const {
     if (dtype == MHA_DTYPE_BF16) return half_bits_value(round_to_bf16_bits(x), dtype);
     if (dtype == MHA_DTYPE_F16) return half_bits_value(round_to_f16_bits(x), dtype);
-    return x;
+    return static_cast<double>(x);
   }
 };
 

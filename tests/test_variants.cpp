@@ -277,7 +277,8 @@ TEST_P(Variants, TinyProblemDropoutMatchesTheLongerLayout) {
     ASSERT_EQ(mha_attention(&tq, &tk_long, &tv_long, &t_longer, &long_p), MHA_OK)
         << mha_last_error();
     for (size_t x = 0; x < tiny.size(); ++x) {
-      ASSERT_NEAR(tiny[x], longer[x], 2e-5 * std::max(1.0, std::fabs(double{longer[x]})))
+      ASSERT_NEAR(static_cast<double>(tiny[x]), static_cast<double>(longer[x]),
+                  2e-5 * std::max(1.0, std::fabs(static_cast<double>(longer[x]))))
           << "causal " << causal << " element " << x;
     }
   }

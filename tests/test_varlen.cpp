@@ -26,8 +26,6 @@
 namespace mha_test {
 namespace {
 
-constexpr float kSentinel = PackedOutputs::kSentinel;
-
 uint32_t bits(float x) {
   return float_bits(x);
 }

@@ -142,7 +142,9 @@ TEST_P(Window, DropoutDropsTheSameKeysAsTheEquivalentMask) {
   ASSERT_EQ(mha_attention(&tq, &tk, &tv, &tm, &by_mask), MHA_OK) << mha_last_error();
   // Both sum the same products, from different first keys: fp32 rounding.
   for (size_t x = 0; x < windowed.size(); ++x) {
-    ASSERT_NEAR(windowed[x], masked[x], 2e-5 * std::max(1.0, std::fabs(double{masked[x]}))) << x;
+    ASSERT_NEAR(static_cast<double>(windowed[x]), static_cast<double>(masked[x]),
+                2e-5 * std::max(1.0, std::fabs(static_cast<double>(masked[x]))))
+        << x;
   }
 }
 

@@ -154,7 +154,9 @@ TypedInput convert_float_input(NpyArray array, mha_dtype dtype, const std::strin
     char text[40];
     std::snprintf(text, sizeof text, "%.17g", array.value_as_double(i));
     const double largest =
-        dtype == MHA_DTYPE_F16 ? kF16Max : (dtype == MHA_DTYPE_BF16 ? kBf16Max : double{FLT_MAX});
+        dtype == MHA_DTYPE_F16
+            ? kF16Max
+            : (dtype == MHA_DTYPE_BF16 ? kBf16Max : static_cast<double>(FLT_MAX));
     char limit[40];
     std::snprintf(limit, sizeof limit, "%.8g", largest);
     throw ToolError(what + ": " + npy_dtype_name(array.dtype()) + " value " + text +

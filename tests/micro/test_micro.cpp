@@ -27,7 +27,7 @@ using mha_micro::MicroKernels;
 class Aligned {
  public:
   explicit Aligned(size_t n)
-      : data_(static_cast<float*>(std::aligned_alloc(64, (n * 4 + 63) / 64 * 64))), n_(n) {
+      : data_(static_cast<float*>(std::aligned_alloc(64, (n * 4 + 63) / 64 * 64))) {
     for (size_t i = 0; i < n; ++i) data_[i] = 0.0f;
   }
   ~Aligned() { std::free(data_); }
@@ -38,7 +38,6 @@ class Aligned {
 
  private:
   float* data_;
-  size_t n_;
 };
 
 class Micro : public ::testing::TestWithParam<mha_micro::MicroIsa> {
@@ -393,7 +392,7 @@ TEST_P(Micro, NarrowingAndWideningMatchTheScalarConversions) {
       k_->widen(dtype, out.data(), back.data());
       for (int l = 0; l < w; ++l) {
         const double want = half_bits_value(out[static_cast<size_t>(l)], dtype);
-        const double got = back[static_cast<size_t>(l)];
+        const double got = static_cast<double>(back[static_cast<size_t>(l)]);
         ASSERT_TRUE(std::isnan(want) ? std::isnan(got)
                                      : got == want && std::signbit(got) == std::signbit(want))
             << "lane " << l;
@@ -433,7 +432,7 @@ TEST_P(Micro, SoftcapMatchesTanhInFloat64) {
     for (size_t i = 0; i < args.size(); ++i) {
       const double x = static_cast<double>(args[i] * cap);
       const double want = static_cast<double>(cap) * std::tanh(x / static_cast<double>(cap));
-      const double got = s[i];
+      const double got = static_cast<double>(s[i]);
       if (std::isinf(x)) {
         ASSERT_EQ(got, want) << "cap " << cap << " of " << x;
         continue;

@@ -259,8 +259,8 @@ double max_row_difference(const std::vector<float>& mine, const std::vector<doub
       for (const Range& r : ranges) {
         for (int64_t i = r.begin; i < r.begin + r.length; ++i, ++local) {
           for (int64_t c = 0; c < width; ++c) {
-            const double got =
-                mine[static_cast<size_t>(((b * heads + h) * rows + local) * width + c)];
+            const double got = static_cast<double>(
+                mine[static_cast<size_t>(((b * heads + h) * rows + local) * width + c)]);
             const double want =
                 full[static_cast<size_t>(((b * heads + h) * length + i) * width + c)];
             const double diff = std::isinf(want) && got == want ? 0.0 : std::fabs(got - want);

@@ -558,7 +558,7 @@ int check_varlen_case(const mha_tools::AttentionOptions& o) {
       for (int64_t i = 0; i < lq; ++i) {
         const size_t row = static_cast<size_t>(h * lq + i);
         for (int64_t x = 0; x < dv; ++x) {
-          const double got = got_out[((q0 + i) * heads + h) * dv + x];
+          const double got = static_cast<double>(got_out[((q0 + i) * heads + h) * dv + x]);
           const double want = ref.out[row * static_cast<size_t>(dv) + static_cast<size_t>(x)];
           worst =
               std::max(worst, std::isfinite(got) ? std::fabs(got - want) / tolerance : HUGE_VAL);
