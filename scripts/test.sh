@@ -5,9 +5,9 @@
 #   scripts/test.sh native asan     only these stages
 # Stages: native (Release, heavy tests included), asan (AddressSanitizer +
 # UndefinedBehaviorSanitizer, functional tests), tsan (ThreadSanitizer with
-# clang and LLVM's libomp, the concurrency tests), fuzz (the libFuzzer targets
-# with clang, ASan and UBSan: the C API 120 s and mha-run's .npy reader 20 s,
-# on their seed corpora), leaks (valgrind over
+# clang and LLVM's libomp, the concurrency tests and the packed / paged
+# suites), fuzz (the libFuzzer targets with clang, ASan and UBSan: the C API
+# 120 s and mha-run's .npy reader 20 s, on their seed corpora), leaks (valgrind over
 # build/native/bin/leak_check), isa-limits (mha-info and the backend-selection
 # tests under qemu-x86_64 -cpu Haswell and -cpu Nehalem, from build/native),
 # aarch64 (cross build, the functional suite under qemu-aarch64), python (the
@@ -49,11 +49,12 @@ stage_tsan() {
   # GCC's libgomp is not instrumented: clang and LLVM's libomp, whose OMPT tool
   # (archer) tells TSan about OpenMP's synchronisation; accesses inside the
   # uninstrumented libomp itself are ignored.  Only what the concurrency tests
-  # need (no benchmarks, no tools); no concurrency test calls the module, the
-  # one part of libmha that uses BLIS (and with it libgomp).
+  # and the packed / paged suites need (no benchmarks, no tools); none of them
+  # calls the module, the one part of libmha that uses BLIS (and with it
+  # libgomp).
   configure build/tsan -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
     -DMHA_SANITIZE=thread -DMHA_BUILD_BENCH=OFF -DMHA_BUILD_TOOLS=OFF -DMHA_BUILD_MPI=OFF
-  cmake --build build/tsan -j"$jobs" --target test_concurrency
+  cmake --build build/tsan -j"$jobs" --target test_concurrency test_varlen test_paged
   local archer
   archer=$(clang -print-file-name=libarcher.so)
   [ -f "$archer" ] || archer=$(ls /usr/lib/llvm-*/lib/libarcher.so 2>/dev/null | head -n1)
@@ -61,6 +62,15 @@ stage_tsan() {
   OMP_TOOL_LIBRARIES=$archer \
     TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ignore_noninstrumented_modules=1" \
     ctest --test-dir build/tsan --output-on-failure -L concurrency
+  # The packed and paged suites on two threads each: their work items are cut
+  # per sequence, balanced by cost and split over keys, and merged (the
+  # scheduler's most thread-sensitive paths).
+  local suite
+  for suite in test_varlen test_paged; do
+    OMP_TOOL_LIBRARIES=$archer MHA_NUM_THREADS=2 \
+      TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ignore_noninstrumented_modules=1" \
+      "build/tsan/bin/$suite" --gtest_brief=1
+  done
 }
 
 stage_fuzz() {
