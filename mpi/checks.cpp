@@ -328,6 +328,27 @@ mha_status check_local(Call call, const mha_tensor* q, const mha_tensor* k, cons
   return MHA_OK;
 }
 
+bool exchange_arguments(MPI_Comm comm, Call call, int rank, const mha_tensor* q,
+                        const mha_tensor* k, const mha_tensor* v, const mha_tensor* out,
+                        const mha_attention_params* params, const mha_mpi_params* mpi,
+                        Arguments* args, mha_status* status) {
+  args->mine = Shard{};
+  mha_status s = read_params(params, &args->params);
+  if (s == MHA_OK) s = read_mpi_params(mpi, &args->mpi);
+  if (s == MHA_OK) s = check_local(call, q, k, v, out, args->params, &args->mine);
+  args->mine.status = s;
+  // The ring's layout must be the same on every rank (check_global).
+  if (call == Call::kRing) args->mine.layout = args->mpi.layout;
+  args->shards = gather_shards(comm, args->mine);
+  int failed_rank = -1;
+  if (first_failure(args->shards, &failed_rank) != MHA_OK) {
+    *status = agree(comm, s);
+    return false;
+  }
+  *status = check_global(call, args->shards, rank, args->params);
+  return true;
+}
+
 mha_status check_global(Call call, const std::vector<Shard>& shards, int rank,
                         const mha_attention_params& params) {
   const Shard& first = shards[0];

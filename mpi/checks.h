@@ -3,6 +3,8 @@
 
 #include <mha/mha_mpi.h>
 
+#include <vector>
+
 #include "agreement.h"
 
 namespace mha::mpi {
@@ -24,6 +26,24 @@ mha_status check_local(Call call, const mha_tensor* q, const mha_tensor* k, cons
 // count.  Every rank computes the same verdict on the others' sizes.
 mha_status check_global(Call call, const std::vector<Shard>& shards, int rank,
                         const mha_attention_params& params);
+
+// What every rank of a collective call knows once the arguments are exchanged.
+struct Arguments {
+  mha_attention_params params;  // the caller's, completed with defaults
+  mha_mpi_params mpi;
+  Shard mine;                 // this rank's sizes
+  std::vector<Shard> shards;  // every rank's, in rank order
+};
+
+// The opening of every collective call: reads the structs, checks this rank's
+// arguments and exchanges every rank's shard (collective).  False when some
+// rank failed its own checks: *status is then the agreed failure, which the
+// call returns at once.  True otherwise, *status being check_global's verdict
+// on this rank (not yet agreed with the others).
+bool exchange_arguments(MPI_Comm comm, Call call, int rank, const mha_tensor* q,
+                        const mha_tensor* k, const mha_tensor* v, const mha_tensor* out,
+                        const mha_attention_params* params, const mha_mpi_params* mpi,
+                        Arguments* args, mha_status* status);
 
 // An element count a * b * c * d that must fit in 64 bits (false: overflow).
 bool product(int64_t a, int64_t b, int64_t c, int64_t d, int64_t* count);

@@ -43,17 +43,16 @@ extern "C" mha_status mha_attention_mpi_decode(MPI_Comm comm, const mha_tensor* 
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &ranks);
 
-  mha_attention_params p{};
-  mha_mpi_params m{};
-  Shard mine{};
-  mha_status status = read_params(params, &p);
-  if (status == MHA_OK) status = read_mpi_params(mpi, &m);
-  if (status == MHA_OK) status = check_local(Call::kDecode, q, k_shard, v_shard, out, p, &mine);
-  mine.status = status;
-  const std::vector<Shard> shards = gather_shards(comm, mine);
-  int failed_rank = -1;
-  if (first_failure(shards, &failed_rank) != MHA_OK) return agree(comm, status);
-  status = check_global(Call::kDecode, shards, rank, p);
+  Arguments args;
+  mha_status status = MHA_OK;
+  if (!exchange_arguments(comm, Call::kDecode, rank, q, k_shard, v_shard, out, params, mpi, &args,
+                          &status)) {
+    return status;
+  }
+  const mha_attention_params& p = args.params;
+  const mha_mpi_params& m = args.mpi;
+  const Shard& mine = args.mine;
+  const std::vector<Shard>& shards = args.shards;
 
   const int64_t batch = mine.batch, heads = mine.heads, lq = mine.lq, dv = mine.dv;
   int64_t key0 = 0, full_lk = 0;

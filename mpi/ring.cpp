@@ -311,18 +311,14 @@ extern "C" mha_status mha_attention_mpi_ring(MPI_Comm comm, const mha_tensor* q,
 
   // Each rank checks its own arguments, then all learn each other's sizes
   // (and failures) before any data moves.
-  mha_attention_params p{};
-  mha_mpi_params m{};
-  Shard mine{};
-  mha_status status = read_params(params, &p);
-  if (status == MHA_OK) status = read_mpi_params(mpi, &m);
-  if (status == MHA_OK) status = check_local(Call::kRing, q, k, v, out, p, &mine);
-  mine.status = status;
-  mine.layout = m.layout;
-  const std::vector<Shard> shards = gather_shards(comm, mine);
-  int failed_rank = -1;
-  if (first_failure(shards, &failed_rank) != MHA_OK) return agree(comm, status);
-  status = check_global(Call::kRing, shards, rank, p);
+  Arguments args;
+  mha_status status = MHA_OK;
+  if (!exchange_arguments(comm, Call::kRing, rank, q, k, v, out, params, mpi, &args, &status)) {
+    return status;
+  }
+  const mha_attention_params& p = args.params;
+  const mha_mpi_params& m = args.mpi;
+  const std::vector<Shard>& shards = args.shards;
   if (status == MHA_OK) {
     std::vector<int64_t> lq, lk;
     for (const Shard& s : shards) {
