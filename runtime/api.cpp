@@ -19,6 +19,7 @@
 #include "threads.h"
 #include "validate.h"
 #include "varlen.h"
+#include "versioned.h"
 
 using namespace mha::rt;
 
@@ -102,12 +103,7 @@ mha_status mha_tensor_init(mha_tensor* tensor, void* data, mha_dtype dtype, int3
 }
 
 void mha_attention_params_init(mha_attention_params* params) {
-  if (params == nullptr) return;
-  std::memset(params, 0, sizeof *params);
-  params->struct_size = sizeof *params;
-  params->causal = MHA_CAUSAL_NONE;
-  params->window_left = -1;
-  params->window_right = -1;
+  if (params != nullptr) init_attention_defaults(params);
 }
 
 mha_status mha_attention(const mha_tensor* q, const mha_tensor* k, const mha_tensor* v,

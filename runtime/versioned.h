@@ -37,6 +37,18 @@ static_assert(kVarlenParamsSizes[std::size(kVarlenParamsSizes) - 1] == sizeof(mh
 static_assert(kModuleForwardParamsSizes[std::size(kModuleForwardParamsSizes) - 1] ==
               sizeof(mha_module_forward_params));
 
+// What the attention parameters' *_init() functions (mha_attention_params,
+// mha_module_forward_params) set: zero everywhere but struct_size, no causal
+// mask and no window (-1 leaves a side unbounded).
+template <class T>
+void init_attention_defaults(T* params) {
+  std::memset(static_cast<void*>(params), 0, sizeof *params);
+  params->struct_size = static_cast<uint32_t>(sizeof *params);
+  params->causal = MHA_CAUSAL_NONE;
+  params->window_left = -1;
+  params->window_right = -1;
+}
+
 // *out = the caller's struct `given` (named `name` in messages; `init` is the
 // function that fills it), completed with `defaults` past its struct_size.
 template <class T, size_t N>

@@ -581,12 +581,7 @@ mha_status mha_module_set_weight(mha_module* module, const char* name, const mha
 }
 
 void mha_module_forward_params_init(mha_module_forward_params* params) {
-  if (params == nullptr) return;
-  std::memset(params, 0, sizeof *params);
-  params->struct_size = sizeof *params;
-  params->causal = MHA_CAUSAL_NONE;
-  params->window_left = -1;
-  params->window_right = -1;
+  if (params != nullptr) init_attention_defaults(params);
 }
 
 mha_status mha_module_forward(mha_module* module, const mha_tensor* query, const mha_tensor* key,
