@@ -38,7 +38,7 @@ std::vector<Segment> segments_of(int32_t layout, int rank, const std::vector<int
   return segments;
 }
 
-std::vector<Segment> coalesce(std::vector<Segment> segments) {
+std::vector<Segment> coalesce(const std::vector<Segment>& segments) {
   std::vector<Segment> out;
   for (const Segment& s : segments) {
     if (!out.empty() && out.back().global + out.back().length == s.global &&

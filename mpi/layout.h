@@ -25,7 +25,7 @@ std::vector<Segment> segments_of(int32_t layout, int rank, const std::vector<int
 // The same positions in as few segments as possible: runs that follow each
 // other both in the sequence and in the shard become one (the middle rank's
 // two zigzag chunks, for one), so that a block is one call, not two.
-std::vector<Segment> coalesce(std::vector<Segment> segments);
+std::vector<Segment> coalesce(const std::vector<Segment>& segments);
 
 // "" when the lengths fit the layout; otherwise why not, naming `what`
 // ("q", "k") and the first rank that does not fit.
