@@ -494,6 +494,7 @@ TEST(ConcurrentBackward, CallersShareOneModule) {
   ASSERT_EQ(mha_set_num_threads(2), MHA_OK);
   std::atomic<int> failed{0}, mismatched{0};
   std::vector<std::thread> callers;
+  callers.reserve(3);
   for (int t = 0; t < 3; ++t) {
     callers.emplace_back([&] {
       for (int n = 0; n < 3; ++n) {

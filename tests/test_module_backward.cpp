@@ -120,7 +120,7 @@ struct ModuleBackwardRun {
     }
     dout = layout(dout_data, c.B, c.Lq, E, c.seq_first);
     fill_uniform(dout, rng);
-    const auto matrix = [](std::vector<float>& data, std::vector<int64_t> shape) {
+    const auto matrix = [](std::vector<float>& data, const std::vector<int64_t>& shape) {
       int64_t n = 1;
       for (int64_t s : shape) n *= s;
       data.assign(static_cast<size_t>(n), 0.0f);
