@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages mha needs, if any are missing.
-#   scripts/install-deps.sh [native] [sanitizers] [cross] [python] [plot] [mpi]
+#   scripts/install-deps.sh [native] [sanitizers] [cross] [python] [lint] [plot] [mpi]
 # native: compiler, CMake, xsimd, BLIS, GoogleTest, Google Benchmark, CLI11, JSON
 # sanitizers: clang, its sanitizer runtimes and LLVM's OpenMP (TSan, fuzzer),
 #             valgrind (leak check) and qemu-user (qemu-x86_64 -cpu: ISA limits)
@@ -13,6 +13,7 @@
 #         Debian's python3 with venv and pip, NumPy, PyTorch (1.13) and pytest
 #         (the package's build requirements, scikit-build-core and nanobind,
 #         come from PyPI through pip)
+# lint: clang-format and clang-tidy (scripts/test.sh lint)
 # plot: matplotlib, for the picture scripts/bench.sh draws (bench/plot_bench.py)
 # mpi: OpenMPI (mpirun and its headers), for libmha-mpi and its tests
 set -euo pipefail
@@ -32,6 +33,8 @@ for group in "${@:-native}"; do
       want+=(g++ cmake ninja-build pkgconf libxsimd-dev libblis-openmp-dev python3 python3-dev
              python3-venv python3-pip python3-numpy python3-torch python3-pytest libtorch-dev
              pybind11-dev) ;;
+    lint)
+      want+=(git clang-format clang-tidy python3) ;;
     plot)
       want+=(python3 python3-matplotlib) ;;
     mpi)

@@ -14,6 +14,10 @@
 # Python package installed with pip into a venv, and its pytest suite), mpi
 # (OpenMPI installed, libmha-mpi and its tests under mpirun on 1-4 local ranks,
 # on 3 ranks under ASan+UBSan, and its fuzzer on one rank).
+# Not among the defaults (CI's time): lint (clang-format over every tracked C
+# and C++ file, clang-tidy with .clang-tidy over every translation unit of
+# build/native: the library, plugins, MPI, tools, benchmarks and tests; about
+# 10 minutes on 2 cores) -- run it before committing: scripts/test.sh lint.
 # Build trees go to build/<stage>.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -241,7 +245,28 @@ stage_mpi() {
   (export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
    ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
      build/fuzz/bin/mpi_fuzzer -seed=1 -max_total_time=30 -timeout=30 -max_len=256 \
-     -print_final_stats=1 -artifact_prefix=build/fuzz/mpi-findings/ build/fuzz/mpi-corpus)
+     -print_final_stats=1 -artifact_prefix=build/fuzz/mpi-findings/ build/fuzz/mpi-corpus \
+     fuzz/mpi_corpus)
+}
+
+stage_lint() {
+  scripts/install-deps.sh native lint
+  git ls-files -- '*.c' '*.cpp' '*.h' '*.hpp' | xargs clang-format --dry-run -Werror
+  configure build/native
+  # The project's own translation units (the generated plugin instances
+  # included: they carry the kernels' headers), not its dependencies'.
+  python3 - build/native/compile_commands.json "$PWD" >build/lint-files.txt <<'PY'
+import json, sys
+root = sys.argv[2] + "/"
+files = sorted({e["file"] for e in json.load(open(sys.argv[1]))
+                if e["file"].startswith(root) and "/_deps/" not in e["file"]})
+print("\n".join(files))
+PY
+  echo "clang-tidy: $(wc -l <build/lint-files.txt) files"
+  # (clang-tidy counts the system headers' warnings it suppresses on stderr.)
+  xargs -P "$jobs" -n 1 clang-tidy -p build/native --quiet \
+    --extra-arg=-Wno-unknown-warning-option <build/lint-files.txt \
+    2> >(grep -v '^[0-9]* warnings\? generated\.$' >&2)
 }
 
 mkdir -p build
