@@ -17,7 +17,7 @@
 # Not among the defaults (CI's time): lint (clang-format over every tracked C
 # and C++ file, clang-tidy with .clang-tidy over every translation unit of
 # build/native: the library, plugins, MPI, tools, benchmarks and tests; about
-# 10 minutes on 2 cores) -- run it before committing: scripts/test.sh lint.
+# 7 minutes on 2 cores of a Zen 5) -- run it before committing: scripts/test.sh lint.
 # Build trees go to build/<stage>.
 set -euo pipefail
 cd "$(dirname "$0")/.."
