@@ -208,7 +208,9 @@ const std::vector<std::string>& usable_backends() {
     std::vector<std::string> list;
     // The backend queries take an index only: each index, in range or not,
     // once per process (mha_backend_get_decode_streams: >= 1 for a usable
-    // backend, 0 otherwise, an error naming the index outside the range).
+    // backend, 0 otherwise; mha_backend_get_tiles: positive prefill tiles for
+    // a usable backend, all 0 otherwise; both an error naming the index
+    // outside the range, their output untouched).
     const int32_t count = mha_backend_count();
     for (int32_t i = -1; i <= count; ++i) {
       int32_t streams = -7;
@@ -220,6 +222,21 @@ const std::vector<std::string>& usable_backends() {
                    : status != MHA_ERR_INVALID_VALUE || streams != -7) {
         finding("mha_backend_get_decode_streams(" + std::to_string(i) + ") gave status " +
                 std::to_string(status) + ", streams " + std::to_string(streams));
+      }
+      mha_backend_tiles tiles{-7, -7, -7};
+      const mha_status tiles_status = mha_backend_get_tiles(i, &tiles);
+      const bool all_zero =
+          tiles.query_tile == 0 && tiles.key_tile == 0 && tiles.decode_key_tile == 0;
+      const bool untouched =
+          tiles.query_tile == -7 && tiles.key_tile == -7 && tiles.decode_key_tile == -7;
+      const bool chosen = tiles.query_tile > 0 && tiles.key_tile > 0 && tiles.decode_key_tile >= 0;
+      bool tiles_right = tiles_status == MHA_OK && (usable ? chosen : all_zero);
+      if (!in_range) tiles_right = tiles_status == MHA_ERR_INVALID_VALUE && untouched;
+      if (!tiles_right) {
+        finding("mha_backend_get_tiles(" + std::to_string(i) + ") gave status " +
+                std::to_string(tiles_status) + ", tiles " + std::to_string(tiles.query_tile) +
+                " x " + std::to_string(tiles.key_tile) + ", decode " +
+                std::to_string(tiles.decode_key_tile));
       }
     }
     for (const auto& b : mha_test::list_backends()) {
