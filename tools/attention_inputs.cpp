@@ -135,10 +135,12 @@ mha_tensor paged(mha_tensor t, int rank, std::optional<int64_t> block_size,
     return t;
   }
   if (!block_size || *block_size <= 0 || t.shape[0] % *block_size != 0) {
+    const std::string given =
+        block_size ? " (it is " + std::to_string(*block_size) + ")" : std::string(" (not given)");
     throw ToolError(what + ": a paged cache of rank " + std::to_string(t.ndim) +
                     " needs --block-size, a positive divisor of its " + std::to_string(t.shape[0]) +
-                    " rows (or give it as rank " + std::to_string(rank) +
-                    ", [num_blocks, block_size, ...])");
+                    " rows" + given + "; or give the cache as rank " + std::to_string(rank) +
+                    ", [num_blocks, block_size, ...]");
   }
   mha_tensor blocks = t;
   blocks.ndim = t.ndim + 1;
@@ -225,14 +227,6 @@ AttentionInputs load_attention_inputs(const AttentionOptions& o) {
     }
     in.valid_lens = std::move(vl);
   }
-  const auto read_f32 = [](const char* flag, const std::string& path, const char* shapes) {
-    NpyArray a = read_input(flag, path);
-    if (a.dtype() != NpyDtype::F32) {
-      throw ToolError(input_label(flag, path) + ": must be float32 (<f4) " + shapes +
-                      "; the file holds " + a.describe());
-    }
-    return a;
-  };
   if (packed) {
     in.cu_seqlens_q = read_offsets("--cu-seqlens-q", o.cu_seqlens_q);
     if (!o.cu_seqlens_k.empty()) in.cu_seqlens_k = read_offsets("--cu-seqlens-k", o.cu_seqlens_k);
@@ -244,8 +238,8 @@ AttentionInputs load_attention_inputs(const AttentionOptions& o) {
           read_int32_input("--block-table", o.block_table, 2, "block ids", "[B, max_blocks]");
     }
   }
-  if (!o.sinks.empty()) in.sinks = read_f32("--sinks", o.sinks, "[H]");
-  if (!o.alibi.empty()) in.alibi = read_f32("--alibi", o.alibi, "[H] or [B,H]");
+  if (!o.sinks.empty()) in.sinks = load_float_vector("--sinks", o.sinks, 1, "[H]");
+  if (!o.alibi.empty()) in.alibi = load_float_vector("--alibi", o.alibi, 2, "[H] or [B,H]");
   return in;
 }
 

@@ -140,7 +140,8 @@ void add_attention_options(CLI::App& app, AttentionOptions& o) {
                "rank order");
   app.add_option("--mpi-layout", o.mpi_layout,
                  "how --mpi-ring cuts the sequence: zigzag (the default: 2N chunks, rank r "
-                 "holds r and 2N-1-r, balanced under a causal mask) or contiguous")
+                 "holds r and 2N-1-r, balanced under a causal mask) or contiguous "
+                 "(--mpi-decode always shards the cache contiguously)")
       ->check(filled)
       ->option_text("zigzag|contiguous");
   app.add_option("--lse", o.lse,
@@ -218,6 +219,11 @@ void check_attention_options(const AttentionOptions& o) {
                        "batch each sequence's offsets are its lengths, and mha_attention_varlen "
                        "takes no valid lengths or mask");
     }
+  }
+  if (!o.mpi_layout.empty() && !o.mpi_ring && !o.mpi_decode) {
+    throw UsageError("--mpi-layout " + o.mpi_layout +
+                     ": it says how --mpi-ring cuts the sequence over the ranks, and this run "
+                     "has no --mpi-ring");
   }
   (void)causal_mode(o.causal);
   if (!o.window.empty()) (void)parse_window(o.window);

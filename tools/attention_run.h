@@ -50,7 +50,7 @@ struct AttentionOptions : RunOptions, VariantOptions {
   // queries and keys sharded by --mpi-layout, or decoding over a KV cache
   // sharded by position.
   bool mpi_ring = false, mpi_decode = false;
-  std::string mpi_layout = "zigzag";
+  std::string mpi_layout;  // zigzag or contiguous; not given: zigzag
 };
 
 // A value of --dtype (kv = false) or --kv-dtype (kv = true): f32, bf16, f16

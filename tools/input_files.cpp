@@ -180,6 +180,17 @@ NpyArray read_float_input(const char* flag, const std::string& path) {
   return out;
 }
 
+NpyArray load_float_vector(const char* flag, const std::string& path, int max_rank,
+                           const char* shapes) {
+  NpyArray a = read_float_input(flag, path);
+  if (a.dtype() != NpyDtype::F32 || a.rank() < 1 || a.rank() > max_rank) {
+    throw ToolError(input_label(flag, path) + ": must be float32 " + shapes +
+                    " (<f4; float16 <f2 or float64 <f8, converted); the file holds " +
+                    a.describe());
+  }
+  return a;
+}
+
 TypedInput read_typed_input(const char* flag, const std::string& path, mha_dtype dtype,
                             const char* role) {
   NpyArray a = read_input(flag, path);

@@ -34,6 +34,13 @@ bool is_float(NpyDtype dtype);
 // stderr under MHA_VERBOSE=1.  Other dtypes are left to the caller.
 NpyArray read_float_input(const char* flag, const std::string& path);
 
+// Sinks or ALiBi slopes (--sinks, --alibi in every mode): float32, float16
+// and float64 converted as read_float_input converts, of rank 1 to max_rank
+// (`shapes` names them in the refusal); the library checks the shape against
+// the heads and the batch.
+NpyArray load_float_vector(const char* flag, const std::string& path, int max_rank,
+                           const char* shapes);
+
 // An input as mha reads it: the file's shape and element strides (C or
 // Fortran order) over values of `dtype`.  `file` holds them when the file
 // already had that dtype (F32, F16, BOOL); `converted` otherwise (BF16, I8,

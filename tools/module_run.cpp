@@ -134,19 +134,6 @@ NpyArray load_mask(const char* flag, const std::string& path, int min_rank, int 
   return a;
 }
 
-// Sinks or ALiBi slopes: float32 (float16 and float64 converted) of rank 1
-// to max_rank; the library checks the shape against the heads and batch.
-NpyArray load_float_vector(const char* flag, const std::string& path, int max_rank,
-                           const char* shapes) {
-  NpyArray a = read_float_input(flag, path);
-  if (a.dtype() != NpyDtype::F32 || a.rank() < 1 || a.rank() > max_rank) {
-    throw ToolError(std::string(flag) + " " + path + ": must be float32 " + shapes +
-                    " (<f4; float16 <f2 or float64 <f8, converted); the file holds " +
-                    a.describe());
-  }
-  return a;
-}
-
 // The integer, boolean or number under a key of config.json; null and a
 // missing key give nullopt, any other type is an error.
 template <typename T>

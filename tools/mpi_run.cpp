@@ -35,6 +35,7 @@ int run_mpi_attention_command(const AttentionOptions&) {
 #include <vector>
 
 #include "common/dtype.h"
+#include "input_files.h"
 
 namespace mha_tools {
 namespace {
@@ -198,7 +199,7 @@ void check_mpi_options(const AttentionOptions& o) {
                        (o.mpi_ring ? "--mpi-ring" : "--mpi-decode") + ": " + r.why);
     }
   }
-  if (o.mpi_layout != "zigzag" && o.mpi_layout != "contiguous") {
+  if (!o.mpi_layout.empty() && o.mpi_layout != "zigzag" && o.mpi_layout != "contiguous") {
     throw UsageError("--mpi-layout " + o.mpi_layout + ": it must be zigzag or contiguous");
   }
 }
@@ -216,7 +217,7 @@ class MpiRun {
  public:
   MpiRun(const AttentionOptions& o, int rank, int ranks)
       : o_(o), rank_(rank), ranks_(ranks), ring_(o.mpi_ring) {
-    layout_ = ring_ && o.mpi_layout == "zigzag" ? MHA_MPI_ZIGZAG : MHA_MPI_CONTIGUOUS;
+    layout_ = ring_ && o.mpi_layout != "contiguous" ? MHA_MPI_ZIGZAG : MHA_MPI_CONTIGUOUS;
   }
 
   // Rank 0: the files read and checked; everyone: the header.  Returns the
@@ -312,6 +313,31 @@ class MpiRun {
                           "; it must be " + wanted);
         };
     const Header& h = header_;
+    // distribute() cuts K and V by Q's batch and head size and K's length,
+    // so they must agree before it: the shards would hide a mismatch from the
+    // library's checks, or not be there to send.  The messages are the
+    // library's in one process, with the files named.
+    const std::string q_file = "q (" + input_label("--q", o_.q) + ")",
+                      k_file = "k (" + input_label("--k", o_.k) + ")",
+                      v_file = "v (" + input_label("--v", o_.v) + ")";
+    const struct {
+      const char* what;
+      const std::string& a;
+      int64_t a_has;
+      const std::string& b;
+      int64_t b_has;
+    } agreements[] = {
+        {"batch", q_file, h.batch, k_file, call_.k.shape[0]},
+        {"batch", q_file, h.batch, v_file, call_.v.shape[0]},
+        {"KV heads", k_file, h.kv_heads, v_file, call_.v.shape[1]},
+        {"key length", k_file, h.lk, v_file, call_.v.shape[2]},
+        {"head size", q_file, h.d, k_file, call_.k.shape[3]},
+    };
+    for (const auto& a : agreements) {
+      if (a.a_has == a.b_has) continue;
+      throw ToolError(std::string(a.what) + ": " + a.a + " has " + std::to_string(a.a_has) +
+                      " but " + a.b + " has " + std::to_string(a.b_has));
+    }
     check_shape(call_.valid_lens, "--valid-lens", o_.valid_lens,
                 {{"[B]", {h.batch}}, {"[B, Lq]", {h.batch, h.lq}}});
     check_shape(call_.alibi, "--alibi", o_.alibi,

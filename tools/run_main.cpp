@@ -37,6 +37,16 @@ bool quiet_rank(int argc, const char* const* argv) {
   return false;
 }
 
+// The top-level flag (attention mode's) given before a mode's name, as in
+// `mha-run --causal backward ...`: the top level parses it and the mode would
+// run without it, so it is refused.  Empty when there is none.
+std::string flag_before_mode(const CLI::App& app) {
+  for (const CLI::Option* option : app.get_options()) {
+    if (option->count() > 0) return option->get_name();
+  }
+  return {};
+}
+
 std::string one_line_failure(const CLI::App* /*app*/, const CLI::Error& e) {
   return "mha-run: " + escape(e.what()) + " (see mha-run --help)\n";
 }
@@ -99,6 +109,11 @@ int run(int argc, const char* const* argv) {
                          " is a flag of attention mode: mha-run module takes batches of [B,L,E] "
                          "inputs, not packed variable-length batches");
     }
+    if (const std::string flag = flag_before_mode(app); !flag.empty()) {
+      return usage_error(flag +
+                         " comes before 'module': a mode's flags follow its name "
+                         "(mha-run module --help lists them)");
+    }
     return run_module_command(module_options);
   }
   if (backward->parsed()) {
@@ -108,6 +123,11 @@ int run(int argc, const char* const* argv) {
       if (app.count(flag) == 0 && backward->count(flag) == 0) continue;
       return usage_error(std::string(flag) +
                          " is a flag of attention mode: mha-run backward runs in one process");
+    }
+    if (const std::string flag = flag_before_mode(app); !flag.empty()) {
+      return usage_error(flag +
+                         " comes before 'backward': a mode's flags follow its name "
+                         "(mha-run backward --help lists them)");
     }
     return run_backward_command(backward_options);
   }

@@ -191,6 +191,8 @@ Files variants_case() {
     sinks.set_from_double(h, h == 2 ? -HUGE_VAL : 0.5 * static_cast<double>(h));
     slopes.set_from_double(h, std::exp2(-2.0 * static_cast<double>(h + 1)));
   }
+  f["sinks_f64"] = as_f64(sinks);  // NumPy's default dtype: converted as Q's files are
+  f["alibi_f64"] = as_f64(slopes);
   f["sinks"] = std::move(sinks);
   f["alibi"] = std::move(slopes);
   return f;
@@ -224,13 +226,19 @@ Files additive_case() {
 // holds no rows; valid lengths and ALiBi slopes of the wrong shapes, which
 // every rank would otherwise copy whole, and a valid length beyond the keys
 // in the second query's row (to be named by its index in the file, not in a
-// rank's shard).
+// rank's shard); K and V files of the wrong shapes.
 Files tiny_case() {
   Random rng(77);
   Files f = qkv_files(rng, 1, 2, 2, 3, 8);
   f["vl_wrong"] = filled(NpyDtype::I64, {3}, {1, 2, 3});
   f["alibi_wrong"] = filled(NpyDtype::F32, {3}, {0.5, 0.25, 0.125});
   f["vl_row_too_long"] = filled(NpyDtype::I32, {1, 2}, {3, 4});
+  // K or V that disagree with Q or with each other, which the MPI modes would
+  // cut by Q's geometry: one dimension off each.
+  f["k_batch2"] = random_floats(rng, {2, 2, 3, 8});
+  f["k_d4"] = random_floats(rng, {1, 2, 3, 4});
+  f["v_kv1"] = random_floats(rng, {1, 1, 3, 8});
+  f["v_lk2"] = random_floats(rng, {1, 2, 2, 8});
   return f;
 }
 

@@ -611,6 +611,14 @@ TEST_F(ToolMain, PagedCacheIsThePackedBatch) {
                                   "--cu-seqlens-q", cu, "--seqused-k", u, "--block-table", t});
   EXPECT_EQ(no_size.status, 1);
   EXPECT_NE(no_size.err.find("--block-size"), std::string::npos) << no_size.err;
+  EXPECT_NE(no_size.err.find("(not given)"), std::string::npos) << no_size.err;
+  for (const char* size : {"0", "-8", "7"}) {  // not a positive divisor of the rows: named
+    const Result wrong =
+        mha_run({"--q", q_path, "--k", path("kf"), "--v", path("vf"), "--out", o, "--cu-seqlens-q",
+                 cu, "--seqused-k", u, "--block-table", t, "--block-size", size});
+    EXPECT_EQ(wrong.status, 1) << size;
+    EXPECT_NE(wrong.err.find(std::string("(it is ") + size + ")"), std::string::npos) << wrong.err;
+  }
   table.set_from_double(1, double(num_blocks));  // sequence 0's second block: past the cache
   mha_tools::write_npy(path("bad_table"), table);
   const Result bad = mha_run({"--q", q_path, "--k", kc, "--v", vc, "--out", o, "--cu-seqlens-q", cu,
