@@ -5,13 +5,17 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "cpu_features.h"
+#include "env.h"
+#include "error.h"
 #include "registry.h"
 #include "threads.h"
 
@@ -26,20 +30,90 @@ static_assert(sizeof(dim_t) == sizeof(int64_t) && sizeof(inc_t) == sizeof(int64_
 // Zen 5: on those it falls back to its unoptimised "generic" kernels (Zen 5,
 // measured: 28 GFLOP/s on one core instead of 150 with the "skx" kernels).
 // So, before mha's first BLIS call and only when the user has not chosen
-// (BLIS_ARCH_TYPE unset) and the BLIS is a 0.x one, mha sets BLIS_ARCH_TYPE
-// to the "skx" (AVX-512) kernel set on CPUs that have what those kernels use
-// (AVX-512 F, DQ, BW, VL, checked with OS support) -- the set BLIS picks itself
-// on the Intel CPUs it knows.  Everywhere else BLIS chooses.  This sets an
-// environment variable of the process (seen by child processes too); it has
-// no effect when the program already used BLIS.
+// (BLIS_ARCH_TYPE unset or empty) and the BLIS is a 0.x one, mha sets
+// BLIS_ARCH_TYPE to the "skx" (AVX-512) kernel set on CPUs that have what
+// those kernels use (AVX-512 F, DQ, BW, VL, checked with OS support) -- the
+// set BLIS picks itself on the Intel CPUs it knows.  Everywhere else BLIS
+// chooses.  This sets an environment variable of the process (seen by child
+// processes too); it has no effect when the program already used BLIS.
+//
+// BLIS 0.x reads the variable with strtol and trusts it: an empty value or a
+// name ("haswell") is id 0, skx, and a kernel set this CPU cannot run ends
+// the process with SIGILL at the first product.  A user's value is therefore
+// checked against the CPU as BLIS will read it, and the module's calls refuse
+// one that would not run (blis_arch_problem).
+std::string g_blis_problem;  // empty: BLIS can run here
+
+// The CPU features the kernels of a BLIS 0.9 kernel set (arch_t) need on
+// x86-64; nullopt for a set mha does not know this CPU to run: Xeon Phi's,
+// the Bulldozer family's (Excavator to Bulldozer: FMA4, which mha does not
+// probe), other architectures'.
+std::optional<uint32_t> blis_arch_needs(long id) {
+  constexpr uint32_t kAvx512 =
+      MHA_CPU_AVX512F | MHA_CPU_AVX512DQ | MHA_CPU_AVX512BW | MHA_CPU_AVX512VL;
+  constexpr uint32_t kAvx2 = MHA_CPU_AVX | MHA_CPU_AVX2 | MHA_CPU_FMA;
+  switch (id) {
+    case BLIS_ARCH_SKX:
+      return kAvx512;
+    case BLIS_ARCH_HASWELL:
+    case BLIS_ARCH_ZEN3:
+    case BLIS_ARCH_ZEN2:
+    case BLIS_ARCH_ZEN:
+      return kAvx2;
+    case BLIS_ARCH_SANDYBRIDGE:
+      return MHA_CPU_AVX;
+    case BLIS_ARCH_PENRYN:
+    case BLIS_ARCH_GENERIC:
+      return MHA_CPU_SSE2;
+    default:
+      return std::nullopt;
+  }
+}
+
 void prepare_blis() {
 #if defined(__x86_64__)
-  if (std::getenv("BLIS_ARCH_TYPE") != nullptr) return;
   const char* version = bli_info_get_version_str();
   if (version == nullptr || std::strncmp(version, "0.", 2) != 0) return;
-  const uint32_t need = MHA_CPU_AVX512F | MHA_CPU_AVX512DQ | MHA_CPU_AVX512BW | MHA_CPU_AVX512VL;
-  if ((cpu_features() & need) != need) return;
-  setenv("BLIS_ARCH_TYPE", std::to_string(static_cast<int>(BLIS_ARCH_SKX)).c_str(), 0);
+  constexpr uint32_t kSkx =
+      MHA_CPU_AVX512F | MHA_CPU_AVX512DQ | MHA_CPU_AVX512BW | MHA_CPU_AVX512VL;
+  const uint32_t cpu = cpu_features();
+  const char* given = std::getenv("BLIS_ARCH_TYPE");
+  if (given == nullptr || *given == '\0') {
+    if ((cpu & kSkx) == kSkx) {
+      setenv("BLIS_ARCH_TYPE", std::to_string(static_cast<int>(BLIS_ARCH_SKX)).c_str(), 1);
+    } else if (given != nullptr) {
+      unsetenv("BLIS_ARCH_TYPE");  // empty: BLIS would take skx; let it detect the CPU
+    }
+    return;
+  }
+  char* end = nullptr;
+  const long id = std::strtol(given, &end, 10);  // as BLIS reads it
+  if (id == -1) return;                          // BLIS's "detect the CPU"
+  const std::string shown = "BLIS_ARCH_TYPE=\"" + printable(given) + "\"";
+  const std::string read_as = end != nullptr && *end == '\0'
+                                  ? std::string()
+                                  : " (BLIS 0.x reads it as a number: " + std::to_string(id) + ")";
+  if (id < 0 || id >= BLIS_NUM_ARCHS) {
+    g_blis_problem = shown + read_as + " is not a kernel set of this BLIS (0 to " +
+                     std::to_string(static_cast<int>(BLIS_NUM_ARCHS) - 1) +
+                     "), and BLIS would abort the process: unset it, or give a kernel set's "
+                     "number (3 is haswell, 0 skx)";
+    return;
+  }
+  const std::optional<uint32_t> needs = blis_arch_needs(id);
+  if (!needs || (cpu & *needs) != *needs) {
+    g_blis_problem = shown + read_as + " asks BLIS for its " +
+                     bli_arch_string(static_cast<arch_t>(id)) +
+                     " kernels, which this CPU cannot run (BLIS would end the process with an "
+                     "illegal instruction): unset it, or give a kernel set this CPU has (its "
+                     "features: " +
+                     feature_names(cpu) + ")";
+    return;
+  }
+  if (!read_as.empty() && verbose_level() >= 1) {
+    std::fprintf(stderr, "mha: %s%s: BLIS uses its %s kernels\n", shown.c_str(), read_as.c_str(),
+                 bli_arch_string(static_cast<arch_t>(id)));
+  }
 #endif
 }
 
@@ -211,6 +285,12 @@ void sgemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t
       for (int64_t col = 0; col < n; ++col) c[r * rsc + col * csc] = dst[r * n + col];
     }
   }
+}
+
+mha_status check_blis_kernel_set() {
+  prepare_blis_once();
+  if (g_blis_problem.empty()) return MHA_OK;
+  return fail(MHA_ERR_UNSUPPORTED, "%s", g_blis_problem.c_str());
 }
 
 const char* blis_kernel_set() {

@@ -3,6 +3,8 @@
 // a [B, L, E] buffer) need no copy.
 #pragma once
 
+#include <mha/mha.h>
+
 #include <cstdint>
 
 namespace mha::rt {
@@ -26,6 +28,12 @@ void sgemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t
 // BLIS's results do not depend on its thread count (it never splits the k
 // dimension).
 int32_t sgemm_threads(int64_t m, int64_t n, int64_t k, int32_t threads);
+
+// MHA_OK when BLIS can run its products here; otherwise fails (the message
+// names BLIS_ARCH_TYPE): the user's BLIS_ARCH_TYPE asks a BLIS 0.x for a
+// kernel set this CPU cannot run, or one it does not have -- BLIS itself
+// would end the process.  The module's calls check it before any product.
+mha_status check_blis_kernel_set();
 
 // The BLIS kernel set in use ("skx", "haswell", "generic", ...), for logs.
 const char* blis_kernel_set();

@@ -11,6 +11,7 @@
 #include <new>
 #include <string>
 
+#include "blis.h"
 #include "error.h"
 #include "module.h"
 #include "projections.h"
@@ -599,6 +600,7 @@ mha_status mha_module_forward(mha_module* module, const mha_tensor* query, const
     if (Registry::instance().selected(&why) == nullptr) {
       return fail(MHA_ERR_BACKEND_UNAVAILABLE, "%s", why);
     }
+    if (mha_status s = check_blis_kernel_set(); s != MHA_OK) return s;
     return run_module_forward(call);
   });
 }
@@ -640,6 +642,7 @@ mha_status mha_module_backward(mha_module* module, const mha_tensor* query, cons
     if (Registry::instance().selected(&why) == nullptr) {
       return fail(MHA_ERR_BACKEND_UNAVAILABLE, "%s", why);
     }
+    if (mha_status s = check_blis_kernel_set(); s != MHA_OK) return s;
     return run_module_backward(call, dout, given);
   });
 }
