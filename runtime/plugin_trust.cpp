@@ -7,7 +7,10 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+
+#include "error.h"
 
 namespace mha::rt {
 namespace {
@@ -34,33 +37,75 @@ bool private_group_of(gid_t gid, uid_t uid) {
   return true;
 }
 
-std::string check(const std::string& path, const struct stat& st, const char* what) {
+// Why others could change a file or directory with this status ("is owned by
+// uid ...", "is writable by every user (mode 0777)", ...), or "".
+std::string problem(const struct stat& st) {
   const uid_t me = geteuid();
   char mode[16];
   std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
   if (st.st_uid != 0 && st.st_uid != me) {
-    return std::string(what) + " " + path + " is owned by uid " + std::to_string(st.st_uid) +
-           ", neither root nor this user (uid " + std::to_string(me) + ")";
+    return "is owned by uid " + std::to_string(st.st_uid) + ", neither root nor this user (uid " +
+           std::to_string(me) + ")";
   }
-  if (st.st_mode & S_IWOTH) {
-    return std::string(what) + " " + path + " is writable by every user (mode " + mode + ")";
-  }
+  if (st.st_mode & S_IWOTH) return std::string("is writable by every user (mode ") + mode + ")";
   if ((st.st_mode & S_IWGRP) && !private_group_of(st.st_gid, st.st_uid)) {
-    return std::string(what) + " " + path + " is writable by its group (gid " +
-           std::to_string(st.st_gid) + ", mode " + mode + ")";
+    return "is writable by its group (gid " + std::to_string(st.st_gid) + ", mode " + mode + ")";
   }
   return {};
+}
+
+std::string shown(const std::string& path) {
+  return printable(path.c_str(), 256);
+}
+
+// The directories above `real` (a canonical path), up to "/": whoever may
+// rename an entry of one of them can put other code in the plugins' place.
+// One that others may write to passes with its sticky bit (/tmp): then only
+// an entry's owner, or the directory's, renames it.
+std::string untrusted_ancestor(const std::string& real) {
+  std::string dir = real;
+  while (dir.size() > 1) {
+    const size_t slash = dir.find_last_of('/');
+    dir = slash == 0 || slash == std::string::npos ? "/" : dir.substr(0, slash);
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) != 0) {
+      return "the directory " + shown(dir) + ", which cannot be read: " + std::strerror(errno);
+    }
+    const std::string why = problem(st);
+    const bool trusted_owner = st.st_uid == 0 || st.st_uid == geteuid();
+    const bool sticky = (st.st_mode & S_ISVTX) != 0;
+    if (!why.empty() && !(sticky && trusted_owner)) {
+      return "the directory " + shown(dir) + ", which " + why;
+    }
+  }
+  return {};
+}
+
+// The canonical path (symbolic links resolved), or "" with errno set.
+std::string canonical(const std::string& path) {
+  char* real = ::realpath(path.c_str(), nullptr);
+  if (real == nullptr) return {};
+  std::string result(real);
+  std::free(real);
+  return result;
 }
 
 }  // namespace
 
 std::string untrusted_directory(const std::string& directory) {
+  const std::string name = "the plugin directory " + shown(directory);
   struct stat st {};
-  if (::stat(directory.c_str(), &st) != 0) {
-    return "the plugin directory " + directory + " cannot be read: " + std::strerror(errno);
+  if (::stat(directory.c_str(), &st) != 0) return name + " cannot be read: " + std::strerror(errno);
+  if (!S_ISDIR(st.st_mode)) return name + " is not a directory";
+  std::string why = problem(st);
+  if (!why.empty()) {
+    why = name + " " + why;
+  } else {
+    const std::string real = canonical(directory);
+    if (real.empty()) return name + " cannot be resolved: " + std::strerror(errno);
+    why = untrusted_ancestor(real);
+    if (!why.empty()) why = name + " lies under " + why;
   }
-  if (!S_ISDIR(st.st_mode)) return "the plugin directory " + directory + " is not a directory";
-  std::string why = check(directory, st, "the plugin directory");
   if (!why.empty()) why += "; plugins are only loaded from a directory only its owner can change";
   return why;
 }
@@ -68,8 +113,19 @@ std::string untrusted_directory(const std::string& directory) {
 std::string untrusted_file(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return {};
-  if (!S_ISREG(st.st_mode)) return "the plugin " + path + " is not a regular file";
-  std::string why = check(path, st, "the plugin");
+  const std::string name = "the plugin " + shown(path);
+  if (!S_ISREG(st.st_mode)) return name + " is not a regular file";
+  std::string why = problem(st);
+  if (!why.empty()) {
+    why = name + " " + why;
+  } else {
+    // Its own directory was checked as the plugin directory; a symbolic link
+    // may lead elsewhere.
+    const std::string real = canonical(path);
+    if (real.empty()) return name + " cannot be resolved: " + std::strerror(errno);
+    why = untrusted_ancestor(real);
+    if (!why.empty()) why = name + " lies under " + why;
+  }
   if (!why.empty()) why += "; it is not loaded";
   return why;
 }

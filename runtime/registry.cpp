@@ -79,7 +79,8 @@ Registry::Registry() {
   if (!directory_error_.empty()) directory_.clear();
   if (verbose >= 1) {
     std::fprintf(stderr, "mha: plugin directory: %s\n",
-                 directory_error_.empty() ? directory_.c_str() : directory_error_.c_str());
+                 directory_error_.empty() ? printable(directory_.c_str(), 256).c_str()
+                                          : directory_error_.c_str());
   }
 
   const char* env_backend = std::getenv("MHA_BACKEND");
@@ -121,7 +122,7 @@ Registry::Registry() {
     for (const auto& backend : backends_) {
       if (backend.usable) {
         std::fprintf(stderr, "mha: backend %s: usable (priority %d, %s)\n", backend.name.c_str(),
-                     backend.priority, backend.path.c_str());
+                     backend.priority, printable(backend.path.c_str(), 256).c_str());
       } else {
         std::fprintf(stderr, "mha: backend %s: not usable: %s\n", backend.name.c_str(),
                      backend.reason);
@@ -144,7 +145,8 @@ Registry::Registry() {
 void Registry::probe_locked(Backend& backend) {
   backend.probed = true;
   if (!file_exists(backend.path)) {
-    backend.reason = intern("not installed (" + backend.path + " is missing)");
+    backend.reason =
+        intern("not installed (" + printable(backend.path.c_str(), 256) + " is missing)");
     return;
   }
   if (std::string why = untrusted_file(backend.path); !why.empty()) {
@@ -156,8 +158,8 @@ void Registry::probe_locked(Backend& backend) {
   void* handle = ::dlopen(backend.path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* why = ::dlerror();
-    backend.reason =
-        intern(std::string("cannot be loaded: ") + (why != nullptr ? why : "dlopen failed"));
+    backend.reason = intern(std::string("cannot be loaded: ") +
+                            (why != nullptr ? printable(why, 512) : "dlopen failed"));
     return;
   }
   auto entry = reinterpret_cast<mha_plugin_entry_fn>(::dlsym(handle, MHA_PLUGIN_ENTRY_SYMBOL));
