@@ -285,6 +285,11 @@ const Backend* Registry::resolve_locked(const char* name, std::string* error) {
   }
   if (!it->probed) probe_locked(*it);
   if (!it->usable) {
+    // The error names what is usable instead: the plugins MHA_BACKEND's name
+    // left unloaded are probed now (nothing of theirs runs but the table).
+    for (auto& backend : backends_) {
+      if (!backend.probed) probe_locked(backend);
+    }
     *error = quoted + " is not usable: " + it->reason + "; " + usable_names_locked();
     return nullptr;
   }
