@@ -79,14 +79,18 @@ int64_t detect(int sysconf_name, int level, const char* type) {
 // the others; false with the reason in *error when the text is malformed.
 bool parse_cache_sizes(const char* text, mha_cache_sizes* sizes, std::string* error) {
   mha_cache_sizes parsed = *sizes;
-  std::string rest = text;
-  while (!rest.empty()) {
-    const size_t comma = rest.find(',');
-    const std::string item = rest.substr(0, comma);
-    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+  const std::string all = text;
+  std::string seen;  // the names given so far, each followed by ','
+  size_t start = 0;
+  while (true) {
+    const size_t comma = all.find(',', start);
+    const std::string item = all.substr(start, comma == std::string::npos ? comma : comma - start);
     const size_t equals = item.find('=');
     const std::string name = item.substr(0, equals);
-    const int64_t bytes = equals == std::string::npos ? 0 : parse_size(item.substr(equals + 1));
+    // Digits first: strtoll would also take a sign or leading spaces.
+    const std::string size = equals == std::string::npos ? "" : item.substr(equals + 1);
+    const bool digits_first = !size.empty() && size[0] >= '0' && size[0] <= '9';
+    const int64_t bytes = digits_first ? parse_size(size) : 0;
     int64_t* slot = name == "l1d"  ? &parsed.l1d
                     : name == "l2" ? &parsed.l2
                     : name == "l3" ? &parsed.l3
@@ -95,7 +99,14 @@ bool parse_cache_sizes(const char* text, mha_cache_sizes* sizes, std::string* er
       *error = "'" + item + "' is not l1d=, l2= or l3= with a size such as 48K or 2M";
       return false;
     }
+    if (seen.find(name + ",") != std::string::npos) {
+      *error = name + " is given twice";
+      return false;
+    }
+    seen += name + ",";
     *slot = bytes;
+    if (comma == std::string::npos) break;
+    start = comma + 1;
   }
   *sizes = parsed;
   return true;

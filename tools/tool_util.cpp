@@ -87,11 +87,10 @@ void print_error(const std::string& message) {
 }
 
 bool verbose() {
+  // The library's rule (runtime/env.cpp): one digit, 0 to 2; anything else
+  // the library ignores with a warning, and so does the tool's own notice.
   const char* text = std::getenv("MHA_VERBOSE");
-  if (text == nullptr) return false;
-  char* end = nullptr;
-  const long level = std::strtol(text, &end, 10);
-  return end != text && level >= 1;
+  return text != nullptr && (text[0] == '1' || text[0] == '2') && text[1] == '\0';
 }
 
 bool secondary_mpi_rank() {

@@ -576,7 +576,7 @@ MHA_API const char* mha_cpu_features(void);
 /* The data caches one core sees, in bytes (0 when the system does not say):
  * sysfs (the instance cpu0 shares), else sysconf;
  * MHA_CACHE_SIZES="l1d=32K,l2=1M,l3=32M" (any subset)
- * overrides them, read once (MHA_VERBOSE=1 says when it is malformed). */
+ * overrides them, read once (a malformed value is ignored with a warning). */
 typedef struct mha_cache_info {
   int64_t l1d_bytes;
   int64_t l2_bytes;
