@@ -52,6 +52,29 @@ def array_argument(x, name):
     )
 
 
+def mark_written(*arrays):
+    """Tells torch's autograd that mha wrote into these caller-given arrays.
+
+    The library writes through their data pointers, which torch does not see:
+    each torch tensor's version counter moves on here, as after any in-place
+    torch operation, so that a backward which saved one of them raises instead
+    of computing with the new values.  None and other frameworks' arrays are
+    passed over (they have no such counter), and so are inference tensors.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    increment = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)
+    for x in arrays:
+        if not isinstance(x, torch.Tensor) or x.is_inference():
+            continue
+        if increment is not None:  # PyTorch 2.1 and later
+            increment(x)
+        else:  # an in-place operation that changes nothing: it moves the counter, as any does
+            with torch.no_grad():
+                x.as_strided_(x.size(), x.stride(), x.storage_offset())
+
+
 def optional_array_argument(x, name):
     return None if x is None else array_argument(x, name)
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from . import _mha
 from ._arguments import call_settings, flag, integer, real
-from ._arrays import (Array, array_argument, empty_like_framework, is_array,
+from ._arrays import (Array, array_argument, empty_like_framework, is_array, mark_written,
                       shape_of, torch_module)
 
 # mha.h's mha_causal.
@@ -196,6 +196,8 @@ def scaled_dot_product_attention(
             query, key, value, attn_mask, valid_lens, k_scale, v_scale, scale, causal,
             enable_gqa, dropout_p, dropout_seed, window_left, window_right, sinks, softcap,
             alibi_slopes, backend, threads, given_out, return_lse)
+    if given_out is not None:
+        mark_written(out)
     return (out, lse) if return_lse else out
 
 

@@ -76,9 +76,10 @@ class _Attention(torch.autograd.Function):
                        o.v_scale, o.scale, o.causal, o.enable_gqa, o.dropout_p, o.dropout_seed,
                        o.window_left, o.window_right, sinks, o.softcap, o.alibi_slopes,
                        o.backend, o.threads)
-        inputs = (query, key, value, attn_mask, sinks)
-        # Tensors through save_for_backward (it checks they are not changed in place
-        # before the backward); arrays of other frameworks as they are.
+        # Every tensor the backward reads -- the valid lengths and the ALiBi slopes too --
+        # through save_for_backward, which checks that none was changed in place before
+        # the backward; arrays of other frameworks as they are.
+        inputs = (query, key, value, attn_mask, sinks, o.valid_lens, o.alibi_slopes)
         ctx.save_for_backward(out, lse, *(x if isinstance(x, torch.Tensor) else None
                                           for x in inputs))
         ctx.others = tuple(None if isinstance(x, torch.Tensor) else x for x in inputs)
@@ -90,7 +91,7 @@ class _Attention(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out, _grad_lse):
         out, lse, *saved = ctx.saved_tensors
-        query, key, value, attn_mask, sinks = (
+        query, key, value, attn_mask, sinks, valid_lens, alibi_slopes = (
             x if x is not None else other for x, other in zip(saved, ctx.others))
         wants = ctx.needs_input_grad
         o = ctx.options
@@ -102,10 +103,10 @@ class _Attention(torch.autograd.Function):
         grad_mask = gradient(attn_mask) if wants[3] else None
         grad_sinks = gradient(sinks) if wants[4] else None
         _mha.attention_backward(grad_out, query, key, value, out, lse, grad_query, grad_key,
-                                grad_value, attn_mask, o.valid_lens, grad_mask, sinks,
+                                grad_value, attn_mask, valid_lens, grad_mask, sinks,
                                 grad_sinks, o.scale, o.causal, o.enable_gqa, o.dropout_p,
                                 o.dropout_seed, o.window_left, o.window_right, o.softcap,
-                                o.alibi_slopes, o.backend, o.threads)
+                                alibi_slopes, o.backend, o.threads)
         if grad_mask is not None and grad_mask.dtype != attn_mask.dtype:
             grad_mask = grad_mask.to(attn_mask.dtype)  # a half-precision mask's own dtype
         return (grad_query if wants[0] else None, grad_key if wants[1] else None,

@@ -3,7 +3,8 @@ from typing import Optional, Sequence, Tuple, Union
 
 from . import _mha
 from ._arguments import call_settings, flag, integer, real
-from ._arrays import Array, array_argument, empty_like_framework, optional_array_argument, shape_of
+from ._arrays import (Array, array_argument, empty_like_framework, mark_written,
+                      optional_array_argument, shape_of)
 from ._attention import (_NO_WINDOW, _causal_mode, _qkv_arguments, _valid_lens_argument,
                          _window_argument)
 
@@ -99,4 +100,5 @@ def scaled_dot_product_attention_backward(
                             grad_value, attn_mask, valid_lens, grad_attn_mask, sinks, grad_sinks,
                             scale, causal, enable_gqa, dropout_p, dropout_seed, window_left,
                             window_right, softcap, alibi_slopes, backend, threads)
+    mark_written(grad_query, grad_key, grad_value, grad_attn_mask, grad_sinks)
     return grad_query, grad_key, grad_value

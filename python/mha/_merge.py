@@ -2,7 +2,7 @@
 from typing import Optional, Sequence, Tuple
 
 from . import _mha
-from ._arrays import Array, array_argument, empty_like_framework, shape_of
+from ._arrays import Array, array_argument, empty_like_framework, mark_written, shape_of
 
 
 def merge_partials(outs: Sequence[Array], lses: Sequence[Array], *, out: Optional[Array] = None,
@@ -34,4 +34,5 @@ def merge_partials(outs: Sequence[Array], lses: Sequence[Array], *, out: Optiona
     else:
         lse = array_argument(lse, "lse")
     _mha.merge_partials(outs, lses, out, lse)
+    mark_written(out, lse)  # (new ones have no history: this changes nothing for them)
     return out, lse

@@ -8,7 +8,7 @@ import numpy as np
 from . import _mha
 from ._arguments import call_settings, flag, integer, real
 from ._arrays import (Array, array_argument, empty_like_framework, is_torch_tensor,
-                      optional_array_argument, shape_of)
+                      mark_written, optional_array_argument, shape_of)
 from ._attention import _causal_mode, _window_argument
 
 
@@ -53,6 +53,7 @@ def kv_cache_write(key: Array, value: Array, key_cache: Array, value_cache: Arra
     value_scale_cache = optional_array_argument(value_scale_cache, "value_scale_cache")
     _mha.kv_cache_write(key, value, key_cache, value_cache, slot_mapping, key_scale_cache,
                         value_scale_cache)
+    mark_written(key_cache, value_cache, key_scale_cache, value_scale_cache)
 
 
 def _reshaped(x, shape):
@@ -141,6 +142,7 @@ def _append(k, v, k_cache, v_cache, k_scale, v_scale, lengths, table, block_size
                        "k_cache and v_cache as key_cache and value_cache, k_scale and v_scale "
                        "as the scale caches, at the slots cache_seqlens[b] + t"
                        + ("" if table is None else " of block_table's blocks")) from None
+    mark_written(k_cache, v_cache, k_scale, v_scale)
 
 
 def flash_attn_with_kvcache(

@@ -2,7 +2,7 @@
 from typing import Optional, Tuple
 
 from . import _mha
-from ._arrays import Array, array_argument, empty_like_framework, shape_of
+from ._arrays import Array, array_argument, empty_like_framework, mark_written, shape_of
 
 
 def quantize_kv(src: Array, *, dst: Optional[Array] = None,
@@ -31,4 +31,5 @@ def quantize_kv(src: Array, *, dst: Optional[Array] = None,
     else:
         scale = array_argument(scale, "scale")
     _mha.quantize_kv(src, dst, scale)
+    mark_written(dst, scale)
     return dst, scale

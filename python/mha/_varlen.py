@@ -3,7 +3,8 @@ from typing import Any, Optional, Tuple, Union
 
 from . import _mha
 from ._arguments import call_settings, flag, integer, real
-from ._arrays import Array, array_argument, empty_like_framework, optional_array_argument, shape_of
+from ._arrays import (Array, array_argument, empty_like_framework, mark_written,
+                      optional_array_argument, shape_of)
 from ._attention import _causal_mode, _dropout_seed, _window_argument
 
 
@@ -170,6 +171,7 @@ def varlen_attention(
                           max_seqlen_q, max_seqlen_k, lse, k_scale, v_scale, softmax_scale,
                           causal_mode, dropout_p, dropout_seed, window_left, window_right, sinks,
                           softcap, alibi_slopes, backend, threads)
+    mark_written(out)
     if return_attn_probs:
         return out, lse, None
     return (out, lse) if return_lse else out

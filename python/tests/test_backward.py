@@ -423,6 +423,53 @@ def test_a_saved_input_changed_in_place_is_caught(rng):
         out.sum().backward()
 
 
+@pytest.mark.parametrize("changed", ["valid_lens", "alibi_slopes"])
+def test_saved_valid_lens_and_slopes_changed_in_place_are_caught(rng, changed):
+    """The valid lengths and the ALiBi slopes go through save_for_backward too: a change
+    between the forward and the backward raises, as for the inputs (it used to give other
+    gradients without a word)."""
+    q, k, v = (torch.from_numpy(x).requires_grad_() for x in random_qkv(rng, H=4, Hkv=4))
+    arguments = {"valid_lens": torch.tensor([13, 7], dtype=torch.int32),
+                 "alibi_slopes": torch.tensor([0.5, 0.25, 0.125, 0.0625])}
+    out = mha.scaled_dot_product_attention(q, k, v, **arguments)
+    arguments[changed].add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
+def test_writes_into_given_tensors_move_their_version(rng):
+    """mha writes through data pointers torch does not see: every tensor given to be written
+    (out=, gradients, caches, quantised rows) has its version counter moved on, so that a
+    backward which saved it raises, as after torch's own out= functions."""
+    q, k, v = (torch.from_numpy(x) for x in random_qkv(rng, H=4, Hkv=4))
+
+    def saved_then_written(buffer, write):
+        weight = torch.ones(buffer.shape, dtype=torch.float32, requires_grad=True)
+        product = (weight * buffer).sum()  # saves buffer for the backward
+        before = buffer._version
+        write(buffer)
+        assert buffer._version > before
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            product.backward()
+
+    out, lse = mha.scaled_dot_product_attention(q, k, v, return_lse=True)
+    saved_then_written(torch.empty_like(out),
+                       lambda b: mha.scaled_dot_product_attention(q, k, v, out=b))
+    saved_then_written(torch.empty_like(out), lambda b: mha.merge_partials([out], [lse], out=b))
+    saved_then_written(torch.empty_like(q), lambda b: mha.scaled_dot_product_attention_backward(
+        torch.ones_like(out), q, k, v, out, lse, grad_query=b))
+    scale = torch.empty(k.shape[:-1], dtype=torch.float32)
+    saved_then_written(scale, lambda b: mha.quantize_kv(k, scale=b))
+    cache = torch.zeros(2, 8, 4, 16)  # [num_blocks, block_size, Hkv, D]
+    rows = k[0].transpose(0, 1)[:3].contiguous()  # [T = 3, Hkv, D]
+    saved_then_written(cache, lambda b: mha.kv_cache_write(
+        rows, rows, b, torch.zeros_like(cache), torch.tensor([0, 5, 9])))
+    packed = q[0].transpose(0, 1).contiguous()  # [total = 9, H, D]
+    saved_then_written(torch.empty_like(packed), lambda b: mha.varlen_attention(
+        packed, packed, packed, torch.tensor([0, 9], dtype=torch.int32),
+        torch.tensor([0, 9], dtype=torch.int32), 9, 9, out=b))
+
+
 def test_numpy_inputs_under_grad_mode_compute_the_forward(rng):
     """NumPy arrays never involve autograd: the plain forward, as before."""
     q, k, v = random_qkv(rng)
