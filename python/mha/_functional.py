@@ -91,8 +91,9 @@ def multi_head_attention_forward(
 
     Returns (output [L, B, E] or [L, E], weights or None), float32, in
     query's framework.  Raises ValueError for shapes PyTorch refuses (naming
-    the argument), TypeError for arguments of the wrong type, mha.Error when
-    the library refuses the call (a dtype other than float32, ...).
+    the argument), TypeError for arguments of the wrong type (a dtype mha has
+    no name for, such as float64, included), mha.Error when the library
+    refuses the call (another dtype than float32, ...).
     """
     call = _Call(query, key, value, embed_dim_to_check, num_heads, in_proj_weight,
                  in_proj_bias, bias_k, bias_v, add_zero_attn, dropout_p, out_proj_weight,

@@ -135,6 +135,34 @@ class MultiheadAttention:
         self._weights.update(weights)
         return incompatible
 
+    def eval(self) -> "MultiheadAttention":
+        """Returns the module: it always computes as PyTorch's in eval mode (for code that
+        calls module.eval() before inference)."""
+        return self
+
+    def train(self, mode: bool = True) -> "MultiheadAttention":
+        """train(False) returns the module, as eval(); train(True) raises NotImplementedError:
+        this module never applies dropout and has no gradients (mha.torch.MultiheadAttention
+        is the nn.Module to train)."""
+        if flag(mode, "mode"):
+            raise NotImplementedError("mha.MultiheadAttention computes in eval mode only (no "
+                                      "dropout, no gradients): train with "
+                                      "mha.torch.MultiheadAttention")
+        return self
+
+    def __getstate__(self) -> Dict[str, Any]:
+        """What pickle and copy.deepcopy keep: the constructor's arguments and a copy of the
+        weights (the library's module is made again from them)."""
+        return {"embed_dim": self._embed_dim, "num_heads": self._num_heads,
+                "dropout": self._dropout, "bias": self._bias, "kdim": self._kdim,
+                "vdim": self._vdim, "batch_first": self.batch_first,
+                "weights": self.state_dict()}
+
+    def __setstate__(self, state: Mapping[str, Any]) -> None:
+        arguments = {key: value for key, value in state.items() if key != "weights"}
+        self.__init__(**arguments)
+        self.load_state_dict(state["weights"])
+
     def state_dict(self) -> Dict[str, np.ndarray]:
         """{name: float32 NumPy array}, copies of the weights, named and ordered as PyTorch's
         nn.MultiheadAttention.state_dict() (torch.from_numpy makes them tensors)."""
@@ -182,8 +210,9 @@ class MultiheadAttention:
         in, torch out), shaped like query with E features.  Unlike PyTorch, a
         row in which no key takes part gives zero weights (its output is
         out_proj.bias), not NaN.  Raises ValueError for arrays of the wrong rank
-        or shape (PyTorch's rules), TypeError for arguments of the wrong type,
-        mha.Error when the library refuses the call (a dtype other than float32,
+        or shape (PyTorch's rules), TypeError for arguments of the wrong type
+        (a dtype mha has no name for, such as float64 or uint8, included),
+        mha.Error when the library refuses the call (another dtype than float32,
         a window side below -1, a negative softcap, sinks or slopes of the wrong
         shape or with NaN: the message names them as params->sinks and so on).
         """

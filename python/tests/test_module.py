@@ -7,6 +7,8 @@ both the output and the attention weights must agree within
 (fp32 rounding of the projections and scores on these sizes, with weights of
 size 0.3 and inputs of size 1, is about 1e-6 of the output's scale).
 """
+import copy
+import pickle
 import threading
 import time
 
@@ -233,6 +235,28 @@ def test_state_dict_round_trips_through_torch(rng):
         np.testing.assert_array_equal(value.numpy(), ref.state_dict()[name].float().numpy())
     state["out_proj.bias"][:] = 7.0  # a copy: the module's weights stay as they are
     assert not np.any(module.state_dict()["out_proj.bias"] == 7.0)
+
+
+def test_deepcopy_and_pickle_keep_the_configuration_and_weights(rng):
+    """copy.deepcopy (nn.TransformerEncoder clones its layers with it) and pickle make a
+    module of the same configuration and weights, with a library module of its own."""
+    module, ref = make_pair(seed=13, kdim=8, vdim=8, batch_first=True, bias=False)
+    query = rng.standard_normal((2, 5, 16)).astype(np.float32)
+    key = rng.standard_normal((2, 7, 8)).astype(np.float32)
+    want, _ = module(query, key, key)
+    for clone in (copy.deepcopy(module), pickle.loads(pickle.dumps(module))):
+        assert clone is not module and clone.batch_first and clone.kdim == 8
+        got, _ = clone(query, key, key)
+        np.testing.assert_array_equal(got, want)
+        clone.load_state_dict({"out_proj.weight": np.zeros((16, 16), np.float32)}, strict=False)
+        np.testing.assert_array_equal(module(query, key, key)[0], want)  # not shared
+
+
+def test_eval_returns_the_module_and_train_is_refused():
+    module = mha.MultiheadAttention(16, 4)
+    assert module.eval() is module and module.train(False) is module
+    with pytest.raises(NotImplementedError, match="mha.torch.MultiheadAttention"):
+        module.train()
 
 
 def test_load_state_dict_from_numpy_and_float64(rng):
