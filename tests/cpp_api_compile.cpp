@@ -198,6 +198,39 @@ void cache_write_scales_into_const_memory() {
 }
 #endif
 
+// 17: a mutable C descriptor from a read-only tensor, its guard overridden.
+#if MHA_CASE(17)
+void mutable_descriptor_through_explicit_argument() {
+  Memory m;
+  mha::Tensor t(PICK(m.p, m.cp), {4});
+  mha_tensor* desc = t.get<float>();  // Tensor<const float>: U is not T
+  (void)desc;
+}
+#endif
+
+// 18: a mutable module handle through a const Module.
+#if MHA_CASE(18)
+void mutable_handle_of_const_module(PICK(mha::Module&, const mha::Module&) module) {
+  mha_module* handle = module.get();
+  (void)handle;
+}
+#endif
+
+// 19: quantize_kv writing its int8 rows into const memory.
+#if MHA_CASE(19)
+void quantize_into_const_memory() {
+  Memory m;
+  int8_t rows[4] = {};
+  const int8_t* const_rows = rows;
+  int8_t* mutable_rows = rows;
+  mha::quantize_kv(mha::Tensor(m.cp, {1, 1, 1, 4}),
+                   mha::Tensor(PICK(mutable_rows, const_rows), {1, 1, 1, 4}),
+                   mha::Tensor(m.p, {1, 1, 1}));
+  (void)const_rows;
+  (void)mutable_rows;
+}
+#endif
+
 #ifndef MHA_MUST_NOT_COMPILE
 // What the cases above rely on, stated once more as traits.
 static_assert(

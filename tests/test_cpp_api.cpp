@@ -231,6 +231,46 @@ TEST(CppApi, AttentionOverConstInputsMatchesTheCApi) {
   const Reference ref = reference_attention(cq, ck, cv, &params);
   mha_tensor mine = describe(out.data(), MHA_DTYPE_F32, {p.B, p.H, p.Lq, p.Dv});
   EXPECT_LE(max_abs_error(mine, ref), tolerance(ref));
+
+  // A chain on a temporary bound to a reference: the setters called on an
+  // rvalue return the object by value, so the reference keeps it alive (an
+  // lvalue reference into the temporary dangled: ASan's stack-use-after-scope).
+  const auto& bound = mha::AttentionParams()
+                          .causal(MHA_CAUSAL_BOTTOM_RIGHT)
+                          .scale(0.3f)
+                          .window(3, 1)
+                          .block(2, 1, p.Lq + 5, p.Lk + 3);
+  static_assert(!std::is_reference_v<decltype(mha::AttentionParams().scale(0.3f))>);
+  std::vector<float> again(p.out_size(), -3.0f);
+  mha::attention(mha::Tensor(q.data(), {p.B, p.H, p.Lq, p.D}),
+                 mha::Tensor(k.data(), {p.B, p.Hkv, p.Lk, p.D}),
+                 mha::Tensor(v.data(), {p.B, p.Hkv, p.Lk, p.Dv}),
+                 mha::Tensor(again.data(), {p.B, p.H, p.Lq, p.Dv}), bound);
+  EXPECT_TRUE(same_bits(again, expected));
+}
+
+TEST(CppApi, QuantizeKvMatchesTheCApi) {
+  const int64_t B = 2, H = 3, L = 5, D = 16;
+  std::vector<float> src = random_values(static_cast<size_t>(B * H * L * D), 21);
+  std::vector<int8_t> rows(src.size(), 7), expected_rows(src.size(), 9);
+  std::vector<float> scales(static_cast<size_t>(B * H * L), -1.0f), expected_scales(scales.size());
+  mha::quantize_kv(mha::Tensor(src.data(), {B, H, L, D}), mha::Tensor(rows.data(), {B, H, L, D}),
+                   mha::Tensor(scales.data(), {B, H, L}));
+  const mha_tensor csrc = describe(src.data(), MHA_DTYPE_F32, {B, H, L, D});
+  mha_tensor cdst = describe(expected_rows.data(), MHA_DTYPE_I8, {B, H, L, D});
+  mha_tensor cscale = describe(expected_scales.data(), MHA_DTYPE_F32, {B, H, L});
+  ASSERT_EQ(mha_quantize_kv(&csrc, &cdst, &cscale), MHA_OK) << mha_last_error();
+  EXPECT_EQ(rows, expected_rows);
+  EXPECT_TRUE(same_bits(scales, expected_scales));
+  static_assert(std::is_same_v<decltype(mha::Tensor(rows.data(), {1})), mha::Tensor<int8_t>>);
+  std::vector<float> bad = src;
+  bad[3] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(thrown_status([&] {
+              mha::quantize_kv(mha::Tensor(bad.data(), {B, H, L, D}),
+                               mha::Tensor(rows.data(), {B, H, L, D}),
+                               mha::Tensor(scales.data(), {B, H, L}));
+            }),
+            MHA_ERR_INVALID_VALUE);
 }
 
 TEST(CppApi, AttentionBackwardMatchesTheCApi) {
@@ -323,6 +363,19 @@ TEST(CppApi, ModuleBackwardMatchesTheCApi) {
   EXPECT_THROW(
       module.backward(input, input, input, mha::Tensor(dout.data(), {B, L, E - 1}), grads_in(mine)),
       mha::Error);
+
+  // The forward call's params as they were, attention weights included: the
+  // backward leaves the weights out (the C call refuses them) and gives the
+  // same gradients.
+  std::vector<float> weights(static_cast<size_t>(B * H * L * L));
+  const mha::ModuleForwardParams with_weights =
+      mha::ModuleForwardParams()
+          .causal(MHA_CAUSAL_TOP_LEFT)
+          .attn_weights(mha::Tensor(weights.data(), {B, H, L, L}));
+  std::vector<float> again(mine.size(), -3.0f);
+  module.backward(input, input, input, mha::Tensor(dout.data(), {B, L, E}), grads_in(again),
+                  with_weights);
+  EXPECT_TRUE(same_bits(again, theirs));
 }
 
 TEST(CppApi, ErrorsCarryTheStatusAndTheCMessage) {

@@ -66,6 +66,15 @@ namespace detail {
 }
 
 // The dtype of an element type: float, bool, and 32- or 64-bit signed integers.
+// The character types (a shape or a tensor of them is a mistake).
+template <class T>
+constexpr bool is_character_v = std::is_same_v<T, char> || std::is_same_v<T, wchar_t> ||
+                                std::is_same_v<T, char16_t> || std::is_same_v<T, char32_t>
+#if defined(__cpp_char8_t)
+                                || std::is_same_v<T, char8_t>
+#endif
+    ;
+
 template <class T>
 constexpr mha_dtype dtype_of() noexcept {
   using U = std::remove_cv_t<T>;
@@ -73,6 +82,10 @@ constexpr mha_dtype dtype_of() noexcept {
     return MHA_DTYPE_F32;
   } else if constexpr (std::is_same_v<U, bool>) {
     return MHA_DTYPE_BOOL;
+  } else if constexpr (std::is_same_v<U, int8_t>) {  // an int8 KV cache
+    return MHA_DTYPE_I8;
+  } else if constexpr (is_character_v<U>) {  // text is no tensor (wchar_t is 4 bytes here)
+    return MHA_DTYPE_INVALID;
   } else if constexpr (std::is_integral_v<U> && std::is_signed_v<U> && sizeof(U) == 4) {
     return MHA_DTYPE_I32;
   } else if constexpr (std::is_integral_v<U> && std::is_signed_v<U> && sizeof(U) == 8) {
@@ -85,9 +98,8 @@ constexpr mha_dtype dtype_of() noexcept {
 // An integer type a shape can be made of (not bool, not a character type).
 template <class T>
 constexpr bool is_extent_type_v =
-    std::is_integral_v<T> && !std::is_same_v<T, bool> && !std::is_same_v<T, char> &&
-    !std::is_same_v<T, signed char> && !std::is_same_v<T, unsigned char> &&
-    !std::is_same_v<T, wchar_t> && !std::is_same_v<T, char16_t> && !std::is_same_v<T, char32_t>;
+    std::is_integral_v<T> && !std::is_same_v<T, bool> && !is_character_v<T> &&
+    !std::is_same_v<T, signed char> && !std::is_same_v<T, unsigned char>;
 
 template <class R>
 using range_value_t =
@@ -175,8 +187,9 @@ class Tensor {
   template <class U = T, std::enable_if_t<!std::is_void_v<U>, int> = 0>
   Tensor(T* data, const Dims& shape, const Dims& strides = Dims()) {
     static_assert(detail::dtype_of<U>() != MHA_DTYPE_INVALID,
-                  "mha::Tensor: no mha dtype for this element type (float, bool, int32_t and "
-                  "int64_t have one); give the dtype: mha::Tensor(ptr, MHA_DTYPE_..., shape)");
+                  "mha::Tensor: no mha dtype for this element type (float, bool, int8_t, int32_t "
+                  "and int64_t have one); give the dtype: mha::Tensor(ptr, MHA_DTYPE_..., "
+                  "shape)");
     init(const_cast<std::remove_const_t<T>*>(data), detail::dtype_of<U>(), shape, strides);
   }
 
@@ -197,7 +210,8 @@ class Tensor {
 
   // The C descriptor; a mutable one only for a writable tensor.
   const mha_tensor* get() const noexcept { return &desc_; }
-  template <class U = T, std::enable_if_t<!std::is_const_v<U>, int> = 0>
+  // (U is T: a caller's get<void>() on a read-only tensor does not compile.)
+  template <class U = T, std::enable_if_t<std::is_same_v<U, T> && !std::is_const_v<U>, int> = 0>
   mha_tensor* get() noexcept {
     return &desc_;
   }
@@ -239,6 +253,17 @@ using MutableTensor = Tensor<void>;      // what outputs take: tensors over non-
 
 // ------------------------------------------------ scaled dot-product attention
 
+// A setter called on a temporary returns the object itself by value (a
+// copy, which points at its own descriptors), so that
+//   const auto& p = mha::AttentionParams().causal(MHA_CAUSAL_TOP_LEFT);
+// keeps a live object: the lvalue setters' reference would dangle there.
+#define MHA_HPP_RVALUE_SETTER(Class, name)                    \
+  template <typename... Args>                                 \
+  Class name(Args&&... args)&& noexcept {                     \
+    name(std::forward<Args>(args)...); /* *this: an lvalue */ \
+    return std::move(*this);                                  \
+  }
+
 // Parameters of attention().  Tensors given here are copied as descriptors
 // (data pointer, dtype, shape, strides), so temporaries are fine:
 //   mha::AttentionParams().mask(mha::Tensor(m, {Lq, Lk}))
@@ -261,84 +286,96 @@ class AttentionParams {
   ~AttentionParams() = default;
 
   // Default 1/sqrt(D); must be finite and non-zero.
-  AttentionParams& scale(float s) noexcept {
+  AttentionParams& scale(float s) & noexcept {
     params_.has_scale = 1;
     params_.scale = s;
     return *this;
   }
-  AttentionParams& causal(mha_causal mode) noexcept {
+  MHA_HPP_RVALUE_SETTER(AttentionParams, scale)
+  AttentionParams& causal(mha_causal mode) & noexcept {
     params_.causal = mode;
     return *this;
   }
+  MHA_HPP_RVALUE_SETTER(AttentionParams, causal)
   // Sliding window: query i sees keys i+Lk-Lq-left .. i+Lk-Lq+right; -1
   // leaves a side unbounded (the default).
-  AttentionParams& window(int64_t left, int64_t right) noexcept {
+  AttentionParams& window(int64_t left, int64_t right) & noexcept {
     params_.window_left = left;
     params_.window_right = right;
     return *this;
   }
+  MHA_HPP_RVALUE_SETTER(AttentionParams, window)
   // I32 or I64 [B] or [B, Lq]: key j takes part in a row iff j < valid length.
-  AttentionParams& valid_lens(const ConstTensor& t) noexcept {
+  AttentionParams& valid_lens(const ConstTensor& t) & noexcept {
     valid_lens_ = *t.get();
     params_.valid_lens = &valid_lens_;
     return *this;
   }
+  MHA_HPP_RVALUE_SETTER(AttentionParams, valid_lens)
   // BOOL (true = the key takes part) or F32 (added to the scaled scores).
-  AttentionParams& mask(const ConstTensor& t) noexcept {
+  AttentionParams& mask(const ConstTensor& t) & noexcept {
     mask_ = *t.get();
     params_.mask = &mask_;
     return *this;
   }
+  MHA_HPP_RVALUE_SETTER(AttentionParams, mask)
   // Output: F32 [B, H, Lq], the log of each row's softmax denominator.
-  AttentionParams& lse(const MutableTensor& t) noexcept {
+  AttentionParams& lse(const MutableTensor& t) & noexcept {
     lse_ = *t.get();
     params_.lse = &lse_;
     return *this;
   }
-  AttentionParams& dropout(float p, uint64_t seed) noexcept {
+  MHA_HPP_RVALUE_SETTER(AttentionParams, lse)
+  AttentionParams& dropout(float p, uint64_t seed) & noexcept {
     params_.dropout_p = p;
     params_.dropout_seed = seed;
     return *this;
   }
+  MHA_HPP_RVALUE_SETTER(AttentionParams, dropout)
   // Attention sinks: F32 [H], per-head logits in each row's denominator.
-  AttentionParams& sinks(const ConstTensor& t) noexcept {
+  AttentionParams& sinks(const ConstTensor& t) & noexcept {
     sinks_ = *t.get();
     params_.sinks = &sinks_;
     return *this;
   }
+  MHA_HPP_RVALUE_SETTER(AttentionParams, sinks)
   // Logit softcap: s <- cap · tanh(s / cap); 0 turns it off.
-  AttentionParams& softcap(float cap) noexcept {
+  AttentionParams& softcap(float cap) & noexcept {
     params_.softcap = cap;
     return *this;
   }
+  MHA_HPP_RVALUE_SETTER(AttentionParams, softcap)
   // ALiBi: F32 slopes [H] or [B, H]; adds -slope · |i + Lk - Lq - j|.
-  AttentionParams& alibi_slopes(const ConstTensor& t) noexcept {
+  AttentionParams& alibi_slopes(const ConstTensor& t) & noexcept {
     alibi_slopes_ = *t.get();
     params_.alibi_slopes = &alibi_slopes_;
     return *this;
   }
+  MHA_HPP_RVALUE_SETTER(AttentionParams, alibi_slopes)
   // The call as one block of a larger problem: queries [query_offset, +Lq)
   // and keys [key_offset, +Lk) of full_lq x full_lk (0: the block ends the
   // problem).  The causal rule, the window, ALiBi and dropout use full
   // positions; merge the blocks with merge_partials.
   AttentionParams& block(int64_t query_offset, int64_t key_offset, int64_t full_lq = 0,
-                         int64_t full_lk = 0) noexcept {
+                         int64_t full_lk = 0) & noexcept {
     params_.query_offset = query_offset;
     params_.key_offset = key_offset;
     params_.full_lq = full_lq;
     params_.full_lk = full_lk;
     return *this;
   }
+  MHA_HPP_RVALUE_SETTER(AttentionParams, block)
   // An int8 KV cache's row scales (K and V of dtype I8): F32 [B, Hkv, Lk]
   // each ([total_k, Hkv] for attention_varlen, [num_blocks, block_size, Hkv]
   // for a paged cache), value = scale · int8.
-  AttentionParams& kv_scales(const ConstTensor& k_scale, const ConstTensor& v_scale) noexcept {
+  AttentionParams& kv_scales(const ConstTensor& k_scale, const ConstTensor& v_scale) & noexcept {
     k_scale_ = *k_scale.get();
     v_scale_ = *v_scale.get();
     params_.k_scale = &k_scale_;
     params_.v_scale = &v_scale_;
     return *this;
   }
+  MHA_HPP_RVALUE_SETTER(AttentionParams, kv_scales)
 
   // The C struct; its tensor pointers point into this object.
   const mha_attention_params* get() const noexcept { return &params_; }
@@ -396,16 +433,18 @@ class BackwardParams {
   }
   ~BackwardParams() = default;
 
-  BackwardParams& dsinks(const MutableTensor& t) noexcept {
+  BackwardParams& dsinks(const MutableTensor& t) & noexcept {
     dsinks_ = *t.get();
     params_.dsinks = &dsinks_;
     return *this;
   }
-  BackwardParams& dmask(const MutableTensor& t) noexcept {
+  MHA_HPP_RVALUE_SETTER(BackwardParams, dsinks)
+  BackwardParams& dmask(const MutableTensor& t) & noexcept {
     dmask_ = *t.get();
     params_.dmask = &dmask_;
     return *this;
   }
+  MHA_HPP_RVALUE_SETTER(BackwardParams, dmask)
   const mha_backward_params* get() const noexcept { return &params_; }
 
  private:
@@ -480,32 +519,36 @@ class VarlenParams {
   ~VarlenParams() = default;
 
   // I32 [B + 1]: 0, non-decreasing, ending at total_q.  Required.
-  VarlenParams& cu_seqlens_q(const ConstTensor& t) noexcept {
+  VarlenParams& cu_seqlens_q(const ConstTensor& t) & noexcept {
     cu_seqlens_q_ = *t.get();
     varlen_.cu_seqlens_q = &cu_seqlens_q_;
     return *this;
   }
+  MHA_HPP_RVALUE_SETTER(VarlenParams, cu_seqlens_q)
   // I32 [B + 1], ending at total_k: packed keys.  Refused with a block table.
-  VarlenParams& cu_seqlens_k(const ConstTensor& t) noexcept {
+  VarlenParams& cu_seqlens_k(const ConstTensor& t) & noexcept {
     cu_seqlens_k_ = *t.get();
     varlen_.cu_seqlens_k = &cu_seqlens_k_;
     return *this;
   }
+  MHA_HPP_RVALUE_SETTER(VarlenParams, cu_seqlens_k)
   // I32 [B]: the keys sequence b uses -- the first seqused_k[b] of its rows
   // (packed keys, optional), or of its pages (a paged cache, required).
-  VarlenParams& seqused_k(const ConstTensor& t) noexcept {
+  VarlenParams& seqused_k(const ConstTensor& t) & noexcept {
     seqused_k_ = *t.get();
     varlen_.seqused_k = &seqused_k_;
     return *this;
   }
+  MHA_HPP_RVALUE_SETTER(VarlenParams, seqused_k)
   // I32 [B, max_blocks]: a paged KV cache; k and v are then [num_blocks,
   // block_size, Hkv, D / Dv] and key j of sequence b is row j % block_size of
   // block block_table[b][j / block_size].
-  VarlenParams& block_table(const ConstTensor& t) noexcept {
+  VarlenParams& block_table(const ConstTensor& t) & noexcept {
     block_table_ = *t.get();
     varlen_.block_table = &block_table_;
     return *this;
   }
+  MHA_HPP_RVALUE_SETTER(VarlenParams, block_table)
 
   // The C struct; its tensor pointers point into this object.
   const mha_varlen_params* get() const noexcept { return &varlen_; }
@@ -544,6 +587,15 @@ inline void attention_varlen(const ConstTensor& q, const ConstTensor& k, const C
                              MutableTensor out, const VarlenParams& varlen,
                              const AttentionParams& params = AttentionParams()) {
   check(mha_attention_varlen(q.get(), k.get(), v.get(), out.get(), varlen.get(), params.get()));
+}
+
+// An int8 KV cache's rows (mha_quantize_kv): src F32, BF16 or F16 [B, Hkv,
+// L, D] into dst I8 [B, Hkv, L, D] (an mha::Tensor<int8_t>) and scale F32
+// [B, Hkv, L], one scale per row, max|row| / 127; pass them as k or v and
+// AttentionParams::kv_scales.  A row with NaN or an infinity is refused
+// (mha::Error), nothing written.
+inline void quantize_kv(const ConstTensor& src, MutableTensor dst, MutableTensor scale) {
+  check(mha_quantize_kv(src.get(), dst.get(), scale.get()));
 }
 
 // Writes new K and V rows into their slots of a paged cache (vLLM's
@@ -662,65 +714,75 @@ class ModuleForwardParams {
   ~ModuleForwardParams() = default;
 
   // d2l's valid_lens: I32/I64 [B] or [B, Lq].
-  ModuleForwardParams& valid_lens(const ConstTensor& t) noexcept {
+  ModuleForwardParams& valid_lens(const ConstTensor& t) & noexcept {
     valid_lens_ = *t.get();
     params_.valid_lens = &valid_lens_;
     return *this;
   }
+  MHA_HPP_RVALUE_SETTER(ModuleForwardParams, valid_lens)
   // PyTorch's convention: bool true = the key is ignored; or f32, added.
-  ModuleForwardParams& key_padding_mask(const ConstTensor& t) noexcept {
+  ModuleForwardParams& key_padding_mask(const ConstTensor& t) & noexcept {
     key_padding_mask_ = *t.get();
     params_.key_padding_mask = &key_padding_mask_;
     return *this;
   }
+  MHA_HPP_RVALUE_SETTER(ModuleForwardParams, key_padding_mask)
   // PyTorch's convention: bool true = not allowed; or f32, added.
-  ModuleForwardParams& attn_mask(const ConstTensor& t) noexcept {
+  ModuleForwardParams& attn_mask(const ConstTensor& t) & noexcept {
     attn_mask_ = *t.get();
     params_.attn_mask = &attn_mask_;
     return *this;
   }
-  ModuleForwardParams& causal(mha_causal mode) noexcept {
+  MHA_HPP_RVALUE_SETTER(ModuleForwardParams, attn_mask)
+  ModuleForwardParams& causal(mha_causal mode) & noexcept {
     params_.causal = mode;
     return *this;
   }
+  MHA_HPP_RVALUE_SETTER(ModuleForwardParams, causal)
   // Output: [B, H, Lq, Lk], or [B, Lq, Lk] when averaged over the heads.
-  ModuleForwardParams& attn_weights(const MutableTensor& t, bool average = false) noexcept {
+  ModuleForwardParams& attn_weights(const MutableTensor& t, bool average = false) & noexcept {
     attn_weights_ = *t.get();
     params_.attn_weights = &attn_weights_;
     params_.average_attn_weights = average ? 1 : 0;
     return *this;
   }
+  MHA_HPP_RVALUE_SETTER(ModuleForwardParams, attn_weights)
   // Training mode: dropout as configured, decided by the seed.
-  ModuleForwardParams& training(uint64_t dropout_seed) noexcept {
+  ModuleForwardParams& training(uint64_t dropout_seed) & noexcept {
     params_.training = 1;
     params_.dropout_seed = dropout_seed;
     return *this;
   }
+  MHA_HPP_RVALUE_SETTER(ModuleForwardParams, training)
   // The attention variants, as AttentionParams' (H = the module's heads).
   // Sliding window: query i sees keys i+Lk-Lq-left .. i+Lk-Lq+right; -1
   // leaves a side unbounded (the default).
-  ModuleForwardParams& window(int64_t left, int64_t right) noexcept {
+  ModuleForwardParams& window(int64_t left, int64_t right) & noexcept {
     params_.window_left = left;
     params_.window_right = right;
     return *this;
   }
+  MHA_HPP_RVALUE_SETTER(ModuleForwardParams, window)
   // Attention sinks: F32 [H], per-head logits in each row's denominator.
-  ModuleForwardParams& sinks(const ConstTensor& t) noexcept {
+  ModuleForwardParams& sinks(const ConstTensor& t) & noexcept {
     sinks_ = *t.get();
     params_.sinks = &sinks_;
     return *this;
   }
+  MHA_HPP_RVALUE_SETTER(ModuleForwardParams, sinks)
   // Logit softcap: s <- cap · tanh(s / cap); 0 turns it off.
-  ModuleForwardParams& softcap(float cap) noexcept {
+  ModuleForwardParams& softcap(float cap) & noexcept {
     params_.softcap = cap;
     return *this;
   }
+  MHA_HPP_RVALUE_SETTER(ModuleForwardParams, softcap)
   // ALiBi: F32 slopes [H] or [B, H]; adds -slope · |i + Lk - Lq - j|.
-  ModuleForwardParams& alibi_slopes(const ConstTensor& t) noexcept {
+  ModuleForwardParams& alibi_slopes(const ConstTensor& t) & noexcept {
     alibi_slopes_ = *t.get();
     params_.alibi_slopes = &alibi_slopes_;
     return *this;
   }
+  MHA_HPP_RVALUE_SETTER(ModuleForwardParams, alibi_slopes)
 
   // The C struct; its tensor pointers point into this object.
   const mha_module_forward_params* get() const noexcept { return &params_; }
@@ -771,18 +833,30 @@ class ModuleGradients {
   ~ModuleGradients() = default;
 
   // The inputs' gradients; one tensor given for several inputs gets their sum.
-  ModuleGradients& query(const MutableTensor& t) noexcept { return set(kQuery, t); }
-  ModuleGradients& key(const MutableTensor& t) noexcept { return set(kKey, t); }
-  ModuleGradients& value(const MutableTensor& t) noexcept { return set(kValue, t); }
-  ModuleGradients& q_proj_weight(const MutableTensor& t) noexcept { return set(kWq, t); }
-  ModuleGradients& k_proj_weight(const MutableTensor& t) noexcept { return set(kWk, t); }
-  ModuleGradients& v_proj_weight(const MutableTensor& t) noexcept { return set(kWv, t); }
-  ModuleGradients& q_proj_bias(const MutableTensor& t) noexcept { return set(kBq, t); }
-  ModuleGradients& k_proj_bias(const MutableTensor& t) noexcept { return set(kBk, t); }
-  ModuleGradients& v_proj_bias(const MutableTensor& t) noexcept { return set(kBv, t); }
-  ModuleGradients& out_proj_weight(const MutableTensor& t) noexcept { return set(kWo, t); }
-  ModuleGradients& out_proj_bias(const MutableTensor& t) noexcept { return set(kBo, t); }
-  ModuleGradients& sinks(const MutableTensor& t) noexcept { return set(kSinks, t); }
+  ModuleGradients& query(const MutableTensor& t) & noexcept { return set(kQuery, t); }
+  MHA_HPP_RVALUE_SETTER(ModuleGradients, query)
+  ModuleGradients& key(const MutableTensor& t) & noexcept { return set(kKey, t); }
+  MHA_HPP_RVALUE_SETTER(ModuleGradients, key)
+  ModuleGradients& value(const MutableTensor& t) & noexcept { return set(kValue, t); }
+  MHA_HPP_RVALUE_SETTER(ModuleGradients, value)
+  ModuleGradients& q_proj_weight(const MutableTensor& t) & noexcept { return set(kWq, t); }
+  MHA_HPP_RVALUE_SETTER(ModuleGradients, q_proj_weight)
+  ModuleGradients& k_proj_weight(const MutableTensor& t) & noexcept { return set(kWk, t); }
+  MHA_HPP_RVALUE_SETTER(ModuleGradients, k_proj_weight)
+  ModuleGradients& v_proj_weight(const MutableTensor& t) & noexcept { return set(kWv, t); }
+  MHA_HPP_RVALUE_SETTER(ModuleGradients, v_proj_weight)
+  ModuleGradients& q_proj_bias(const MutableTensor& t) & noexcept { return set(kBq, t); }
+  MHA_HPP_RVALUE_SETTER(ModuleGradients, q_proj_bias)
+  ModuleGradients& k_proj_bias(const MutableTensor& t) & noexcept { return set(kBk, t); }
+  MHA_HPP_RVALUE_SETTER(ModuleGradients, k_proj_bias)
+  ModuleGradients& v_proj_bias(const MutableTensor& t) & noexcept { return set(kBv, t); }
+  MHA_HPP_RVALUE_SETTER(ModuleGradients, v_proj_bias)
+  ModuleGradients& out_proj_weight(const MutableTensor& t) & noexcept { return set(kWo, t); }
+  MHA_HPP_RVALUE_SETTER(ModuleGradients, out_proj_weight)
+  ModuleGradients& out_proj_bias(const MutableTensor& t) & noexcept { return set(kBo, t); }
+  MHA_HPP_RVALUE_SETTER(ModuleGradients, out_proj_bias)
+  ModuleGradients& sinks(const MutableTensor& t) & noexcept { return set(kSinks, t); }
+  MHA_HPP_RVALUE_SETTER(ModuleGradients, sinks)
 
   // The C struct; its tensor pointers point into this object.
   const mha_module_gradients* get() const noexcept { return &grads_; }
@@ -820,6 +894,8 @@ class ModuleGradients {
   mha_module_gradients grads_{};
   mha_tensor tensors_[kSlots]{};
 };
+
+#undef MHA_HPP_RVALUE_SETTER
 
 // An mha_module owned by this object: destroyed with it; movable, not copyable.
 class Module {
@@ -866,15 +942,21 @@ class Module {
 
   // The gradients of forward(query, key, value, out, params) for dout
   // [B, Lq, E] = dL/d(out), into those `grads` names (the forward is
-  // recomputed: pass the forward call's params).
+  // recomputed: pass the forward call's params; attention weights it asked
+  // for are left out, as the backward returns none).
   void backward(const ConstTensor& query, const ConstTensor& key, const ConstTensor& value,
                 const ConstTensor& dout, const ModuleGradients& grads,
                 const ModuleForwardParams& params = ModuleForwardParams()) const {
-    check(mha_module_backward(module_, query.get(), key.get(), value.get(), dout.get(),
-                              params.get(), grads.get()));
+    mha_module_forward_params call = *params.get();  // its tensors still point into params
+    call.attn_weights = nullptr;
+    check(mha_module_backward(module_, query.get(), key.get(), value.get(), dout.get(), &call,
+                              grads.get()));
   }
 
-  mha_module* get() const noexcept { return module_; }
+  // The C handle: a mutable one only through a non-const Module (set_weight
+  // must not run while a forward or backward of the module does).
+  const mha_module* get() const noexcept { return module_; }
+  mha_module* get() noexcept { return module_; }
 
  private:
   mha_module* module_ = nullptr;

@@ -44,6 +44,7 @@ static_assert(sizeof(dim_t) == sizeof(int64_t) && sizeof(inc_t) == sizeof(int64_
 // one that would not run (blis_arch_problem).
 std::string g_blis_problem;  // empty: BLIS can run here
 
+#if defined(__x86_64__)
 // The CPU features the kernels of a BLIS 0.9 kernel set (arch_t) need on
 // x86-64; nullopt for a set mha does not know this CPU to run: Xeon Phi's,
 // the Bulldozer family's (Excavator to Bulldozer: FMA4, which mha does not
@@ -69,6 +70,7 @@ std::optional<uint32_t> blis_arch_needs(long id) {
       return std::nullopt;
   }
 }
+#endif
 
 void prepare_blis() {
 #if defined(__x86_64__)
