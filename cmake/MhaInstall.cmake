@@ -5,9 +5,10 @@ include(CMakePackageConfigHelpers)
 install(TARGETS mha EXPORT mhaTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-# (mha_mpi.h goes with libmha-mpi: mpi/CMakeLists.txt installs it when built.)
+# (mha_mpi.h goes with libmha-mpi: mpi/CMakeLists.txt installs it when built;
+# plugin_abi.h is the runtime's contract with its own plugins, not an API.)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/mha DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
-  PATTERN "mha_mpi.h" EXCLUDE)
+  PATTERN "mha_mpi.h" EXCLUDE PATTERN "plugin_abi.h" EXCLUDE)
 install(EXPORT mhaTargets NAMESPACE mha:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/mha)
 
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/mhaConfig.cmake.in
@@ -21,3 +22,10 @@ install(FILES ${CMAKE_BINARY_DIR}/mhaConfig.cmake ${CMAKE_BINARY_DIR}/mhaConfigV
 file(RELATIVE_PATH MHA_PC_TO_PREFIX "/prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/prefix")
 configure_file(${PROJECT_SOURCE_DIR}/cmake/mha.pc.in ${CMAKE_BINARY_DIR}/mha.pc @ONLY)
 install(FILES ${CMAKE_BINARY_DIR}/mha.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+if(TARGET mha_mpi)
+  configure_file(${PROJECT_SOURCE_DIR}/cmake/mha-mpi.pc.in ${CMAKE_BINARY_DIR}/mha-mpi.pc @ONLY)
+  install(FILES ${CMAKE_BINARY_DIR}/mha-mpi.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+endif()
+
+install(FILES ${PROJECT_SOURCE_DIR}/LICENSE ${PROJECT_SOURCE_DIR}/README.md
+              ${PROJECT_SOURCE_DIR}/CHANGELOG.md DESTINATION ${CMAKE_INSTALL_DOCDIR})

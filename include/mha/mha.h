@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define MHA_VERSION_MAJOR 0
-#define MHA_VERSION_MINOR 1
+#define MHA_VERSION_MINOR 4
 #define MHA_VERSION_PATCH 0
 
 /* ---------------------------------------------------------------- status */
@@ -72,7 +72,7 @@ MHA_API const char* mha_status_name(mha_status status);
  * the next mha call on the same thread. */
 MHA_API const char* mha_last_error(void);
 
-/* "0.1.0" */
+/* "0.4.0" */
 MHA_API const char* mha_version(void);
 
 /* ---------------------------------------------------------------- tensors */

@@ -44,6 +44,14 @@
 #define MHA_MHA_MPI_H
 
 #include <mha/mha.h>
+/* MPI's C API only: the C++ bindings some MPIs still ship (deprecated since
+ * MPI 2.2) warn under -Wall -Wextra in C++ programs and are not used here. */
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
 #include <mpi.h>
 
 #ifdef __cplusplus
