@@ -65,7 +65,6 @@ namespace detail {
   throw Error(status, std::string(mha_status_name(status)) + ": " + message);
 }
 
-// The dtype of an element type: float, bool, and 32- or 64-bit signed integers.
 // The character types (a shape or a tensor of them is a mistake).
 template <class T>
 constexpr bool is_character_v = std::is_same_v<T, char> || std::is_same_v<T, wchar_t> ||
@@ -75,6 +74,13 @@ constexpr bool is_character_v = std::is_same_v<T, char> || std::is_same_v<T, wch
 #endif
     ;
 
+// A signed integer type that is not text (wchar_t is a 4-byte one here).
+template <class T>
+constexpr bool is_signed_integer_v =
+    std::is_integral_v<T>&& std::is_signed_v<T> && !is_character_v<T>;
+
+// The dtype of an element type: float, bool, int8_t, and 32- or 64-bit signed
+// integers.
 template <class T>
 constexpr mha_dtype dtype_of() noexcept {
   using U = std::remove_cv_t<T>;
@@ -84,11 +90,9 @@ constexpr mha_dtype dtype_of() noexcept {
     return MHA_DTYPE_BOOL;
   } else if constexpr (std::is_same_v<U, int8_t>) {  // an int8 KV cache
     return MHA_DTYPE_I8;
-  } else if constexpr (is_character_v<U>) {  // text is no tensor (wchar_t is 4 bytes here)
-    return MHA_DTYPE_INVALID;
-  } else if constexpr (std::is_integral_v<U> && std::is_signed_v<U> && sizeof(U) == 4) {
+  } else if constexpr (is_signed_integer_v<U> && sizeof(U) == 4) {
     return MHA_DTYPE_I32;
-  } else if constexpr (std::is_integral_v<U> && std::is_signed_v<U> && sizeof(U) == 8) {
+  } else if constexpr (is_signed_integer_v<U> && sizeof(U) == 8) {
     return MHA_DTYPE_I64;
   } else {
     return MHA_DTYPE_INVALID;
