@@ -44,12 +44,12 @@ static_assert(sizeof(dim_t) == sizeof(int64_t) && sizeof(inc_t) == sizeof(int64_
 // one that would not run (blis_arch_problem).
 std::string g_blis_problem;  // empty: BLIS can run here
 
-#if defined(__x86_64__)
-// The CPU features the kernels of a BLIS 0.9 kernel set (arch_t) need on
-// x86-64; nullopt for a set mha does not know this CPU to run: Xeon Phi's,
-// the Bulldozer family's (Excavator to Bulldozer: FMA4, which mha does not
-// probe), other architectures'.
+// The CPU features the kernels of a BLIS 0.9 kernel set (arch_t) need here (0:
+// any CPU of this architecture); nullopt for a set mha does not know this CPU
+// (or this BLIS, as Debian builds it) to run: another architecture's, Xeon
+// Phi's, the Bulldozer family's (FMA4, which mha does not probe), SVE's.
 std::optional<uint32_t> blis_arch_needs(long id) {
+#if defined(__x86_64__)
   constexpr uint32_t kAvx512 =
       MHA_CPU_AVX512F | MHA_CPU_AVX512DQ | MHA_CPU_AVX512BW | MHA_CPU_AVX512VL;
   constexpr uint32_t kAvx2 = MHA_CPU_AVX | MHA_CPU_AVX2 | MHA_CPU_FMA;
@@ -64,28 +64,45 @@ std::optional<uint32_t> blis_arch_needs(long id) {
     case BLIS_ARCH_SANDYBRIDGE:
       return MHA_CPU_AVX;
     case BLIS_ARCH_PENRYN:
-    case BLIS_ARCH_GENERIC:
       return MHA_CPU_SSE2;
+    case BLIS_ARCH_GENERIC:
+      return 0u;
     default:
       return std::nullopt;
   }
-}
+#elif defined(__aarch64__)
+  switch (id) {
+    case BLIS_ARCH_FIRESTORM:
+    case BLIS_ARCH_THUNDERX2:
+    case BLIS_ARCH_CORTEXA57:
+    case BLIS_ARCH_CORTEXA53:
+      return MHA_CPU_NEON;
+    case BLIS_ARCH_GENERIC:
+      return 0u;
+    default:
+      return std::nullopt;
+  }
+#else
+  return id == BLIS_ARCH_GENERIC ? std::optional<uint32_t>(0u) : std::nullopt;
 #endif
+}
 
 void prepare_blis() {
-#if defined(__x86_64__)
   const char* version = bli_info_get_version_str();
   if (version == nullptr || std::strncmp(version, "0.", 2) != 0) return;
-  constexpr uint32_t kSkx =
-      MHA_CPU_AVX512F | MHA_CPU_AVX512DQ | MHA_CPU_AVX512BW | MHA_CPU_AVX512VL;
   const uint32_t cpu = cpu_features();
   const char* given = std::getenv("BLIS_ARCH_TYPE");
   if (given == nullptr || *given == '\0') {
+#if defined(__x86_64__)
+    constexpr uint32_t kSkx =
+        MHA_CPU_AVX512F | MHA_CPU_AVX512DQ | MHA_CPU_AVX512BW | MHA_CPU_AVX512VL;
     if ((cpu & kSkx) == kSkx) {
       setenv("BLIS_ARCH_TYPE", std::to_string(static_cast<int>(BLIS_ARCH_SKX)).c_str(), 1);
-    } else if (given != nullptr) {
-      unsetenv("BLIS_ARCH_TYPE");  // empty: BLIS would take skx; let it detect the CPU
+      return;
     }
+#endif
+    // Empty: BLIS would read id 0 (skx); let it detect the CPU instead.
+    if (given != nullptr) unsetenv("BLIS_ARCH_TYPE");
     return;
   }
   char* end = nullptr;
@@ -106,9 +123,8 @@ void prepare_blis() {
   if (!needs || (cpu & *needs) != *needs) {
     g_blis_problem = shown + read_as + " asks BLIS for its " +
                      bli_arch_string(static_cast<arch_t>(id)) +
-                     " kernels, which this CPU cannot run (BLIS would end the process with an "
-                     "illegal instruction): unset it, or give a kernel set this CPU has (its "
-                     "features: " +
+                     " kernels, which this CPU (or this BLIS) cannot run -- BLIS would end the "
+                     "process: unset it, or give a kernel set this CPU has (its features: " +
                      feature_names(cpu) + ")";
     return;
   }
@@ -116,7 +132,6 @@ void prepare_blis() {
     std::fprintf(stderr, "mha: %s%s: BLIS uses its %s kernels\n", shown.c_str(), read_as.c_str(),
                  bli_arch_string(static_cast<arch_t>(id)));
   }
-#endif
 }
 
 void prepare_blis_once() {
