@@ -90,6 +90,19 @@ std::string canonical(const std::string& path) {
   return result;
 }
 
+// Why `path` (called `name` in the reason), whose status is st, may not be
+// trusted: its own owner and mode, then every directory above what it
+// resolves to (for a plugin file, a symbolic link may lead out of the plugin
+// directory).  "" when trusted.
+std::string untrusted_path(const std::string& path, const struct stat& st,
+                           const std::string& name) {
+  if (const std::string why = problem(st); !why.empty()) return name + " " + why;
+  const std::string real = canonical(path);
+  if (real.empty()) return name + " cannot be resolved: " + std::strerror(errno);
+  const std::string above = untrusted_ancestor(real);
+  return above.empty() ? above : name + " lies under " + above;
+}
+
 }  // namespace
 
 std::string untrusted_directory(const std::string& directory) {
@@ -97,15 +110,7 @@ std::string untrusted_directory(const std::string& directory) {
   struct stat st {};
   if (::stat(directory.c_str(), &st) != 0) return name + " cannot be read: " + std::strerror(errno);
   if (!S_ISDIR(st.st_mode)) return name + " is not a directory";
-  std::string why = problem(st);
-  if (!why.empty()) {
-    why = name + " " + why;
-  } else {
-    const std::string real = canonical(directory);
-    if (real.empty()) return name + " cannot be resolved: " + std::strerror(errno);
-    why = untrusted_ancestor(real);
-    if (!why.empty()) why = name + " lies under " + why;
-  }
+  std::string why = untrusted_path(directory, st, name);
   if (!why.empty()) why += "; plugins are only loaded from a directory only its owner can change";
   return why;
 }
@@ -115,17 +120,7 @@ std::string untrusted_file(const std::string& path) {
   if (::stat(path.c_str(), &st) != 0) return {};
   const std::string name = "the plugin " + shown(path);
   if (!S_ISREG(st.st_mode)) return name + " is not a regular file";
-  std::string why = problem(st);
-  if (!why.empty()) {
-    why = name + " " + why;
-  } else {
-    // Its own directory was checked as the plugin directory; a symbolic link
-    // may lead elsewhere.
-    const std::string real = canonical(path);
-    if (real.empty()) return name + " cannot be resolved: " + std::strerror(errno);
-    why = untrusted_ancestor(real);
-    if (!why.empty()) why = name + " lies under " + why;
-  }
+  std::string why = untrusted_path(path, st, name);
   if (!why.empty()) why += "; it is not loaded";
   return why;
 }
