@@ -99,9 +99,11 @@ def scaled_dot_product_attention(
     regenerating dropout's mask from the seed the forward used (drawn here
     when dropout_seed is None).  The gradients have the inputs' shapes and
     dtypes; with enable_gqa, key's and value's are summed over each head's
-    group.  The LSE of return_lse has no gradient.  For now the backward takes
-    float32 query, key and value (bfloat16, float16 and int8 are refused with
-    TypeError while a tensor requires grad); out= is refused then (ValueError,
+    group.  The LSE of return_lse has no gradient.  The backward takes float32,
+    bfloat16 and float16 query, key and value (widened to fp32 as they are
+    read, every sum fp32, a half-precision gradient rounded once); an int8 KV
+    cache is refused with TypeError while a tensor requires grad; out= is
+    refused then (ValueError,
     as PyTorch's out= functions have no autograd), and so are alibi_slopes,
     k_scale and v_scale that require grad (they have no gradient).  Second
     derivatives are not computed.  scaled_dot_product_attention_backward is

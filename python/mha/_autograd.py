@@ -12,6 +12,10 @@ from ._once import once_differentiable
 # The arguments that have a gradient, in the order _Attention.apply takes them.
 _DIFFERENTIABLE = ("query", "key", "value", "attn_mask", "sinks")
 
+# The dtypes of query, key and value that the backward takes (mha_attention_backward widens
+# half-precision ones to fp32 as it reads them and rounds each gradient once, at the end).
+_GRADIENT_DTYPES = ("float32", "bfloat16", "float16")
+
 
 class _Options:
     """The forward's other arguments, as the extension takes them (kept for the backward)."""
@@ -48,12 +52,12 @@ def attention_with_grad(query, key, value, attn_mask, valid_lens, k_scale, v_sca
                         f"gradients flow through torch's autograd), not {type(query).__name__}")
     for name in ("query", "key", "value"):
         dtype = str(getattr(inputs[name], "dtype", "")).replace("torch.", "")
-        if dtype != "float32":
+        if dtype not in _GRADIENT_DTYPES:
             because = "requires grad" if name == culprit else f"{culprit} requires grad"
             raise TypeError(
-                f"{name} is {dtype} and {because}: mha's gradients take float32 query, key "
-                "and value only, for now; convert them to float32, or call under "
-                "torch.no_grad()")
+                f"{name} is {dtype} and {because}: mha's gradients take float32, bfloat16 "
+                "and float16 query, key and value (an int8 KV cache has no gradient); "
+                "convert it, or call under torch.no_grad()")
     options = _Options(valid_lens=valid_lens, k_scale=k_scale, v_scale=v_scale, scale=scale,
                        causal=causal, enable_gqa=enable_gqa, dropout_p=dropout_p,
                        dropout_seed=dropout_seed, window_left=window_left,
@@ -96,12 +100,17 @@ class _Attention(torch.autograd.Function):
         wants = ctx.needs_input_grad
         o = ctx.options
 
-        def gradient(x):
-            return torch.empty(tuple(x.shape), dtype=torch.float32)
+        def gradient(x, dtype=None):
+            if dtype is None:  # a NumPy array's (which gets none back) in float32
+                dtype = x.dtype if isinstance(x, torch.Tensor) else torch.float32
+            return torch.empty(tuple(x.shape), dtype=dtype)
 
+        # query's, key's and value's in their own dtypes, as autograd hands them on (a
+        # half-precision gradient is the library's fp32 sum rounded once); a float mask's
+        # and the sinks' in float32, the dtype the library writes them in.
         grad_query, grad_key, grad_value = gradient(query), gradient(key), gradient(value)
-        grad_mask = gradient(attn_mask) if wants[3] else None
-        grad_sinks = gradient(sinks) if wants[4] else None
+        grad_mask = gradient(attn_mask, torch.float32) if wants[3] else None
+        grad_sinks = gradient(sinks, torch.float32) if wants[4] else None
         _mha.attention_backward(grad_out, query, key, value, out, lse, grad_query, grad_key,
                                 grad_value, attn_mask, valid_lens, grad_mask, sinks,
                                 grad_sinks, o.scale, o.causal, o.enable_gqa, o.dropout_p,

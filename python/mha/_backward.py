@@ -40,13 +40,17 @@ def scaled_dot_product_attention_backward(
         weights are dropped: mha regenerates its counter-based mask, it never
         stores one).
 
-    query, key, value, out and grad_out are float32 for now; an int8 KV cache
+    query, key and value: float32, bfloat16 or float16, as the forward took
+    them (half-precision ones are widened to fp32 as they are read; every sum
+    is fp32); out and grad_out float32 or query's dtype.  An int8 KV cache
     has no gradient.
 
-    grad_query, grad_key, grad_value: optional float32 arrays of query's,
-        key's and value's shapes to write the gradients into (any strides);
-        allocated in query's framework when None.  With enable_gqa, grad_key
-        and grad_value are summed over each key/value head's query heads.
+    grad_query, grad_key, grad_value: optional arrays of query's, key's and
+        value's shapes to write the gradients into (any strides), each float32
+        or its input's dtype (a half-precision gradient is the fp32 sum
+        rounded once); float32 arrays in query's framework when None.  With
+        enable_gqa, grad_key and grad_value are summed over each key/value
+        head's query heads.
     grad_attn_mask: optional float32 array of attn_mask's own shape (a float
         mask): written with dL/d(attn_mask), summed over the axes the mask
         broadcasts, 0 where a key does not take part.

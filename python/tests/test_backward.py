@@ -553,18 +553,6 @@ def test_finite_differences_of_mhas_own_forward():
 
 # ---------------------------------------------------------------- refused
 
-def test_half_precision_with_grad_is_refused_for_now(rng):
-    q, k, v = (torch.from_numpy(x) for x in random_qkv(rng))
-    with pytest.raises(TypeError, match="query is bfloat16 and requires grad.*for now"):
-        mha.scaled_dot_product_attention(q.bfloat16().requires_grad_(), k.bfloat16(),
-                                         v.bfloat16())
-    with pytest.raises(TypeError, match="query is float16 and value requires grad.*for now"):
-        mha.scaled_dot_product_attention(q.half(), k.half(), v.half().requires_grad_())
-    with torch.no_grad():  # without autograd half precision works as before
-        mha.scaled_dot_product_attention(q.bfloat16().requires_grad_(), k.bfloat16(),
-                                         v.bfloat16())
-
-
 def test_int8_cache_with_grad_is_refused(rng):
     q, k, v = random_qkv(rng)
     k8, k_scale = mha.quantize_kv(k)
