@@ -245,6 +245,9 @@ static_assert(!std::is_convertible_v<mha::Tensor<const float>, mha::MutableTenso
 static_assert(!std::is_convertible_v<mha::ConstTensor, mha::MutableTensor>);
 static_assert(!std::is_convertible_v<mha::ConstTensor, mha::Tensor<const float>>);
 static_assert(!std::is_convertible_v<mha::Tensor<int32_t>, mha::Tensor<const float>>);
+// mha.h's limits in a C++ program built with -Wold-style-cast (a C cast in a macro
+// the caller expands is the caller's warning).
+static_assert(MHA_MAX_EXTENT == (int64_t{1} << 40) && MHA_MAX_HEAD_DIM == 65536);
 #endif
 
 }  // namespace mha_compile_test

@@ -91,7 +91,8 @@ typedef enum mha_dtype {
 
 #define MHA_MAX_DIMS 4
 #define MHA_MAX_HEAD_DIM 65536
-#define MHA_MAX_EXTENT ((int64_t)1 << 40)
+/* INT64_C, not a cast: C++ callers may build with -Wold-style-cast. */
+#define MHA_MAX_EXTENT (INT64_C(1) << 40)
 
 typedef struct mha_tensor {
   void* data;
