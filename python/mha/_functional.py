@@ -44,7 +44,8 @@ def multi_head_attention_forward(
     PyTorch's arguments, names, positions and shapes (sequence-first, as
     PyTorch's function: query [L, B, E], key [S, B, kdim], value [S, B,
     vdim], or unbatched [L, E], [S, kdim], [S, vdim]); NumPy arrays or
-    PyTorch tensors (any strides, read in place), float32:
+    PyTorch tensors (any strides, read in place), float32 (bfloat16 and
+    float16 tensors compute in float32 on their values; see Returns):
 
     embed_dim_to_check: E, query's features; num_heads: H, dividing E.
     in_proj_weight [3E, E], in_proj_bias [3E] or None: the stacked
@@ -84,13 +85,15 @@ def multi_head_attention_forward(
     kept), dropout's mask regenerated from the seed the forward used.  The
     same tensor as query, key and value (self-attention), or as key and value,
     gets the sum of its gradients, as in PyTorch.  The attention weights of
-    need_weights=True are not differentiable (the output is).  For now
-    query, key, value, the weights and sinks must be float32 then (TypeError);
-    a float mask or alibi_slopes that requires grad is refused (ValueError:
+    need_weights=True are not differentiable (the output is).  Query, key,
+    value and the weights may be float32, bfloat16 or float16 then (each
+    gradient in its tensor's dtype, rounded once), sinks float32 (TypeError
+    otherwise: float64 would lose its precision); a float mask or alibi_slopes that requires grad is refused (ValueError:
     they have no gradient).  No second derivatives.
 
-    Returns (output [L, B, E] or [L, E], weights or None), float32, in
-    query's framework.  Raises ValueError for shapes PyTorch refuses (naming
+    Returns (output [L, B, E] or [L, E], weights or None), float32 -- or
+    query's dtype when it is a bfloat16 or float16 tensor --, in query's
+    framework.  Raises ValueError for shapes PyTorch refuses (naming
     the argument), TypeError for arguments of the wrong type (a dtype mha has
     no name for, such as float64, included), mha.Error when the library
     refuses the call (another dtype than float32, ...).
@@ -130,7 +133,8 @@ def multi_head_attention_backward(
     memory O((L + S)·E)).  dropout_seed: the forward's seed, required when
     training with dropout_p > 0 (the same weights are dropped again).
 
-    Returns {name: gradient}, float32 arrays in query's framework, named as
+    Returns {name: gradient}, float32 arrays in query's framework (also for
+    bfloat16 and float16 tensors, computed in float32 on their values), named as
     the forward's arguments: "query", "key", "value", the weights that were
     given ("in_proj_weight", or "q_proj_weight", "k_proj_weight",
     "v_proj_weight"; "out_proj_weight"), the biases that were given
@@ -150,6 +154,9 @@ def multi_head_attention_backward(
     flag(average_attn_weights, "average_attn_weights")
     call.backward_seed(dropout_seed)
     grad_output = array_argument(grad_output, "grad_output")
+    call.widen_half_inputs()  # the gradients are float32 (as below) whatever the inputs
+    if _is_half_tensor(grad_output):
+        grad_output = grad_output.float()
     if shape_of(grad_output) != call.shapes.out:
         raise ValueError(f"grad_output has shape {list(shape_of(grad_output))}; it must be the "
                          f"output's, {list(call.shapes.out)}")
@@ -166,17 +173,22 @@ def forward(call, cache):
     """The forward of a checked call, through mha's autograd.Function when a tensor requires
     grad; with the library module `cache` holds (a ModuleCache), or a new one when None."""
     library = LibraryModule(call.config) if cache is None else cache.get(call.config)
+    result_dtype = call.widen_half_inputs()
     if _grad_wanted(*call.inputs.values(), *call.weights.values(), call.sinks,
                     call.key_padding_mask, call.attn_mask, call.alibi_slopes):
         from ._module_autograd import forward_with_grad
-        return forward_with_grad(call, library)
-    out = empty_like_framework(call.query, call.shapes.out, "float32")
-    weights = None
-    if call.need_weights:
-        weights = empty_like_framework(call.query, call.shapes.weights(call.average_attn_weights),
-                                       "float32")
-    call.load(library)
-    library.module.forward(*call.forward_arguments(out, weights))
+        out, weights = forward_with_grad(call, library)
+    else:
+        out = empty_like_framework(call.query, call.shapes.out, "float32")
+        weights = None
+        if call.need_weights:
+            weights = empty_like_framework(
+                call.query, call.shapes.weights(call.average_attn_weights), "float32")
+        call.load(library)
+        library.module.forward(*call.forward_arguments(out, weights))
+    if result_dtype is not None:  # a half-precision query's results in its dtype
+        out = out.to(result_dtype)
+        weights = None if weights is None else weights.to(result_dtype)
     return out, weights
 
 
@@ -269,6 +281,21 @@ class _Call:
         self.need_weights = False
         self.average_attn_weights = True
         self.dropout_seed = 0
+
+    def widen_half_inputs(self):
+        """Makes bfloat16 and float16 torch tensors among query, key and value float32 (the
+        library's module computes in float32; autograd records the conversion, so their
+        gradients come back in their dtypes), one tensor given twice staying one.  Returns
+        query's half-precision dtype, which the results take, or None."""
+        widened = {}
+        for name, x in self.inputs.items():
+            if _is_half_tensor(x):
+                if id(x) not in widened:
+                    widened[id(x)] = (x, x.float())  # (x kept: its id stays its own)
+                self.inputs[name] = widened[id(x)][1]
+        result = self.query.dtype if id(self.query) in widened else None
+        self.query = self.inputs["query"]
+        return result
 
     @property
     def dropout(self):
@@ -378,6 +405,11 @@ class _Geometry:
         self.kdim = kdim
         self.vdim = vdim
         self.batch_first = False  # PyTorch's function is sequence-first
+
+
+def _is_half_tensor(x):
+    torch = torch_module()
+    return is_torch_tensor(x) and x.dtype in (torch.bfloat16, torch.float16)
 
 
 def _weight(x, name, shape, what):

@@ -15,6 +15,9 @@ from ._once import once_differentiable
 # Arguments that never have a gradient: a tensor of them that requires grad is refused.
 _NO_GRADIENT = ("key_padding_mask", "attn_mask", "alibi_slopes")
 
+# The dtypes of weights that take part in autograd.
+_HALF_WEIGHTS = ("float32", "bfloat16", "float16")
+
 
 def forward_with_grad(call, library):
     """multi_head_attention_forward's checked call (a mha._functional._Call) recorded for
@@ -37,12 +40,16 @@ def forward_with_grad(call, library):
         if x is None:
             continue
         dtype = str(getattr(x, "dtype", "")).replace("torch.", "")
-        if dtype != "float32":
+        # Half-precision query, key and value arrive widened (mha._functional); weights are
+        # read into the library's float32 copy, and autograd rounds their float32
+        # gradients to their dtype.  float64 would lose its precision: refused.
+        allowed = _HALF_WEIGHTS if name in call.weights else ("float32",)
+        if dtype not in allowed:
             because = "requires grad" if name == culprit else f"{culprit} requires grad"
             raise TypeError(
                 f"{name} is {dtype} and {because}: mha's module computes its gradients in "
-                "float32 only, for now (query, key, value, the weights and sinks); convert "
-                "them to float32, or call under torch.no_grad()")
+                "float32, for float32, bfloat16 and float16 query, key, value and weights "
+                "(float32 sinks); convert it, or call under torch.no_grad()")
     names = tuple(differentiable)
     results = _ModuleAttention.apply(_Plan(call, library, names), *differentiable.values())
     if call.need_weights:

@@ -121,8 +121,11 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
     copied again only when a parameter has changed (an optimizer step, a
     load_state_dict, a new .data), told by the tensors' version counters.
     add_bias_kv and add_zero_attn raise NotImplementedError; device must be
-    the CPU.  Parameters of another dtype (module.double()) compute without
-    autograd only (rounded to float32); with grad they raise TypeError, for now.
+    the CPU.  bfloat16 and float16 parameters and inputs (module.bfloat16())
+    compute in float32 on their values: the results come in query's dtype,
+    every gradient in its tensor's, rounded once.  float64 parameters
+    (module.double()) compute without autograd only (rounded to float32); with
+    grad they raise TypeError (their precision would be lost).
     Copies (copy.deepcopy) and pickles (torch.save) are torch's; the
     library module is made again on their first call.
     """

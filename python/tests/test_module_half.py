@@ -1,0 +1,178 @@
+"""mha.torch.MultiheadAttention in bfloat16 and float16 (`module.bfloat16()`, half-precision
+inputs): the library's module computes in float32 on the rounded values, and the results
+and every gradient come back in their tensors' dtypes, rounded once.
+
+Against test_module_backward.py's reference -- torch's nn.MultiheadAttention in float64 on
+the same rounded weights and inputs -- with its float32 tolerances plus one rounding of
+each element to its dtype (UNIT_ROUNDOFF of its own |value|)."""
+import numpy as np
+import pytest
+
+import mha
+from conftest import UNIT_ROUNDOFF
+from test_module_backward import expected, make_pair, random_inputs
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(params=mha.backends())
+def backend(request):
+    mha.set_backend(request.param)  # conftest's fixture restores "auto"
+    return request.param
+
+
+def rounded(x, dtype):
+    """A float32 array rounded to `dtype` and back: the values both modules take."""
+    return torch.from_numpy(np.asarray(x)).to(dtype).float().numpy()
+
+
+def half_pair(dtype, seed=0, **kwargs):
+    """(mha's module in `dtype`, torch's in float64 on the same rounded parameters)."""
+    module, ref = make_pair(seed=seed, **kwargs)
+    module = module.to(dtype)
+    with torch.no_grad():
+        for (name, x), (_, y) in zip(module.named_parameters(), ref.named_parameters()):
+            y.copy_(x.double())
+    return module, ref
+
+
+def assert_rounded_once(got, want, tolerance, name):
+    """got (a tensor of a half dtype or float32) within the fp32 tolerance plus one rounding
+    of each element to its dtype."""
+    u = UNIT_ROUNDOFF[str(got.dtype).replace("torch.", "")]
+    value = got.detach().double().numpy()
+    assert np.all(np.isfinite(value)), name
+    bound = tolerance + u * (np.abs(want) + tolerance)
+    error = np.abs(value - want)
+    worst = np.unravel_index(np.argmax(error - bound), error.shape)
+    assert np.all(error <= bound), (
+        f"{name}: |mha - torch| = {error[worst]:.3g} > {bound[worst]:.3g} at {worst}")
+
+
+def check_half(module, ref, query, key, value, dtype, *, rng, **options):
+    """Forward and backward of `module` on `dtype` leaves of query, key, value (one leaf per
+    distinct array) against the reference; returns mha's gradients."""
+    query, key, value = (rounded(x, dtype) if x is not None else None
+                         for x in (query, key, value))
+    key = query if key is None else key
+    value = key if value is None else value
+    grad_out = rounded(rng.standard_normal(query.shape[:-1] + (module.embed_dim,))
+                       .astype(np.float32), dtype)
+    want_out, want, tolerances = expected(module, ref, query, key, value, grad_out, **options)
+
+    module.zero_grad(set_to_none=True)
+    made = {}
+    for x in (query, key, value):
+        made.setdefault(id(x), torch.from_numpy(x).to(dtype).requires_grad_())
+    tq, tk, tv = (made[id(x)] for x in (query, key, value))
+    out, _ = module(tq, tk, tv, need_weights=False, **options)
+    assert out.dtype == dtype and out.requires_grad
+    assert_rounded_once(out, want_out.numpy(), 1e-5 * max(1.0, want_out.abs().max().item()),
+                        "output")
+    out.backward(torch.from_numpy(grad_out).to(dtype))
+
+    got = {"query": tq.grad, "key": None if tk is tq else tk.grad,
+           "value": None if tv is tk or tv is tq else tv.grad}
+    got.update({name: x.grad for name, x in module.named_parameters()})
+    # Each gradient in its tensor's dtype: the inputs' `dtype`, the parameters' their own.
+    dtypes = {name: x.dtype for name, x in module.named_parameters()}
+    if query is key is value:
+        tolerances["query"] += tolerances["key"] + tolerances["value"]
+    for name, grad in got.items():
+        if grad is None:
+            assert name in ("key", "value"), name  # the same leaf as an earlier input
+            continue
+        assert grad.dtype == dtypes.get(name, dtype), name
+        assert tuple(grad.shape) == want[name].shape, name
+        assert_rounded_once(grad, want[name], tolerances[name], name)
+    return got
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_self_attention(rng, backend, dtype, batch_first):
+    module, ref = half_pair(dtype, seed=1, batch_first=batch_first)
+    q, _, _ = random_inputs(rng, module, shared="qkv")
+    got = check_half(module, ref, q, None, None, dtype, rng=rng, is_causal=True)
+    assert set(name for name, g in got.items() if g is not None) == {
+        "query", "in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cross_attention_with_kdim_vdim_and_a_padding_mask(rng, backend, dtype):
+    module, ref = half_pair(dtype, seed=2, kdim=8, vdim=12, batch_first=True)
+    q, k, v = random_inputs(rng, module)
+    padding = np.zeros((2, 9), bool)
+    padding[1, 6:] = True
+    check_half(module, ref, q, k, v, dtype, rng=rng, key_padding_mask=padding)
+
+
+def test_results_without_grad_are_the_same_bits(rng):
+    """Under no_grad the module computes the same bits as under autograd, and returns them
+    (and the attention weights) in query's dtype."""
+    module, _ = half_pair(torch.bfloat16, seed=3, batch_first=True)
+    q, k, v = (torch.from_numpy(x).bfloat16() for x in random_inputs(rng, module))
+    out, weights = module(q.requires_grad_(), k, v)
+    with torch.no_grad():
+        again, weights_again = module(q, k, v)
+    assert out.dtype == weights.dtype == again.dtype == torch.bfloat16
+    assert torch.equal(out.detach(), again) and torch.equal(weights, weights_again)
+
+
+def test_a_float32_query_over_a_bfloat16_module(rng):
+    """The results follow query's dtype: a float32 query over bfloat16 weights gives float32,
+    the weights' gradients come in bfloat16."""
+    module, ref = half_pair(torch.bfloat16, seed=4)
+    q, k, v = random_inputs(rng, module)
+    got = check_half(module, ref, q, k, v, torch.float32, rng=rng)
+    assert got["query"].dtype == torch.float32
+    assert module.in_proj_weight.grad.dtype == torch.bfloat16
+
+
+def test_training_steps_in_bfloat16_follow_float32(rng):
+    """A few SGD steps of a bfloat16 module track those of the same module in float32."""
+    losses = {}
+    inputs = None
+    for dtype in (torch.float32, torch.bfloat16):
+        module, _ = half_pair(dtype, seed=5, batch_first=True)
+        inputs = random_inputs(rng, module, shared="qkv")[0] if inputs is None else inputs
+        x = torch.from_numpy(inputs).to(dtype)
+        target = torch.zeros(x.shape)
+        optimizer = torch.optim.SGD(module.parameters(), lr=0.5)
+        losses[dtype] = []
+        for _ in range(4):
+            optimizer.zero_grad()
+            out, _ = module(x, x, x, need_weights=False)
+            loss = ((out.float() - target) ** 2).mean()
+            loss.backward()
+            optimizer.step()
+            losses[dtype].append(loss.item())
+    assert losses[torch.float32][-1] < losses[torch.float32][0]
+    np.testing.assert_allclose(losses[torch.bfloat16], losses[torch.float32], rtol=3e-2)
+
+
+def test_float64_parameters_with_grad_are_still_refused(rng):
+    module, _ = half_pair(torch.float64, seed=6)
+    q, k, v = (torch.from_numpy(x).double().requires_grad_()
+               for x in random_inputs(rng, module))
+    with pytest.raises(TypeError, match="float64 and requires grad"):
+        module(q, k, v)
+
+
+def test_backward_function_on_half_tensors(rng):
+    """mha.multi_head_attention_backward on bfloat16 tensors: float32 gradients, the sums the
+    autograd path rounds."""
+    module, _ = half_pair(torch.bfloat16, seed=7)
+    q, k, v = (torch.from_numpy(x).bfloat16() for x in random_inputs(rng, module))
+    grad_out = torch.from_numpy(rng.standard_normal(tuple(q.shape)).astype(np.float32))
+    arguments = (16, 4, module.in_proj_weight.detach(), module.in_proj_bias.detach(), None,
+                 None, False, 0.0, module.out_proj.weight.detach(),
+                 module.out_proj.bias.detach())
+    grads = mha.multi_head_attention_backward(grad_out.bfloat16(), q, k, v, *arguments)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out, _ = module(*leaves, need_weights=False)
+    out.backward(grad_out.bfloat16())
+    for name, leaf in zip(("query", "key", "value"), leaves):
+        assert grads[name].dtype == torch.float32
+        assert torch.equal(grads[name].bfloat16(), leaf.grad), name
+    assert torch.equal(grads["in_proj_weight"].bfloat16(), module.in_proj_weight.grad)
