@@ -9,6 +9,7 @@ from . import _mha
 from ._arguments import call_settings, flag, integer, real
 from ._arrays import (Array, array_argument, empty_like_framework, is_array, mark_written,
                       shape_of, torch_module)
+from ._broadcast import broadcast_leading
 
 # mha.h's mha_causal.
 _CAUSAL = {"top-left": 1, "bottom-right": 2}
@@ -43,7 +44,10 @@ def scaled_dot_product_attention(
         int8 with k_scale and v_scale), with any strides:
         a view such as x.transpose(1, 2) of a [B, L, H, E] tensor is read in
         place, never copied.  Fewer than four dimensions mean leading ones of
-        size 1 ([L, E], [H, L, E]).
+        size 1 ([L, E], [H, L, E]).  Leading dimensions broadcast as in
+        PyTorch (a key and value of batch 1 for a batch of queries; one
+        key/value head for every query head): read through stride-0 views,
+        never copied; a broadcast input's gradient is summed over them.
     attn_mask: optional, broadcastable to [B, Hq, L, S]: bool (True = the key
         takes part, as in PyTorch) or float (added to the scaled scores; -inf
         removes a key).
@@ -198,6 +202,18 @@ def scaled_dot_product_attention(
             query, key, value, attn_mask, valid_lens, k_scale, v_scale, scale, causal,
             enable_gqa, dropout_p, dropout_seed, window_left, window_right, sinks, softcap,
             alibi_slopes, backend, threads, given_out, return_lse)
+    except _mha.Error:
+        # Leading dimensions that differ but broadcast (PyTorch's rule): again on views
+        # that agree.  Nothing was written: the library checks before it computes.
+        views = broadcast_leading(query, key, value, enable_gqa)
+        if views is None:
+            raise
+        return scaled_dot_product_attention(
+            *views, attn_mask, dropout_p, is_causal, scale, enable_gqa, valid_lens=valid_lens,
+            causal_alignment=causal_alignment, return_lse=return_lse, out=given_out,
+            backend=backend, threads=threads, dropout_seed=dropout_seed, k_scale=k_scale,
+            v_scale=v_scale, window_size=window_size, sinks=sinks, softcap=softcap,
+            alibi_slopes=alibi_slopes)
     if given_out is not None:
         mark_written(out)
     return (out, lse) if return_lse else out

@@ -7,6 +7,7 @@ autograd is on, so torch is imported only where the caller already has.
 import torch
 
 from . import _mha
+from ._broadcast import broadcast_leading
 from ._once import once_differentiable
 
 # The arguments that have a gradient, in the order _Attention.apply takes them.
@@ -58,6 +59,9 @@ def attention_with_grad(query, key, value, attn_mask, valid_lens, k_scale, v_sca
                 f"{name} is {dtype} and {because}: mha's gradients take float32, bfloat16 "
                 "and float16 query, key and value (an int8 KV cache has no gradient); "
                 "convert it, or call under torch.no_grad()")
+    views = broadcast_leading(query, key, value, enable_gqa)
+    if views is not None:  # expand's backward sums the gradients over what it broadcast
+        query, key, value = views
     options = _Options(valid_lens=valid_lens, k_scale=k_scale, v_scale=v_scale, scale=scale,
                        causal=causal, enable_gqa=enable_gqa, dropout_p=dropout_p,
                        dropout_seed=dropout_seed, window_left=window_left,

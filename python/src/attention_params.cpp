@@ -12,11 +12,13 @@ const mha_tensor* tensor_of(const std::optional<ArrayView>& view) {
 }  // namespace
 
 void check_heads(const mha_tensor& q, const mha_tensor& kv, const char* name, bool enable_gqa) {
-  if (enable_gqa || q.shape[1] == kv.shape[1]) return;
+  // One key/value head is PyTorch's broadcast of that head over the query heads: the
+  // library's multi-query attention, the same values.
+  if (enable_gqa || q.shape[1] == kv.shape[1] || kv.shape[1] == 1) return;
   throw nanobind::value_error(("query has " + std::to_string(q.shape[1]) + " heads but " + name +
                                " has " + std::to_string(kv.shape[1]) +
-                               ": pass enable_gqa=True for grouped-query attention (as PyTorch "
-                               "requires)")
+                               ": pass enable_gqa=True for grouped-query attention (PyTorch "
+                               "broadcasts a single head only)")
                                   .c_str());
 }
 

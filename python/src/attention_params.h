@@ -62,8 +62,9 @@ class AttentionParamViews {
 };
 
 // PyTorch's rule: query heads may differ from key/value heads only with
-// enable_gqa (shapes as the library sees them, [B, H, L, D]).  Throws
-// ValueError naming `name` (key or value).
+// enable_gqa, or where key/value has one head, which broadcasts (shapes as the
+// library sees them, [B, H, L, D]).  Throws ValueError naming `name` (key or
+// value).
 void check_heads(const mha_tensor& q, const mha_tensor& kv, const char* name, bool enable_gqa);
 
 }  // namespace mha_python

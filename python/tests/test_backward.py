@@ -684,7 +684,7 @@ def forward(rng):
     (lambda a: a.update(out=a["out"].astype(np.float16)), mha.Error, "out"),
     (lambda a: a.update(grad_query=np.empty((2, 3, 9, 8), np.float32)), mha.Error, "dq"),
     (lambda a: a.update(grad_key=np.empty((2, 3, 13, 16), np.float16)), mha.Error, "dk"),
-    (lambda a: a.update(key=a["key"][:, :1], value=a["value"][:, :1]), ValueError,
+    (lambda a: a.update(key=a["key"][:, :2], value=a["value"][:, :2]), ValueError,
      "enable_gqa"),
     (lambda a: a.update(dropout_p=0.1), ValueError, "dropout_seed is required"),
     (lambda a: a.update(grad_sinks=np.empty(3, np.float32)), mha.Error, "dsinks"),
