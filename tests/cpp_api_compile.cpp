@@ -245,6 +245,15 @@ static_assert(!std::is_convertible_v<mha::Tensor<const float>, mha::MutableTenso
 static_assert(!std::is_convertible_v<mha::ConstTensor, mha::MutableTensor>);
 static_assert(!std::is_convertible_v<mha::ConstTensor, mha::Tensor<const float>>);
 static_assert(!std::is_convertible_v<mha::Tensor<int32_t>, mha::Tensor<const float>>);
+// Shapes from brace lists of sizes held as size_t, alone or beside int literals and
+// other types: no narrowing error (an initializer_list<int64_t> refused them).
+inline void shapes_of_size_t(float* p, std::size_t n, std::size_t d, unsigned h, long l) {
+  const mha::Tensor a(p, {n, 1, 1, d});
+  const mha::Tensor b(p, {n, n});
+  const mha::Tensor c(p, {n, h, l, 4}, {d, d, d, 1});
+  const mha::Tensor e(p, {2, 2});
+  static_cast<void>(a), static_cast<void>(b), static_cast<void>(c), static_cast<void>(e);
+}
 // mha.h's limits in a C++ program built with -Wold-style-cast (a C cast in a macro
 // the caller expands is the caller's warning).
 static_assert(MHA_MAX_EXTENT == (int64_t{1} << 40) && MHA_MAX_HEAD_DIM == 65536);

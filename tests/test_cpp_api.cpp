@@ -101,6 +101,18 @@ TEST(CppApi, ShapesFromAnyContiguousRange) {
   EXPECT_EQ(t.dtype(), MHA_DTYPE_F32);
 }
 
+TEST(CppApi, ShapesFromBraceListsOfAnyIntegerTypes) {
+  std::vector<float> data(64);
+  const size_t n = 2, d = 4;
+  const unsigned h = 2;
+  const mha::Tensor t(data.data(), {n, h, 1, d}, {d * h, d, d, 1});
+  const int64_t shape[] = {2, 2, 1, 4}, strides[] = {8, 4, 4, 1};
+  for (int32_t axis = 0; axis < 4; ++axis) {
+    EXPECT_EQ(t.shape(axis), shape[axis]);
+    EXPECT_EQ(t.stride(axis), strides[axis]);
+  }
+}
+
 TEST(CppApi, BadShapesThrow) {
   std::vector<float> data(64);
   std::string message;
@@ -124,6 +136,22 @@ TEST(CppApi, BadShapesThrow) {
   const std::vector<uint64_t> huge = {std::numeric_limits<uint64_t>::max()};
   EXPECT_EQ(thrown_status([&] { mha::Tensor(data.data(), huge); }, &message), MHA_ERR_INVALID_SIZE);
   EXPECT_NE(message.find("18446744073709551615 exceeds INT64_MAX"), std::string::npos) << message;
+  // Brace lists of size_t, alone or mixed with other integer types, are checked alike.
+  const size_t too_big = size_t{1} << 63, two = 2;
+  EXPECT_EQ(thrown_status(
+                [&] {
+                  mha::Tensor(data.data(), {too_big, two});
+                },
+                &message),
+            MHA_ERR_INVALID_SIZE);
+  EXPECT_NE(message.find("9223372036854775808 exceeds INT64_MAX"), std::string::npos) << message;
+  EXPECT_EQ(thrown_status(
+                [&] {
+                  mha::Tensor(data.data(), {two, 1, too_big});
+                },
+                &message),
+            MHA_ERR_INVALID_SIZE);
+  EXPECT_NE(message.find("9223372036854775808 exceeds INT64_MAX"), std::string::npos) << message;
   // What the C API refuses comes back with its message.
   EXPECT_EQ(thrown_status(
                 [&] {

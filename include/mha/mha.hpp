@@ -121,17 +121,30 @@ struct is_contiguous_extents<R, std::void_t<decltype(std::data(std::declval<cons
 // ------------------------------------------------------------------ shapes
 
 // A shape or a list of strides, copied from a brace list ({B, H, L, D}) or any
-// contiguous range of integers: std::vector, std::array, a C array.  Values
-// that do not fit in int64_t are refused (mha::Error, MHA_ERR_INVALID_SIZE).
+// contiguous range of integers: std::vector, std::array, a C array.  The
+// values of a brace list may be of any integer types, mixed ({n, h, 1, d} with
+// size_t n: an initializer_list<int64_t> would be a narrowing error there).
+// Values that do not fit in int64_t are refused (mha::Error,
+// MHA_ERR_INVALID_SIZE).
 class Dims {
  public:
   Dims() noexcept = default;
-  Dims(std::initializer_list<int64_t> values) : size_(values.size()) {
+  // A brace list of one integer type.
+  template <class I, std::enable_if_t<detail::is_extent_type_v<I>, int> = 0>
+  Dims(std::initializer_list<I> values) : size_(values.size()) {
     size_t i = 0;
-    for (int64_t value : values) {
+    for (I value : values) {
       if (i == MHA_MAX_DIMS) break;
-      values_[i++] = value;
+      values_[i++] = to_int64(value);
     }
+  }
+  // A brace list of several integer types (no initializer_list is deduced for
+  // it, so list-initialisation takes its values as arguments here).
+  template <class... I,
+            std::enable_if_t<(sizeof...(I) >= 2) && (detail::is_extent_type_v<I> && ...), int> = 0>
+  Dims(I... values) : size_(sizeof...(I)) {
+    const int64_t converted[] = {to_int64(values)...};
+    for (size_t i = 0; i < size_ && i < MHA_MAX_DIMS; ++i) values_[i] = converted[i];
   }
   template <class Range, std::enable_if_t<!std::is_same_v<std::decay_t<Range>, Dims> &&
                                               detail::is_contiguous_extents<Range>::value,
