@@ -98,3 +98,25 @@ def empty_like_framework(template, shape, dtype=None):
             return template.new_empty(shape)
         return template.new_empty(shape, dtype=getattr(torch_module(), dtype))
     return np.empty(shape, dtype=np.from_dlpack(template).dtype if dtype is None else dtype)
+
+
+def half_dtype(x):
+    """x's dtype when x is a bfloat16 or float16 torch tensor or a float16 NumPy array (the
+    half types the library's module takes as float32), else None."""
+    if isinstance(x, np.ndarray):
+        return x.dtype if x.dtype == np.float16 else None
+    torch = torch_module()
+    if torch is not None and isinstance(x, torch.Tensor):
+        return x.dtype if x.dtype in (torch.bfloat16, torch.float16) else None
+    return None
+
+
+def widened(x):
+    """A half-precision array (half_dtype) as float32: torch's conversion, which autograd
+    records (the gradient comes back in x's dtype), or a NumPy copy."""
+    return x.astype(np.float32) if isinstance(x, np.ndarray) else x.float()
+
+
+def narrowed(x, dtype):
+    """A float32 result in `dtype` (a half_dtype), rounded once."""
+    return x.astype(dtype) if isinstance(x, np.ndarray) else x.to(dtype)

@@ -15,8 +15,8 @@ import numpy as np
 from . import _mha
 from ._arguments import flag, integer, real
 from ._attention import _NO_WINDOW, _dropout_seed, _grad_wanted, _window_argument
-from ._arrays import (Array, array_argument, empty_like_framework, is_torch_tensor,
-                      optional_array_argument, shape_of, torch_module)
+from ._arrays import (Array, array_argument, empty_like_framework, half_dtype, is_torch_tensor,
+                      narrowed, optional_array_argument, shape_of, torch_module, widened)
 from ._module import _ForwardShapes
 from ._state_dict import float32_copy
 
@@ -155,8 +155,8 @@ def multi_head_attention_backward(
     call.backward_seed(dropout_seed)
     grad_output = array_argument(grad_output, "grad_output")
     call.widen_half_inputs()  # the gradients are float32 (as below) whatever the inputs
-    if _is_half_tensor(grad_output):
-        grad_output = grad_output.float()
+    if half_dtype(grad_output) is not None:
+        grad_output = widened(grad_output)
     if shape_of(grad_output) != call.shapes.out:
         raise ValueError(f"grad_output has shape {list(shape_of(grad_output))}; it must be the "
                          f"output's, {list(call.shapes.out)}")
@@ -187,8 +187,8 @@ def forward(call, cache):
         call.load(library)
         library.module.forward(*call.forward_arguments(out, weights))
     if result_dtype is not None:  # a half-precision query's results in its dtype
-        out = out.to(result_dtype)
-        weights = None if weights is None else weights.to(result_dtype)
+        out = narrowed(out, result_dtype)
+        weights = None if weights is None else narrowed(weights, result_dtype)
     return out, weights
 
 
@@ -283,17 +283,18 @@ class _Call:
         self.dropout_seed = 0
 
     def widen_half_inputs(self):
-        """Makes bfloat16 and float16 torch tensors among query, key and value float32 (the
-        library's module computes in float32; autograd records the conversion, so their
-        gradients come back in their dtypes), one tensor given twice staying one.  Returns
-        query's half-precision dtype, which the results take, or None."""
-        widened = {}
+        """Makes bfloat16 and float16 torch tensors and float16 NumPy arrays among query, key
+        and value float32 (the library's module computes in float32; autograd records the
+        conversion, so their gradients come back in their dtypes), one array given twice
+        staying one.  Returns query's half-precision dtype, which the results take, or
+        None."""
+        made = {}
         for name, x in self.inputs.items():
-            if _is_half_tensor(x):
-                if id(x) not in widened:
-                    widened[id(x)] = (x, x.float())  # (x kept: its id stays its own)
-                self.inputs[name] = widened[id(x)][1]
-        result = self.query.dtype if id(self.query) in widened else None
+            if half_dtype(x) is not None:
+                if id(x) not in made:
+                    made[id(x)] = (x, widened(x))  # (x kept: its id stays its own)
+                self.inputs[name] = made[id(x)][1]
+        result = half_dtype(self.query)
         self.query = self.inputs["query"]
         return result
 
@@ -405,11 +406,6 @@ class _Geometry:
         self.kdim = kdim
         self.vdim = vdim
         self.batch_first = False  # PyTorch's function is sequence-first
-
-
-def _is_half_tensor(x):
-    torch = torch_module()
-    return is_torch_tensor(x) and x.dtype in (torch.bfloat16, torch.float16)
 
 
 def _weight(x, name, shape, what):

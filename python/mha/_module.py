@@ -6,8 +6,8 @@ import numpy as np
 from . import _mha
 from ._arguments import flag, integer, real
 from ._attention import _window_argument
-from ._arrays import (Array, array_argument, empty_like_framework,
-                      optional_array_argument, shape_of, torch_module)
+from ._arrays import (Array, array_argument, empty_like_framework, half_dtype, narrowed,
+                      optional_array_argument, shape_of, torch_module, widened)
 from ._state_dict import IncompatibleKeys, checked_weights, weight_shapes
 
 
@@ -178,7 +178,9 @@ class MultiheadAttention:
 
         query [L, B, E] (batch_first: [B, L, E]), key [S, B, kdim], value [S, B,
         vdim] -- or unbatched [L, E], [S, kdim], [S, vdim] -- float32 NumPy
-        arrays or PyTorch tensors with any strides (read in place).
+        arrays or PyTorch tensors with any strides (read in place); bfloat16
+        and float16 ones are computed in float32 on their values (a copy), the
+        results rounded once to query's dtype.
         key_padding_mask: [B, S] ([S] unbatched), bool (True = the key is
             ignored) or float32 (added to the scores).
         need_weights: also return the attention weights, float32 [B, L, S]
@@ -206,8 +208,9 @@ class MultiheadAttention:
         alibi_slopes: float32 [H] or [B, H]: adds -slope * |i + S - L - j| to
             the scores (FlashAttention-2's convention).
 
-        The output is float32 in query's framework (NumPy in, NumPy out; torch
-        in, torch out), shaped like query with E features.  Unlike PyTorch, a
+        The output is float32 (or query's half-precision dtype) in query's
+        framework (NumPy in, NumPy out; torch in, torch out), shaped like query
+        with E features.  Unlike PyTorch, a
         row in which no key takes part gives zero weights (its output is
         out_proj.bias), not NaN.  Raises ValueError for arrays of the wrong rank
         or shape (PyTorch's rules), TypeError for arguments of the wrong type
@@ -229,6 +232,16 @@ class MultiheadAttention:
         softcap = real(softcap, "softcap")
         alibi_slopes = optional_array_argument(alibi_slopes, "alibi_slopes")
         shapes = _ForwardShapes(self, query, key, value, key_padding_mask, attn_mask)
+        # Half-precision inputs: the module computes in float32 on their values, the
+        # results are rounded to query's dtype once.
+        result_dtype = half_dtype(query)
+        inputs, made = [query, key, value], {}
+        for i, x in enumerate(inputs):
+            if half_dtype(x) is not None:
+                if id(x) not in made:  # one array given twice stays one
+                    made[id(x)] = widened(x)
+                inputs[i] = made[id(x)]
+        query, key, value = inputs
 
         out = empty_like_framework(query, shapes.out, "float32")
         weights = None
@@ -239,6 +252,9 @@ class MultiheadAttention:
                              average_attn_weights, is_causal,
                              shapes.batched and not self.batch_first, False, 0, window_left,
                              window_right, sinks, softcap, alibi_slopes)
+        if result_dtype is not None:
+            out = narrowed(out, result_dtype)
+            weights = None if weights is None else narrowed(weights, result_dtype)
         return out, weights
 
     __call__ = forward

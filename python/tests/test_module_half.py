@@ -176,3 +176,45 @@ def test_backward_function_on_half_tensors(rng):
         assert grads[name].dtype == torch.float32
         assert torch.equal(grads[name].bfloat16(), leaf.grad), name
     assert torch.equal(grads["in_proj_weight"].bfloat16(), module.in_proj_weight.grad)
+
+
+@pytest.mark.parametrize("framework, dtype", [("torch", "bfloat16"), ("torch", "float16"),
+                                              ("numpy", "float16")])
+def test_inference_module_takes_half_inputs(rng, framework, dtype):
+    """mha.MultiheadAttention (inference) and multi_head_attention_forward on half-precision
+    inputs: the float32 results on the same values, rounded once to query's dtype (the same
+    bits), in query's framework; self-attention's one array stays one."""
+    module, _ = half_pair(torch.float32, seed=8)
+    inference = mha.MultiheadAttention.from_torch(module)
+    q, k, v = random_inputs(rng, module)
+    if framework == "torch":
+        half = [torch.from_numpy(x).to(getattr(torch, dtype)) for x in (q, k, v)]
+        as_float32 = [x.float() for x in half]
+    else:
+        half = [x.astype(np.float16) for x in (q, k, v)]
+        as_float32 = [x.astype(np.float32) for x in half]
+    for args in (half, [half[0]] * 3):
+        f32_args = as_float32 if args is half else [as_float32[0]] * 3
+        out, weights = inference(*args)
+        want, want_weights = inference(*f32_args)
+        assert type(out) is type(args[0]) and out.dtype == args[0].dtype
+        assert weights.dtype == args[0].dtype
+        if framework == "torch":
+            assert torch.equal(out, want.to(out.dtype))
+            assert torch.equal(weights, want_weights.to(out.dtype))
+        else:
+            np.testing.assert_array_equal(out, want.astype(np.float16))
+            np.testing.assert_array_equal(weights, want_weights.astype(np.float16))
+        weights_args = (16, 4, module.in_proj_weight.detach(), module.in_proj_bias.detach(),
+                        None, None, False, 0.0, module.out_proj.weight.detach(),
+                        module.out_proj.bias.detach())
+        if framework == "numpy":
+            weights_args = tuple(x.numpy() if isinstance(x, torch.Tensor) else x
+                                 for x in weights_args)
+        got, _ = mha.multi_head_attention_forward(*args, *weights_args, training=False)
+        ref, _ = mha.multi_head_attention_forward(*f32_args, *weights_args, training=False)
+        assert got.dtype == args[0].dtype
+        if framework == "torch":
+            assert torch.equal(got, ref.to(got.dtype))
+        else:
+            np.testing.assert_array_equal(got, ref.astype(np.float16))
