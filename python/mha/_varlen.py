@@ -5,7 +5,7 @@ from . import _mha
 from ._arguments import call_settings, flag, integer, real
 from ._arrays import (Array, array_argument, empty_like_framework, mark_written,
                       optional_array_argument, shape_of)
-from ._attention import _causal_mode, _dropout_seed, _window_argument
+from ._attention import _causal_mode, _dropout_seed, _grad_wanted, _window_argument
 
 
 def varlen_attention(
@@ -106,6 +106,16 @@ def varlen_attention(
         pages (give this or cu_seqlens_k); with packed keys the first
         seqused_k[b] of its rows in cu_seqlens_k (optional).
 
+    Gradients: on torch tensors, while autograd is on, the call is recorded
+    for torch's autograd when q, k, v or sinks requires grad (packed k and v,
+    float32, bfloat16 or float16); backward() runs mha's backward on each
+    sequence as a call of its own (its views of the packed tensors, its
+    ALiBi row, its dropout seed), writing its rows of the gradients; key
+    rows no query reads get zeros, sinks' gradient is the sequences' sum.
+    The results are the same bits for any thread count.  A paged cache, an
+    int8 cache, out= and alibi_slopes, k_scale or v_scale that require grad
+    are refused then (ValueError or TypeError).
+
     Returns the result [total_q, H, Dv] in q's framework and dtype -- or
     `out` --, `(out, lse)` with return_lse, `(out, lse, None)` with
     return_attn_probs.  Raises mha.Error (a RuntimeError) when the library
@@ -161,6 +171,20 @@ def varlen_attention(
             raise ValueError(f"{name} must have {rank} dimensions, has {len(shape)}: with"
                              f"{'out' if block_table is None else ''} a block_table it is "
                              f"{layout}")
+    if _grad_wanted(q, k, v, sinks, alibi_slopes, k_scale, v_scale):
+        # Training (FlashAttention-2's varlen function is differentiable): through mha's
+        # torch.autograd.Function (mha/_varlen_autograd.py).
+        from ._varlen_autograd import VarlenOptions, varlen_with_grad
+        options = VarlenOptions(
+            cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
+            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, scale=softmax_scale,
+            causal=causal_mode, dropout_p=dropout_p, dropout_seed=dropout_seed,
+            window_left=window_left, window_right=window_right, softcap=softcap,
+            alibi_slopes=alibi_slopes, backend=backend, threads=threads)
+        out, lse = varlen_with_grad(q, k, v, sinks, block_table, k_scale, v_scale, out, options)
+        if return_attn_probs:
+            return out, lse, None
+        return (out, lse) if return_lse else out
     if out is None:
         out = empty_like_framework(q, tuple(q_shape[:-1]) + tuple(v_shape[-1:]))
     else:
