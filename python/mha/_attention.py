@@ -10,6 +10,7 @@ from ._arguments import call_settings, flag, integer, real
 from ._arrays import (Array, array_argument, empty_like_framework, is_array, mark_written,
                       shape_of, torch_module)
 from ._broadcast import broadcast_leading
+from ._empty import empty_result
 
 # mha.h's mha_causal.
 _CAUSAL = {"top-left": 1, "bottom-right": 2}
@@ -43,7 +44,9 @@ def scaled_dot_product_attention(
         bfloat16 or float16 (key and value share one dtype, which may also be
         int8 with k_scale and v_scale), with any strides:
         a view such as x.transpose(1, 2) of a [B, L, H, E] tensor is read in
-        place, never copied.  Fewer than four dimensions mean leading ones of
+        place, never copied.  Empty dimensions give PyTorch's empty result (no
+        keys: zeros, LSE -inf), with PyTorch's arguments only.  Fewer than four
+        dimensions mean leading ones of
         size 1 ([L, E], [H, L, E]).  Leading dimensions broadcast as in
         PyTorch (a key and value of batch 1 for a batch of queries; one
         key/value head for every query head): read through stride-0 views,
@@ -204,10 +207,17 @@ def scaled_dot_product_attention(
             alibi_slopes, backend, threads, given_out, return_lse)
     except _mha.Error:
         # Leading dimensions that differ but broadcast (PyTorch's rule): again on views
-        # that agree.  Nothing was written: the library checks before it computes.
+        # that agree; empty dimensions: PyTorch's empty or zero result.  Nothing was
+        # written: the library checks before it computes.
         views = broadcast_leading(query, key, value, enable_gqa)
         if views is None:
-            raise
+            empty = empty_result(query, key, value, attn_mask, scale, enable_gqa, dropout_p,
+                                 given_out, return_lse, _mhas_own_options(
+                                     valid_lens, k_scale, v_scale, window_left, window_right,
+                                     sinks, softcap, alibi_slopes))
+            if empty is None:
+                raise
+            return empty[0]
         return scaled_dot_product_attention(
             *views, attn_mask, dropout_p, is_causal, scale, enable_gqa, valid_lens=valid_lens,
             causal_alignment=causal_alignment, return_lse=return_lse, out=given_out,
@@ -231,6 +241,14 @@ def _torch_output(query, value):
         # Half the cost of new_empty(shape) with PyTorch 1.13 (no shape to build).
         return torch.empty_like(query, memory_format=torch.contiguous_format)
     return query.new_empty(query.shape[:-1] + value.shape[-1:])
+
+
+def _mhas_own_options(valid_lens, k_scale, v_scale, window_left, window_right, sinks, softcap,
+                      alibi_slopes):
+    """Whether the call uses an option of mha's own (beyond PyTorch's arguments)."""
+    return (valid_lens is not None or k_scale is not None or v_scale is not None
+            or (window_left, window_right) != (-1, -1) or sinks is not None or softcap != 0.0
+            or alibi_slopes is not None)
 
 
 def _attention_with_grad(*arguments):

@@ -8,6 +8,7 @@ import torch
 
 from . import _mha
 from ._broadcast import broadcast_leading
+from ._empty import empty_result
 from ._once import once_differentiable
 
 # The arguments that have a gradient, in the order _Attention.apply takes them.
@@ -62,6 +63,14 @@ def attention_with_grad(query, key, value, attn_mask, valid_lens, k_scale, v_sca
     views = broadcast_leading(query, key, value, enable_gqa)
     if views is not None:  # expand's backward sums the gradients over what it broadcast
         query, key, value = views
+    if any(0 in x.shape for x in (query, key, value)):  # PyTorch's empty or zero result
+        from ._attention import _mhas_own_options
+        empty = empty_result(query, key, value, attn_mask, scale, enable_gqa, dropout_p, None,
+                             return_lse, _mhas_own_options(valid_lens, k_scale, v_scale,
+                                                           window_left, window_right, sinks,
+                                                           softcap, alibi_slopes))
+        if empty is not None:
+            return empty[0]
     options = _Options(valid_lens=valid_lens, k_scale=k_scale, v_scale=v_scale, scale=scale,
                        causal=causal, enable_gqa=enable_gqa, dropout_p=dropout_p,
                        dropout_seed=dropout_seed, window_left=window_left,
