@@ -120,3 +120,14 @@ def widened(x):
 def narrowed(x, dtype):
     """A float32 result in `dtype` (a half_dtype), rounded once."""
     return x.astype(dtype) if isinstance(x, np.ndarray) else x.to(dtype)
+
+
+def zeros_like_array(x):
+    """Zeros of x's shape, dtype and framework (a torch tensor that requires grad gets zeros
+    joined to its graph with a zero gradient, whatever x holds)."""
+    if isinstance(x, np.ndarray):
+        return np.zeros_like(x)
+    zeros = x.new_zeros(x.shape)
+    if x.requires_grad:
+        zeros = zeros + x.reshape(-1)[:0].sum()  # a sum of no elements: exactly 0
+    return zeros

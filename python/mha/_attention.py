@@ -8,7 +8,7 @@ import numpy as np
 from . import _mha
 from ._arguments import call_settings, flag, integer, real
 from ._arrays import (Array, array_argument, empty_like_framework, is_array, mark_written,
-                      shape_of, torch_module)
+                      shape_of, torch_module, zeros_like_array)
 from ._broadcast import broadcast_leading
 from ._empty import empty_result
 
@@ -58,7 +58,8 @@ def scaled_dot_product_attention(
         scaled by 1 / (1 - dropout_p)); 0 computes exactly.
     is_causal: query i sees keys j <= i (aligned as `causal_alignment` says).
         Unlike PyTorch, it may be combined with attn_mask: all masks apply.
-    scale: the factor of the scores; None is 1 / sqrt(E).
+    scale: the factor of the scores; None is 1 / sqrt(E); 0 makes every score
+        0 before the mask and the variants (uniform weights), as in PyTorch.
     enable_gqa: must be True when Hq != Hkv (grouped-query attention: query
         head h uses key/value head h // (Hq // Hkv)), as in PyTorch.
 
@@ -210,6 +211,11 @@ def scaled_dot_product_attention(
         # that agree; empty dimensions: PyTorch's empty or zero result.  Nothing was
         # written: the library checks before it computes.
         views = broadcast_leading(query, key, value, enable_gqa)
+        if views is None and scale == 0.0:
+            # PyTorch's scale=0: every score 0 before the mask and the variants, which is
+            # the library's call on a query of zeros with a scale of 1.
+            views = (zeros_like_array(query), key, value)
+            scale = 1.0
         if views is None:
             empty = empty_result(query, key, value, attn_mask, scale, enable_gqa, dropout_p,
                                  given_out, return_lse, _mhas_own_options(

@@ -7,6 +7,7 @@ autograd is on, so torch is imported only where the caller already has.
 import torch
 
 from . import _mha
+from ._arrays import zeros_like_array
 from ._broadcast import broadcast_leading
 from ._empty import empty_result
 from ._once import once_differentiable
@@ -63,6 +64,8 @@ def attention_with_grad(query, key, value, attn_mask, valid_lens, k_scale, v_sca
     views = broadcast_leading(query, key, value, enable_gqa)
     if views is not None:  # expand's backward sums the gradients over what it broadcast
         query, key, value = views
+    if scale == 0.0:  # PyTorch's: every score 0 (query's gradient 0, key's too)
+        query, scale = zeros_like_array(query), 1.0
     if any(0 in x.shape for x in (query, key, value)):  # PyTorch's empty or zero result
         from ._attention import _mhas_own_options
         empty = empty_result(query, key, value, attn_mask, scale, enable_gqa, dropout_p, None,

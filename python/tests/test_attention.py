@@ -127,6 +127,25 @@ def test_valid_lens_with_causal_and_mask(rng):
           valid_lens=lens, attn_mask=mask, is_causal=True, causal_alignment="bottom-right")
 
 
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_scale_zero_gives_the_masks_softmax(rng, framework):
+    """scale=0.0 as PyTorch computes it: every score 0 before the mask (uniform weights over
+    the keys that take part), ALiBi still added."""
+    q, k, v = random_qkv(rng)
+    mask = rng.random((9, 13)) < 0.7
+    slopes = np.full(3, 0.25, np.float32)
+    if framework == "torch":
+        torch = pytest.importorskip("torch")
+        q, k, v = (torch.from_numpy(x) for x in (q, k, v))
+    out, lse = mha.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.0,
+                                                alibi_slopes=slopes, return_lse=True)
+    ref, ref_lse, max_logit = reference.attention(np.asarray(q), np.asarray(k), np.asarray(v),
+                                                  mask=mask, scale=0.0, alibi_slopes=slopes)
+    assert_close(out, ref, max_logit)
+    finite = np.isfinite(ref_lse)
+    np.testing.assert_allclose(np.asarray(lse)[finite], ref_lse[finite], rtol=1e-6, atol=1e-5)
+
+
 def test_return_lse(rng):
     q, k, v = random_qkv(rng)
     mask = rng.random((9, 13)) < 0.8

@@ -227,6 +227,14 @@ def test_bool_mask(rng, backend):
     check(rng, backend, attn_mask=rng.random((2, 1, 9, 13)) < 0.7)
 
 
+def test_scale_zero(rng, backend):
+    """PyTorch's scale=0.0: the scores do not depend on query or key, whose gradients are
+    zeros; value's and the mask's are those of softmax(mask)."""
+    mask = (2 * rng.standard_normal((9, 13))).astype(np.float32)
+    got, _ = check(rng, backend, attn_mask=mask, mask_grad=True, scale=0.0, is_causal=True)
+    assert not got["query"].any() and not got["key"].any()
+
+
 @pytest.mark.parametrize("shape", [(9, 13), (2, 1, 9, 13), (2, 3, 9, 13), (2, 1, 1, 13), (13,)])
 def test_additive_mask_and_its_gradient(rng, backend, shape):
     """dL/d(attn_mask) has the mask's shape: summed over the axes it broadcasts, 0 where a key
