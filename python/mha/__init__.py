@@ -2,6 +2,7 @@
 
     import mha
     out = mha.scaled_dot_product_attention(q, k, v, is_causal=True)  # as torch's (autograd too)
+    out = mha.flash_attn_func(q, k, v, causal=True)                   # FlashAttention-2's [B, L, H, D]
     out = mha.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k)  # FlashAttention-2's varlen
     mha.kv_cache_write(k, v, k_cache, v_cache, slot_mapping)          # vLLM's reshape_and_cache
     out = mha.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
@@ -22,6 +23,7 @@ from ._mha import Error, backends, get_num_threads, info, set_backend, set_num_t
 from ._mha import version as _library_version
 from ._attention import scaled_dot_product_attention
 from ._backward import scaled_dot_product_attention_backward
+from ._flash import flash_attn_func
 from ._functional import multi_head_attention_backward, multi_head_attention_forward
 from ._merge import merge_partials
 from ._module import MultiheadAttention
@@ -35,6 +37,7 @@ __all__ = [
     "Error",
     "MultiheadAttention",
     "backends",
+    "flash_attn_func",
     "flash_attn_varlen_func",
     "flash_attn_with_kvcache",
     "get_num_threads",
