@@ -18,14 +18,25 @@ write_basic_package_version_file(${CMAKE_BINARY_DIR}/mhaConfigVersion.cmake
 install(FILES ${CMAKE_BINARY_DIR}/mhaConfig.cmake ${CMAKE_BINARY_DIR}/mhaConfigVersion.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/mha)
 
-# The .pc file finds the prefix relative to itself, whatever --prefix is used.
-file(RELATIVE_PATH MHA_PC_TO_PREFIX "/prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/prefix")
-configure_file(${PROJECT_SOURCE_DIR}/cmake/mha.pc.in ${CMAKE_BINARY_DIR}/mha.pc @ONLY)
-install(FILES ${CMAKE_BINARY_DIR}/mha.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+# The .pc files name the prefix installed to, absolute and normalised, written
+# when installing (MhaPkgConfig.cmake says why), then installed.
+set(_mha_pc_files mha)
 if(TARGET mha_mpi)
-  configure_file(${PROJECT_SOURCE_DIR}/cmake/mha-mpi.pc.in ${CMAKE_BINARY_DIR}/mha-mpi.pc @ONLY)
-  install(FILES ${CMAKE_BINARY_DIR}/mha-mpi.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+  list(APPEND _mha_pc_files mha-mpi)
 endif()
+install(CODE "
+  set(MHA_PC_SOURCE_DIR \"${PROJECT_SOURCE_DIR}/cmake\")
+  set(MHA_PC_BINARY_DIR \"${CMAKE_BINARY_DIR}/pkgconfig\")
+  set(MHA_PC_FILES \"${_mha_pc_files}\")
+  set(MHA_PC_LIBDIR \"${CMAKE_INSTALL_LIBDIR}\")
+  set(MHA_PC_INCLUDEDIR \"${CMAKE_INSTALL_INCLUDEDIR}\")
+  set(MHA_PC_DESCRIPTION \"${PROJECT_DESCRIPTION}\")
+  set(MHA_PC_VERSION \"${PROJECT_VERSION}\")")
+install(SCRIPT ${PROJECT_SOURCE_DIR}/cmake/MhaPkgConfig.cmake)
+foreach(_name IN LISTS _mha_pc_files)
+  install(FILES ${CMAKE_BINARY_DIR}/pkgconfig/${_name}.pc
+          DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+endforeach()
 
 install(FILES ${PROJECT_SOURCE_DIR}/LICENSE ${PROJECT_SOURCE_DIR}/README.md
               ${PROJECT_SOURCE_DIR}/CHANGELOG.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
