@@ -247,8 +247,12 @@ static_assert(!std::is_convertible_v<mha::ConstTensor, mha::Tensor<const float>>
 static_assert(!std::is_convertible_v<mha::Tensor<int32_t>, mha::Tensor<const float>>);
 // Shapes from brace lists of sizes held as size_t, alone or beside int literals and
 // other types: no narrowing error (an initializer_list<int64_t> refused them).
+enum { kCompileTestHeads = 4 };
 inline void shapes_of_size_t(float* p, std::size_t n, std::size_t d, unsigned h, long l) {
   const mha::Tensor a(p, {n, 1, 1, d});
+  const mha::Tensor f(p, {n, kCompileTestHeads, l, d});  // an enumerator among them
+  const mha::Tensor g(p, {kCompileTestHeads, kCompileTestHeads});
+  static_cast<void>(f), static_cast<void>(g);
   const mha::Tensor b(p, {n, n});
   const mha::Tensor c(p, {n, h, l, 4}, {d, d, d, 1});
   const mha::Tensor e(p, {2, 2});

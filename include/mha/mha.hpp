@@ -105,6 +105,11 @@ constexpr bool is_extent_type_v =
     std::is_integral_v<T> && !std::is_same_v<T, bool> && !is_character_v<T> &&
     !std::is_same_v<T, signed char> && !std::is_same_v<T, unsigned char>;
 
+// A value of a brace list of shapes: an integer or an unscoped enumerator.
+template <class T>
+constexpr bool is_list_extent_v = is_extent_type_v<T> ||
+                                  (std::is_enum_v<T> && std::is_convertible_v<T, int64_t>);
+
 template <class R>
 using range_value_t =
     std::remove_cv_t<std::remove_reference_t<decltype(*std::data(std::declval<const R&>()))>>;
@@ -139,9 +144,10 @@ class Dims {
     }
   }
   // A brace list of several integer types (no initializer_list is deduced for
-  // it, so list-initialisation takes its values as arguments here).
+  // it, so list-initialisation takes its values as arguments here), unscoped
+  // enumerators among them ({B, kHeads, L, D}), as int64_t's list took them.
   template <class... I,
-            std::enable_if_t<(sizeof...(I) >= 2) && (detail::is_extent_type_v<I> && ...), int> = 0>
+            std::enable_if_t<(sizeof...(I) >= 2) && (detail::is_list_extent_v<I> && ...), int> = 0>
   Dims(I... values) : size_(sizeof...(I)) {
     const int64_t converted[] = {to_int64(values)...};
     for (size_t i = 0; i < size_ && i < MHA_MAX_DIMS; ++i) values_[i] = converted[i];
