@@ -10,7 +10,9 @@ from . import _mha
 from ._arrays import zeros_like_array
 from ._broadcast import broadcast_leading
 from ._empty import empty_result
+from ._grad_checks import refuse_out, requiring_grad
 from ._once import once_differentiable
+from ._saved import keep_for_backward, saved_inputs
 
 # The arguments that have a gradient, in the order _Attention.apply takes them.
 _DIFFERENTIABLE = ("query", "key", "value", "attn_mask", "sinks")
@@ -38,18 +40,11 @@ def attention_with_grad(query, key, value, attn_mask, valid_lens, k_scale, v_sca
     """scaled_dot_product_attention's arguments, checked and resolved (dropout_seed drawn), on
     the path that records the call for autograd; returns what it returns."""
     inputs = dict(zip(_DIFFERENTIABLE, (query, key, value, attn_mask, sinks)))
-    requiring = [name for name, x in inputs.items()
-                 if isinstance(x, torch.Tensor) and x.requires_grad]
-    for name, x in (("alibi_slopes", alibi_slopes), ("k_scale", k_scale), ("v_scale", v_scale)):
-        if isinstance(x, torch.Tensor) and x.requires_grad:
-            raise ValueError(f"{name} requires grad, but mha has no gradient for it (only for "
-                             "query, key, value, a float attn_mask and sinks): detach it, or "
-                             "call under torch.no_grad()")
-    culprit = requiring[0]  # one of them does: mha._attention came here for it
-    if out is not None:
-        raise ValueError(f"out cannot be given while {culprit} requires grad (PyTorch's functions "
-                         "with out= do not support autograd either): leave out=None, or call "
-                         "under torch.no_grad()")
+    # One of them requires grad: mha._attention came here for it.
+    culprit = requiring_grad(
+        inputs, {"alibi_slopes": alibi_slopes, "k_scale": k_scale, "v_scale": v_scale},
+        "query, key, value, a float attn_mask and sinks")
+    refuse_out(out, culprit)
     if not isinstance(query, torch.Tensor):  # the result follows query's framework
         raise TypeError(f"query must be a torch tensor when {culprit} requires grad (the "
                         f"gradients flow through torch's autograd), not {type(query).__name__}")
@@ -96,23 +91,16 @@ class _Attention(torch.autograd.Function):
                        o.v_scale, o.scale, o.causal, o.enable_gqa, o.dropout_p, o.dropout_seed,
                        o.window_left, o.window_right, sinks, o.softcap, o.alibi_slopes,
                        o.backend, o.threads)
-        # Every tensor the backward reads -- the valid lengths and the ALiBi slopes too --
-        # through save_for_backward, which checks that none was changed in place before
-        # the backward; arrays of other frameworks as they are.
-        inputs = (query, key, value, attn_mask, sinks, o.valid_lens, o.alibi_slopes)
-        ctx.save_for_backward(out, lse, *(x if isinstance(x, torch.Tensor) else None
-                                          for x in inputs))
-        ctx.others = tuple(None if isinstance(x, torch.Tensor) else x for x in inputs)
-        ctx.options = options
-        ctx.mark_non_differentiable(lse)
+        # Every array the backward reads, the valid lengths and the ALiBi slopes too.
+        keep_for_backward(ctx, out, lse, (query, key, value, attn_mask, sinks, o.valid_lens,
+                                          o.alibi_slopes), options)
         return out, lse
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out, _grad_lse):
-        out, lse, *saved = ctx.saved_tensors
-        query, key, value, attn_mask, sinks, valid_lens, alibi_slopes = (
-            x if x is not None else other for x, other in zip(saved, ctx.others))
+        out, lse, query, key, value, attn_mask, sinks, valid_lens, alibi_slopes = \
+            saved_inputs(ctx, 2)
         wants = ctx.needs_input_grad
         o = ctx.options
 

@@ -11,6 +11,7 @@ import torch
 
 from ._functional import LibraryModule
 from ._once import once_differentiable
+from ._saved import save_inputs, saved_inputs
 
 # Arguments that never have a gradient: a tensor of them that requires grad is refused.
 _NO_GRADIENT = ("key_padding_mask", "attn_mask", "alibi_slopes")
@@ -67,13 +68,12 @@ class _Plan:
     which PyTorch never frees when it is still alive at the interpreter's exit (nanobind
     would report leaked instances)."""
 
-    __slots__ = ("call", "_library", "names", "others")
+    __slots__ = ("call", "_library", "names")
 
     def __init__(self, call, library, names):
         self.call = call
         self._library = weakref.ref(library)
         self.names = names
-        self.others = None
 
     def library(self):
         library = self._library()
@@ -99,12 +99,9 @@ class _ModuleAttention(torch.autograd.Function):
         library = plan.library()
         call.load(library, _weights_of(call, inputs))
         library.module.forward(*call.forward_arguments(out, weights))
-        # Tensors through save_for_backward (it checks they are not changed in place
-        # before the backward: an optimizer step between the two is caught); arrays of
-        # other frameworks as they are.
-        saved = arrays + (call.key_padding_mask, call.attn_mask, call.alibi_slopes)
-        ctx.save_for_backward(*(x if isinstance(x, torch.Tensor) else None for x in saved))
-        plan.others = tuple(None if isinstance(x, torch.Tensor) else x for x in saved)
+        # (An optimizer step between the forward and the backward is caught.)
+        save_inputs(ctx, (), arrays + (call.key_padding_mask, call.attn_mask,
+                                       call.alibi_slopes))
         ctx.plan = plan
         if weights is None:
             return out
@@ -116,8 +113,7 @@ class _ModuleAttention(torch.autograd.Function):
     def backward(ctx, grad_out, _grad_weights=None):
         plan = ctx.plan
         call = plan.call
-        saved = [x if x is not None else other for x, other in zip(ctx.saved_tensors,
-                                                                    plan.others)]
+        saved = saved_inputs(ctx, 0)
         count = len(plan.names)
         arrays = dict(zip(plan.names, saved[:count]))
         masks = saved[count:]

@@ -17,7 +17,9 @@ import numpy as np
 import torch
 
 from . import _mha
+from ._grad_checks import refuse_out, requiring_grad
 from ._once import once_differentiable
+from ._saved import keep_for_backward, saved_inputs
 
 _GRADIENT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -38,22 +40,15 @@ def varlen_with_grad(q, k, v, sinks, block_table, k_scale, v_scale, out, options
     """(out, lse) of varlen_attention recorded for autograd, after the checks that only a call
     with gradients needs (ValueError or TypeError naming the argument)."""
     tensors = {"q": q, "k": k, "v": v, "sinks": sinks}
-    requiring = [name for name, x in tensors.items()
-                 if isinstance(x, torch.Tensor) and x.requires_grad]
-    for name, x in (("alibi_slopes", options.alibi_slopes), ("k_scale", k_scale),
-                    ("v_scale", v_scale)):
-        if isinstance(x, torch.Tensor) and x.requires_grad:
-            raise ValueError(f"{name} requires grad, but mha has no gradient for it (only for "
-                             "q, k, v and sinks): detach it, or call under torch.no_grad()")
-    culprit = requiring[0]  # one of them does: mha._varlen came here for it
+    # One of them requires grad: mha._varlen came here for it.
+    culprit = requiring_grad(
+        tensors, {"alibi_slopes": options.alibi_slopes, "k_scale": k_scale,
+                  "v_scale": v_scale}, "q, k, v and sinks")
     if block_table is not None:
         raise ValueError(f"{culprit} requires grad, but a paged KV cache (block_table) has no "
                          "gradient: pack k and v with cu_seqlens_k, or call under "
                          "torch.no_grad()")
-    if out is not None:
-        raise ValueError(f"out cannot be given while {culprit} requires grad (PyTorch's "
-                         "functions with out= do not support autograd either): leave out=None, "
-                         "or call under torch.no_grad()")
+    refuse_out(out, culprit)
     for name in ("q", "k", "v"):
         x = tensors[name]
         if not isinstance(x, torch.Tensor):
@@ -95,23 +90,15 @@ class _Varlen(torch.autograd.Function):
                               o.causal, o.dropout_p, o.dropout_seed, o.window_left,
                               o.window_right, sinks, o.softcap, o.alibi_slopes, o.backend,
                               o.threads)
-        # The integer arrays and slopes the backward reads: tensors through save_for_backward
-        # (a change in place before the backward raises), others as they are.
-        others = (o.cu_seqlens_q, o.cu_seqlens_k, o.seqused_k, o.alibi_slopes)
-        inputs = (q, k, v, sinks) + others
-        ctx.save_for_backward(out, lse, *(x if isinstance(x, torch.Tensor) else None
-                                          for x in inputs))
-        ctx.others = tuple(None if isinstance(x, torch.Tensor) else x for x in inputs)
-        ctx.options = options
-        ctx.mark_non_differentiable(lse)
+        # Every array the backward reads, the lengths and the ALiBi slopes too.
+        keep_for_backward(ctx, out, lse, (q, k, v, sinks, o.cu_seqlens_q, o.cu_seqlens_k,
+                                          o.seqused_k, o.alibi_slopes), options)
         return out, lse
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out, _grad_lse):
-        out, lse, *saved = ctx.saved_tensors
-        q, k, v, sinks, cu_q, cu_k, used, slopes = (
-            x if x is not None else other for x, other in zip(saved, ctx.others))
+        out, lse, q, k, v, sinks, cu_q, cu_k, used, slopes = saved_inputs(ctx, 2)
         o = ctx.options
         wants = ctx.needs_input_grad
         starts_q, starts_k = _host_ints(cu_q), _host_ints(cu_k)
