@@ -125,8 +125,8 @@ def narrowed(x, dtype):
 def zeros_like_array(x):
     """Zeros of x's shape, dtype and framework (a torch tensor that requires grad gets zeros
     joined to its graph with a zero gradient, whatever x holds)."""
-    if isinstance(x, np.ndarray):
-        return np.zeros_like(x)
+    if not is_torch_tensor(x):  # NumPy's, or NumPy's copy of another DLPack array's
+        return np.zeros_like(x if isinstance(x, np.ndarray) else np.from_dlpack(x))
     zeros = x.new_zeros(x.shape)
     if x.requires_grad:
         zeros = zeros + x.reshape(-1)[:0].sum()  # a sum of no elements: exactly 0

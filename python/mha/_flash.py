@@ -50,7 +50,7 @@ def flash_attn_func(
     out (a [B, L, H, Dv] array to write into), backend, threads, dropout_seed.
 
     Returns the result [B, L, H, Dv] in q's framework and dtype (a new
-    contiguous array, or `out`; under autograd the [B, L, H, Dv] view of the
+    contiguous array, or `out`; under autograd a contiguous copy of the
     differentiable result), `(out, lse)` with return_lse, `(out, lse, None)`
     with return_attn_probs.  Differentiable on torch tensors as
     scaled_dot_product_attention is.  Raises as scaled_dot_product_attention
@@ -83,8 +83,8 @@ def flash_attn_func(
     lse = None
     if want_lse:
         result, lse = result
-    if out is None:  # the differentiable result, as a [B, L, H, Dv] view
-        out = _heads_major(result)
+    if out is None:  # the differentiable result, [B, L, H, Dv] and contiguous as FlashAttention's
+        out = _heads_major(result).contiguous()
     if return_attn_probs:
         return out, lse, None
     return (out, lse) if want_lse else out

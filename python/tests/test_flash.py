@@ -59,6 +59,7 @@ def test_gradients_are_those_of_the_heads_major_call(rng):
     q, k, v = token_major(rng)
     leaves = [torch.from_numpy(x).requires_grad_() for x in (q, k, v)]
     out = mha.flash_attn_func(*leaves, causal=True)
+    assert out.is_contiguous() and out.requires_grad  # FlashAttention's layout: .view() works
     grad_out = torch.from_numpy(rng.standard_normal(tuple(out.shape)).astype(np.float32))
     out.backward(grad_out)
     views = [torch.from_numpy(heads_major(x)).requires_grad_() for x in (q, k, v)]
