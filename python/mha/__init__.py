@@ -24,6 +24,8 @@ from ._mha import version as _library_version
 from ._attention import scaled_dot_product_attention
 from ._backward import scaled_dot_product_attention_backward
 from ._flash import flash_attn_func
+from ._flash_packed import (flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
+                            flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func)
 from ._functional import multi_head_attention_backward, multi_head_attention_forward
 from ._merge import merge_partials
 from ._module import MultiheadAttention
@@ -38,7 +40,11 @@ __all__ = [
     "MultiheadAttention",
     "backends",
     "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
     "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
     "flash_attn_with_kvcache",
     "get_num_threads",
     "info",

@@ -77,3 +77,29 @@ def test_bad_input(rng):
         mha.flash_attn_func(q[0], k, v)
     with pytest.raises(mha.Error):  # 4 heads over 3: not grouped
         mha.flash_attn_func(q, k[:, :, :1].repeat(3, axis=2), v[:, :, :1].repeat(3, axis=2))
+
+
+def test_packed_calls_are_the_unpacked_ones_on_views(rng):
+    """flash_attn_qkvpacked_func / kvpacked and their varlen forms: the bits of the unpacked
+    call on the same values, and under autograd the gradients land in the packed tensor."""
+    qkv = torch.from_numpy(rng.standard_normal((2, 7, 3, 4, 16)).astype(np.float32))
+    want = mha.flash_attn_func(qkv[:, :, 0].contiguous(), qkv[:, :, 1].contiguous(),
+                               qkv[:, :, 2].contiguous(), causal=True)
+    assert torch.equal(mha.flash_attn_qkvpacked_func(qkv, causal=True), want)
+    assert torch.equal(mha.flash_attn_kvpacked_func(qkv[:, :, 0], qkv[:, :, 1:], causal=True),
+                       want)
+    leaf = qkv.clone().requires_grad_()
+    mha.flash_attn_qkvpacked_func(leaf, causal=True).sum().backward()
+    parts = [qkv[:, :, i].clone().requires_grad_() for i in range(3)]
+    mha.flash_attn_func(*parts, causal=True).sum().backward()
+    assert torch.equal(leaf.grad, torch.stack([p.grad for p in parts], dim=2))
+
+    lens = np.array([0, 3, 7], np.int32)  # cu_seqlens of two sequences
+    packed = torch.from_numpy(rng.standard_normal((7, 3, 4, 16)).astype(np.float32))
+    want = mha.varlen_attention(packed[:, 0], packed[:, 1], packed[:, 2], lens, lens,
+                                causal=True)
+    assert torch.equal(mha.flash_attn_varlen_qkvpacked_func(packed, lens, 4, causal=True), want)
+    assert torch.equal(mha.flash_attn_varlen_kvpacked_func(packed[:, 0], packed[:, 1:], lens,
+                                                           lens, 4, 4, causal=True), want)
+    with pytest.raises(ValueError, match="qkv has shape .* 3 at dimension 2"):
+        mha.flash_attn_qkvpacked_func(qkv[:, :, :2])
