@@ -44,13 +44,13 @@ def scaled_dot_product_attention(
         bfloat16 or float16 (key and value share one dtype, which may also be
         int8 with k_scale and v_scale), with any strides:
         a view such as x.transpose(1, 2) of a [B, L, H, E] tensor is read in
-        place, never copied.  Empty dimensions give PyTorch's empty result (no
-        keys: zeros, LSE -inf), with PyTorch's arguments only.  Fewer than four
-        dimensions mean leading ones of
+        place, never copied.  Fewer than four dimensions mean leading ones of
         size 1 ([L, E], [H, L, E]).  Leading dimensions broadcast as in
         PyTorch (a key and value of batch 1 for a batch of queries; one
         key/value head for every query head): read through stride-0 views,
         never copied; a broadcast input's gradient is summed over them.
+        Empty dimensions give PyTorch's empty result (no keys: zeros, LSE
+        -inf), with PyTorch's arguments only.
     attn_mask: optional, broadcastable to [B, Hq, L, S]: bool (True = the key
         takes part, as in PyTorch) or float (added to the scaled scores; -inf
         removes a key).
@@ -111,11 +111,11 @@ def scaled_dot_product_attention(
     bfloat16 and float16 query, key and value (widened to fp32 as they are
     read, every sum fp32, a half-precision gradient rounded once); an int8 KV
     cache is refused with TypeError while a tensor requires grad; out= is
-    refused then (ValueError,
-    as PyTorch's out= functions have no autograd), and so are alibi_slopes,
-    k_scale and v_scale that require grad (they have no gradient).  Second
-    derivatives are not computed.  scaled_dot_product_attention_backward is
-    the same backward on arrays, NumPy ones included.
+    refused then (ValueError, as PyTorch's out= functions have no autograd),
+    and so are alibi_slopes, k_scale and v_scale that require grad (they have
+    no gradient).  Second derivatives are not computed.
+    scaled_dot_product_attention_backward is the same backward on arrays,
+    NumPy ones included.
 
     Returns the result in query's framework and dtype (NumPy in, NumPy out;
     torch in, torch out) -- or `out` -- and `(result, lse)` with return_lse.
