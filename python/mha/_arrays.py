@@ -117,6 +117,16 @@ def widened(x):
     return x.astype(np.float32) if isinstance(x, np.ndarray) else x.float()
 
 
+def widened_all(arrays):
+    """The arrays with each half-precision one (half_dtype) widened once: one array given
+    twice (self-attention) stays one array, so the library still sees them as the same."""
+    made = {}
+    for x in arrays:
+        if half_dtype(x) is not None and id(x) not in made:
+            made[id(x)] = widened(x)
+    return [made.get(id(x), x) for x in arrays]
+
+
 def narrowed(x, dtype):
     """A float32 result in `dtype` (a half_dtype), rounded once."""
     return x.astype(dtype) if isinstance(x, np.ndarray) else x.to(dtype)

@@ -16,7 +16,8 @@ from . import _mha
 from ._arguments import flag, integer, real
 from ._attention import _NO_WINDOW, _dropout_seed, _grad_wanted, _window_argument
 from ._arrays import (Array, array_argument, empty_like_framework, half_dtype, is_torch_tensor,
-                      narrowed, optional_array_argument, shape_of, torch_module, widened)
+                      narrowed, optional_array_argument, shape_of, torch_module, widened,
+                      widened_all)
 from ._module import _ForwardShapes
 from ._state_dict import float32_copy
 
@@ -288,12 +289,7 @@ class _Call:
         conversion, so their gradients come back in their dtypes), one array given twice
         staying one.  Returns query's half-precision dtype, which the results take, or
         None."""
-        made = {}
-        for name, x in self.inputs.items():
-            if half_dtype(x) is not None:
-                if id(x) not in made:
-                    made[id(x)] = (x, widened(x))  # (x kept: its id stays its own)
-                self.inputs[name] = made[id(x)][1]
+        self.inputs = dict(zip(self.inputs, widened_all(list(self.inputs.values()))))
         result = half_dtype(self.query)
         self.query = self.inputs["query"]
         return result

@@ -7,7 +7,7 @@ from . import _mha
 from ._arguments import flag, integer, real
 from ._attention import _window_argument
 from ._arrays import (Array, array_argument, empty_like_framework, half_dtype, narrowed,
-                      optional_array_argument, shape_of, torch_module, widened)
+                      optional_array_argument, shape_of, torch_module, widened_all)
 from ._state_dict import IncompatibleKeys, checked_weights, weight_shapes
 
 
@@ -235,13 +235,7 @@ class MultiheadAttention:
         # Half-precision inputs: the module computes in float32 on their values, the
         # results are rounded to query's dtype once.
         result_dtype = half_dtype(query)
-        inputs, made = [query, key, value], {}
-        for i, x in enumerate(inputs):
-            if half_dtype(x) is not None:
-                if id(x) not in made:  # one array given twice stays one
-                    made[id(x)] = widened(x)
-                inputs[i] = made[id(x)]
-        query, key, value = inputs
+        query, key, value = widened_all([query, key, value])
 
         out = empty_like_framework(query, shapes.out, "float32")
         weights = None
