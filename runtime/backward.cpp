@@ -57,18 +57,6 @@ constexpr int64_t kMaxBackwardChunks = 4;
 constexpr int64_t kMinBackwardChunk = 512;
 constexpr int64_t kChunkAlign = 64;
 
-// A validated backward call.
-struct BackwardCall {
-  KernelCall forward;  // the forward's problem (and its out, as a tensor below)
-  mha_backward_problem problem;
-  const mha_tensor* out;
-  const mha_tensor* dout;
-  mha_tensor dq, dk, dv;
-  const mha_tensor* dsinks;  // nullptr: not wanted
-  const mha_tensor* dmask;
-  const mha_tensor* mask;
-};
-
 struct BackwardPlan {
   int64_t chunk_len, chunks;
   int64_t items(const mha_kernel_problem& p) const { return chunks * p.batch * p.kv_heads; }
@@ -105,6 +93,8 @@ mha_status check_f32_or_like(const mha_tensor& t, const char* name, const mha_te
   return fail(MHA_ERR_INVALID_DTYPE, "%s has dtype %s; it must be f32 or %s's dtype (%s)", name,
               dtype_name(t.dtype), like_name, dtype_name(like.dtype));
 }
+
+}  // namespace
 
 mha_status validate_backward(const mha_tensor* q, const mha_tensor* k, const mha_tensor* v,
                              const mha_tensor* out, const mha_tensor* lse, const mha_tensor* dout,
@@ -233,6 +223,8 @@ mha_status validate_backward(const mha_tensor* q, const mha_tensor* k, const mha
   return MHA_OK;
 }
 
+namespace {
+
 // Offset of element [b, h, i, 0] of a 4-d tensor.
 int64_t row_offset(const mha_tensor& t, int64_t b, int64_t h, int64_t i) {
   return b * t.strides[0] + h * t.strides[1] + i * t.strides[2];
@@ -282,25 +274,24 @@ void round_rows(const float* src, int64_t rows, int64_t cols, const mha_tensor& 
   }
 }
 
-// dsinks[h] = -Σ_{b, i} e^(sink_h - lse[b, h, i]) · delta[b, h, i], b then i
-// ascending, in float64 (the sink's weight in each row times the row's delta).
-void compute_dsinks(const BackwardCall& call, const float* delta) {
+// sums[h] += Σ_{b, i} e^(sink_h - lse[b, h, i]) · delta[b, h, i], b then i
+// ascending, in float64 (the sink's weight in each row times the row's
+// delta); dsinks[h] is -sums[h] over every call of a run.
+void add_dsinks(const BackwardCall& call, const float* delta, double* sums) {
   const mha_kernel_problem& p = call.forward.problem;
   const mha_backward_problem& bp = call.problem;
-  auto* dsinks = static_cast<float*>(call.dsinks->data);
   for (int64_t h = 0; h < p.heads; ++h) {
     const double sink = static_cast<double>(p.sinks[h * p.sinks_stride]);
-    double sum = 0.0;
-    if (sink != -std::numeric_limits<double>::infinity()) {
-      for (int64_t b = 0; b < p.batch; ++b) {
-        for (int64_t i = 0; i < p.lq; ++i) {
-          const double lse = static_cast<double>(
-              bp.lse[b * bp.lse_strides[0] + h * bp.lse_strides[1] + i * bp.lse_strides[2]]);
-          sum += std::exp(sink - lse) * static_cast<double>(delta[(b * p.heads + h) * p.lq + i]);
-        }
+    if (sink == -std::numeric_limits<double>::infinity()) continue;
+    double sum = sums[h];
+    for (int64_t b = 0; b < p.batch; ++b) {
+      for (int64_t i = 0; i < p.lq; ++i) {
+        const double lse = static_cast<double>(
+            bp.lse[b * bp.lse_strides[0] + h * bp.lse_strides[1] + i * bp.lse_strides[2]]);
+        sum += std::exp(sink - lse) * static_cast<double>(delta[(b * p.heads + h) * p.lq + i]);
       }
     }
-    dsinks[h * call.dsinks->strides[0]] = static_cast<float>(-sum);
+    sums[h] = sum;
   }
 }
 
@@ -355,73 +346,259 @@ std::unique_ptr<T[]> try_allocate(int64_t count) {
                                   T[static_cast<size_t>(std::max<int64_t>(count, 1))]);
 }
 
-mha_status run_backward(const Backend& backend, BackwardCall& call, int32_t threads) {
-  const mha_plugin& plugin = *backend.plugin;
-  mha_kernel_problem& p = call.forward.problem;
-  p.layout = MHA_LAYOUT_QUERY_LANES;
-  mha_backward_problem& bp = call.problem;
-  bp.forward = &p;
-  const BackwardPlan plan = plan_backward(p);
-  const int64_t rows = p.batch * p.heads * p.lq;
-  const int64_t dq_floats = rows * p.d;
-  const bool dmask_in_place = call.dmask != nullptr && mask_is_full(*call.dmask, p);
-  const int64_t dmask_floats = call.dmask != nullptr && !dmask_in_place ? rows * p.lk : 0;
-  // Half-precision gradients: dQ accumulated in an fp32 buffer; an item's
-  // dK and dV in the thread's scratch, after the kernel's own.
-  const bool dq_half = call.dq.dtype != MHA_DTYPE_F32;
-  const int64_t dk_stage = call.dk.dtype != MHA_DTYPE_F32 ? plan.chunk_len * p.d : 0;
-  const int64_t dv_stage = call.dv.dtype != MHA_DTYPE_F32 ? plan.chunk_len * p.dv : 0;
-
-  auto delta = try_allocate<float>(rows);
-  auto partials = try_allocate<float>((plan.chunks - 1) * dq_floats);
-  auto dmask_full = try_allocate<float>(dmask_floats);
-  auto dq_buffer = try_allocate<float>(dq_half ? dq_floats : 0);
-  const size_t kernel_bytes = plugin.backward_scratch_bytes(&bp);
-  const size_t stage_offset = (kernel_bytes + 63) / 64 * 64;  // 64-byte aligned floats
-  const size_t scratch_bytes =
-      stage_offset + static_cast<size_t>(dk_stage + dv_stage) * sizeof(float);
-  if (!delta || !partials || !dmask_full || !dq_buffer) {
-    return fail(MHA_ERR_OUT_OF_MEMORY,
-                "cannot allocate %lld bytes for the backward pass's buffers; the outputs are "
-                "untouched",
-                static_cast<long long>(rows + (plan.chunks - 1) * dq_floats + dmask_floats +
-                                       (dq_half ? dq_floats : 0)) *
-                    4);
+// The query-key pairs of keys [kb, ke) under the causal rule and the
+// window's edges (valid lengths and masks ignored): an item's cost, for the
+// order items are handed out in.
+double pairs_of_keys(const mha_kernel_problem& p, int64_t kb, int64_t ke) {
+  double pairs = 0.0;
+  for (int64_t j = kb; j < ke; ++j) {
+    // Query i sees key j iff i + lower_diag <= j <= i + causal_diag.
+    const int64_t first = std::max<int64_t>(0, j - p.causal_diag);
+    const int64_t last = std::min<int64_t>(p.lq - 1, j - p.lower_diag);
+    if (last >= first) pairs += static_cast<double>(last - first + 1);
   }
-  bp.delta = delta.get();
-  bp.delta_strides[0] = p.heads * p.lq;
-  bp.delta_strides[1] = p.lq;
-  bp.delta_strides[2] = 1;
-  // Where the kernels add dQ: dq itself, or its fp32 buffer.
-  const F32View dq = f32_view(call.dq, dq_buffer.get());
-  const auto dq_row = [&](int64_t row) {
+  return pairs;
+}
+
+// One call of a run, planned, with its places in the run's buffers.
+struct PlannedBackward {
+  BackwardCall* call = nullptr;
+  BackwardPlan plan{};
+  int64_t rows = 0;         // batch · heads · lq: delta's and dQ's rows
+  int64_t per_row = 1;      // rows in a block of phases 1 and 3
+  int64_t first_block = 0;  // its first row block in the run
+  int64_t first_item = 0;   // its first item in the run
+  float* delta = nullptr;
+  float* partials = nullptr;    // (chunks - 1) · rows · d: the other chunks' dQ
+  float* dq_buffer = nullptr;   // a half-precision dq's fp32 sums
+  float* dmask_full = nullptr;  // a broadcast dmask's full [B, H, Lq, Lk] gradient
+  bool dmask_in_place = false;
+  F32View dq{};                                 // where the kernels add dQ: dq itself, or dq_buffer
+  size_t stage_offset = 0;                      // bytes of the kernel's scratch, 64-byte aligned
+  int64_t dk_stage = 0, dv_stage = 0;           // floats of a half-precision dK / dV after them
+  double chunk_pairs[kMaxBackwardChunks] = {};  // the cost of an item of each chunk
+
+  int64_t blocks() const { return ceil_div(rows, per_row); }
+  float* dq_row(int64_t row) const {
+    const mha_kernel_problem& p = call->forward.problem;
     const int64_t i = row % p.lq, bh = row / p.lq;
     return dq.data + (bh / p.heads) * dq.strides[0] + (bh % p.heads) * dq.strides[1] +
            i * dq.strides[2];
-  };
+  }
+};
 
-  const double flops = 10.0 * static_cast<double>(rows) * static_cast<double>(p.lk) *
-                       static_cast<double>(p.d + p.dv) / 2.0;
-  const int64_t n_items = plan.items(p);
+// The planned call holding run-wide index `index` (first ascending).
+const PlannedBackward& holder(const std::vector<PlannedBackward>& planned, int64_t index,
+                              int64_t PlannedBackward::*first) {
+  auto it = std::upper_bound(
+      planned.begin(), planned.end(), index,
+      [first](int64_t value, const PlannedBackward& c) { return value < c.*first; });
+  return *(it - 1);
+}
+
+// Runs item `local` of a planned call (chunk, batch, KV head) on the thread's
+// scratch; false when the kernel failed (*code: its code).
+bool run_item(const mha_plugin& plugin, const PlannedBackward& pc, int64_t local, void* scratch,
+              int* code) {
+  const BackwardCall& call = *pc.call;
+  const mha_kernel_problem& p = call.forward.problem;
+  const BackwardPlan& plan = pc.plan;
+  const int64_t chunk = local / (p.batch * p.kv_heads);
+  const int64_t b = (local / p.kv_heads) % p.batch;
+  const int64_t kvh = local % p.kv_heads;
+  const int64_t group = p.heads / p.kv_heads;
+  const int64_t dq_floats = pc.rows * p.d;
+  mha_backward_item item{};
+  item.b = b;
+  item.kv_head = kvh;
+  item.k_begin = chunk * plan.chunk_len;
+  item.k_end = std::min(p.lk, item.k_begin + plan.chunk_len);
+  const int64_t h0 = kvh * group;
+  if (chunk == 0) {
+    item.dq = pc.dq.data + b * pc.dq.strides[0] + h0 * pc.dq.strides[1];
+    item.dq_strides[0] = pc.dq.strides[1];
+    item.dq_strides[1] = pc.dq.strides[2];
+    item.dq_strides[2] = pc.dq.strides[3];
+  } else {
+    item.dq = pc.partials + (chunk - 1) * dq_floats + (b * p.heads + h0) * p.lq * p.d;
+    item.dq_strides[0] = p.lq * p.d;
+    item.dq_strides[1] = p.d;
+    item.dq_strides[2] = 1;
+  }
+  float* stage = reinterpret_cast<float*>(static_cast<char*>(scratch) + pc.stage_offset);
+  const int64_t dk_at =
+      b * call.dk.strides[0] + kvh * call.dk.strides[1] + item.k_begin * call.dk.strides[2];
+  const int64_t dv_at =
+      b * call.dv.strides[0] + kvh * call.dv.strides[1] + item.k_begin * call.dv.strides[2];
+  if (pc.dk_stage > 0) {
+    item.dk = stage;
+    item.dk_strides[0] = p.d;
+    item.dk_strides[1] = 1;
+  } else {
+    item.dk = static_cast<float*>(call.dk.data) + dk_at;
+    item.dk_strides[0] = call.dk.strides[2];
+    item.dk_strides[1] = call.dk.strides[3];
+  }
+  if (pc.dv_stage > 0) {
+    item.dv = stage + pc.dk_stage;
+    item.dv_strides[0] = p.dv;
+    item.dv_strides[1] = 1;
+  } else {
+    item.dv = static_cast<float*>(call.dv.data) + dv_at;
+    item.dv_strides[0] = call.dv.strides[2];
+    item.dv_strides[1] = call.dv.strides[3];
+  }
+  if (pc.dmask_in_place) {
+    const mha_tensor& m = *call.dmask;
+    item.dmask = static_cast<float*>(m.data) + b * m.strides[0] + h0 * m.strides[1] +
+                 item.k_begin * m.strides[3];
+    item.dmask_strides[0] = m.strides[1];
+    item.dmask_strides[1] = m.strides[2];
+    item.dmask_strides[2] = m.strides[3];
+  } else if (pc.dmask_full != nullptr) {
+    item.dmask = pc.dmask_full + (b * p.heads + h0) * p.lq * p.lk + item.k_begin;
+    item.dmask_strides[0] = p.lq * p.lk;
+    item.dmask_strides[1] = p.lk;
+    item.dmask_strides[2] = 1;
+  }
+  if (int c = plugin.backward(&call.problem, &item, scratch); c != 0) {
+    *code = c;
+    return false;
+  }
+  // The item owns dK and dV of its keys: they are final, round them now.
+  const int64_t keys = item.k_end - item.k_begin;
+  if (pc.dk_stage > 0) round_rows(item.dk, keys, p.d, call.dk, dk_at, call.dk.strides[2]);
+  if (pc.dv_stage > 0) round_rows(item.dv, keys, p.dv, call.dv, dv_at, call.dv.strides[2]);
+  return true;
+}
+
+mha_status run_backward(const Backend& backend, BackwardCall* calls, int64_t count,
+                        int32_t threads) {
+  const mha_plugin& plugin = *backend.plugin;
+  std::vector<PlannedBackward> planned(static_cast<size_t>(count));
+  int64_t delta_floats = 0, partial_floats = 0, dmask_floats = 0, dq_buffer_floats = 0;
+  int64_t n_blocks = 0, n_items = 0;
+  size_t scratch_bytes = 0;
+  double flops = 0.0;
+  for (int64_t c = 0; c < count; ++c) {
+    PlannedBackward& pc = planned[static_cast<size_t>(c)];
+    BackwardCall& call = calls[c];
+    pc.call = &call;
+    mha_kernel_problem& p = call.forward.problem;
+    p.layout = MHA_LAYOUT_QUERY_LANES;
+    call.problem.forward = &p;
+    pc.plan = plan_backward(p);
+    pc.rows = p.batch * p.heads * p.lq;
+    pc.per_row = std::max<int64_t>(1, 65536 / std::max<int64_t>(p.dv, 1));
+    pc.first_block = n_blocks;
+    pc.first_item = n_items;
+    n_blocks += pc.blocks();
+    n_items += pc.plan.items(p);
+    pc.dmask_in_place = call.dmask != nullptr && mask_is_full(*call.dmask, p);
+    delta_floats += pc.rows;
+    partial_floats += (pc.plan.chunks - 1) * pc.rows * p.d;
+    if (call.dmask != nullptr && !pc.dmask_in_place) dmask_floats += pc.rows * p.lk;
+    if (call.dq.dtype != MHA_DTYPE_F32) dq_buffer_floats += pc.rows * p.d;
+    // Half-precision dK and dV: an item's in the thread's scratch, after the
+    // kernel's own.
+    pc.dk_stage = call.dk.dtype != MHA_DTYPE_F32 ? pc.plan.chunk_len * p.d : 0;
+    pc.dv_stage = call.dv.dtype != MHA_DTYPE_F32 ? pc.plan.chunk_len * p.dv : 0;
+    pc.stage_offset = (plugin.backward_scratch_bytes(&call.problem) + 63) / 64 * 64;
+    scratch_bytes =
+        std::max(scratch_bytes,
+                 pc.stage_offset + static_cast<size_t>(pc.dk_stage + pc.dv_stage) * sizeof(float));
+    for (int64_t chunk = 0; chunk < pc.plan.chunks; ++chunk) {
+      const int64_t kb = chunk * pc.plan.chunk_len;
+      pc.chunk_pairs[chunk] = pairs_of_keys(p, kb, std::min(p.lk, kb + pc.plan.chunk_len));
+    }
+    flops += 10.0 * static_cast<double>(pc.rows) * static_cast<double>(p.lk) *
+             static_cast<double>(p.d + p.dv) / 2.0;
+  }
+
+  auto delta = try_allocate<float>(delta_floats);
+  auto partials = try_allocate<float>(partial_floats);
+  auto dmask_full = try_allocate<float>(dmask_floats);
+  auto dq_buffer = try_allocate<float>(dq_buffer_floats);
+  // The items in the order they are handed out: the costliest first (under a
+  // causal mask a sequence's first key chunks), so that a long sequence's
+  // items start early and short ones fill in around them.  Which thread runs
+  // an item never changes what it computes.
+  std::vector<int64_t> order;
+  std::vector<double> cost;
+  try {
+    order.resize(static_cast<size_t>(n_items));
+    cost.resize(static_cast<size_t>(n_items));
+  } catch (const std::bad_alloc&) {
+    order.clear();
+  }
+  if (!delta || !partials || !dmask_full || !dq_buffer ||
+      order.size() != static_cast<size_t>(n_items)) {
+    return fail(MHA_ERR_OUT_OF_MEMORY,
+                "cannot allocate %lld bytes for the backward pass's buffers; the outputs are "
+                "untouched",
+                static_cast<long long>(delta_floats + partial_floats + dmask_floats +
+                                       dq_buffer_floats + n_items * 4) *
+                    4);
+  }
+  {
+    int64_t at_delta = 0, at_partials = 0, at_dmask = 0, at_dq = 0;
+    for (PlannedBackward& pc : planned) {
+      BackwardCall& call = *pc.call;
+      const mha_kernel_problem& p = call.forward.problem;
+      pc.delta = delta.get() + at_delta;
+      pc.partials = partials.get() + at_partials;
+      at_delta += pc.rows;
+      at_partials += (pc.plan.chunks - 1) * pc.rows * p.d;
+      if (call.dmask != nullptr && !pc.dmask_in_place) {
+        pc.dmask_full = dmask_full.get() + at_dmask;
+        at_dmask += pc.rows * p.lk;
+      }
+      float* buffer = nullptr;
+      if (call.dq.dtype != MHA_DTYPE_F32) {
+        buffer = dq_buffer.get() + at_dq;
+        at_dq += pc.rows * p.d;
+      }
+      pc.dq = f32_view(call.dq, buffer);
+      mha_backward_problem& bp = call.problem;
+      bp.delta = pc.delta;
+      bp.delta_strides[0] = p.heads * p.lq;
+      bp.delta_strides[1] = p.lq;
+      bp.delta_strides[2] = 1;
+    }
+  }
+  for (const PlannedBackward& pc : planned) {
+    const mha_kernel_problem& p = pc.call->forward.problem;
+    const int64_t group = p.heads / p.kv_heads;
+    for (int64_t local = 0; local < pc.plan.items(p); ++local) {
+      const int64_t chunk = local / (p.batch * p.kv_heads);
+      const auto at = static_cast<size_t>(pc.first_item + local);
+      order[at] = pc.first_item + local;
+      cost[at] = pc.chunk_pairs[chunk] * static_cast<double>(group);
+    }
+  }
+  std::stable_sort(order.begin(), order.end(), [&cost](int64_t a, int64_t b) {
+    return cost[static_cast<size_t>(a)] > cost[static_cast<size_t>(b)];
+  });
+
   int32_t team = static_cast<int32_t>(std::min<int64_t>(threads, std::max<int64_t>(n_items, 1)));
   if (flops < kSerialFlops) team = 1;
 
   // Every thread's scratch first: a failure leaves the outputs untouched.
-  bool scratch_ok = true;
   auto prepare = [&](int32_t) {
     return thread_scratch(ScratchSlot::kKernel, scratch_bytes) != nullptr;
   };
   // 1. delta, zeroed dq (or its buffer) and partials.
-  const int64_t per_row = std::max<int64_t>(1, 65536 / std::max<int64_t>(p.dv, 1));
-  const int64_t row_blocks = ceil_div(rows, per_row);
-  scratch_ok = run_team(row_blocks, team, prepare, [&](int64_t block, int32_t) {
-    const int64_t end = std::min(rows, (block + 1) * per_row);
-    for (int64_t row = block * per_row; row < end; ++row) {
-      compute_delta(call, delta.get(), row);
-      float* dq_at = dq_row(row);
-      for (int64_t x = 0; x < p.d; ++x) dq_at[x * dq.strides[3]] = 0.0f;
-      for (int64_t c = 1; c < plan.chunks; ++c) {
-        std::fill_n(partials.get() + (c - 1) * dq_floats + row * p.d, p.d, 0.0f);
+  const bool scratch_ok = run_team(n_blocks, team, prepare, [&](int64_t block, int32_t) {
+    const PlannedBackward& pc = holder(planned, block, &PlannedBackward::first_block);
+    const mha_kernel_problem& p = pc.call->forward.problem;
+    const int64_t first = (block - pc.first_block) * pc.per_row;
+    const int64_t end = std::min(pc.rows, first + pc.per_row);
+    for (int64_t row = first; row < end; ++row) {
+      compute_delta(*pc.call, pc.delta, row);
+      float* dq_at = pc.dq_row(row);
+      for (int64_t x = 0; x < p.d; ++x) dq_at[x * pc.dq.strides[3]] = 0.0f;
+      for (int64_t c = 1; c < pc.plan.chunks; ++c) {
+        std::fill_n(pc.partials + ((c - 1) * pc.rows + row) * p.d, p.d, 0.0f);
       }
     }
   });
@@ -432,77 +609,17 @@ mha_status run_backward(const Backend& backend, BackwardCall& call, int32_t thre
                 scratch_bytes);
   }
 
-  // 2. The items: (chunk, batch, KV head), the first chunks (under a causal
-  // mask the costliest) first.
-  const int64_t group = p.heads / p.kv_heads;
+  // 2. The items.
   std::atomic<int> failed_code{0};
-  run_team(n_items, team, prepare, [&](int64_t index, int32_t) {
-    const int64_t chunk = index / (p.batch * p.kv_heads);
-    const int64_t b = (index / p.kv_heads) % p.batch;
-    const int64_t kvh = index % p.kv_heads;
-    mha_backward_item item{};
-    item.b = b;
-    item.kv_head = kvh;
-    item.k_begin = chunk * plan.chunk_len;
-    item.k_end = std::min(p.lk, item.k_begin + plan.chunk_len);
-    const int64_t h0 = kvh * group;
-    if (chunk == 0) {
-      item.dq = dq.data + b * dq.strides[0] + h0 * dq.strides[1];
-      item.dq_strides[0] = dq.strides[1];
-      item.dq_strides[1] = dq.strides[2];
-      item.dq_strides[2] = dq.strides[3];
-    } else {
-      item.dq = partials.get() + (chunk - 1) * dq_floats + (b * p.heads + h0) * p.lq * p.d;
-      item.dq_strides[0] = p.lq * p.d;
-      item.dq_strides[1] = p.d;
-      item.dq_strides[2] = 1;
-    }
+  run_team(n_items, team, prepare, [&](int64_t position, int32_t) {
+    const int64_t index = order[static_cast<size_t>(position)];
+    const PlannedBackward& pc = holder(planned, index, &PlannedBackward::first_item);
     void* scratch = thread_scratch(ScratchSlot::kKernel, scratch_bytes);
-    float* stage = reinterpret_cast<float*>(static_cast<char*>(scratch) + stage_offset);
-    const int64_t dk_at =
-        b * call.dk.strides[0] + kvh * call.dk.strides[1] + item.k_begin * call.dk.strides[2];
-    const int64_t dv_at =
-        b * call.dv.strides[0] + kvh * call.dv.strides[1] + item.k_begin * call.dv.strides[2];
-    if (dk_stage > 0) {
-      item.dk = stage;
-      item.dk_strides[0] = p.d;
-      item.dk_strides[1] = 1;
-    } else {
-      item.dk = static_cast<float*>(call.dk.data) + dk_at;
-      item.dk_strides[0] = call.dk.strides[2];
-      item.dk_strides[1] = call.dk.strides[3];
-    }
-    if (dv_stage > 0) {
-      item.dv = stage + dk_stage;
-      item.dv_strides[0] = p.dv;
-      item.dv_strides[1] = 1;
-    } else {
-      item.dv = static_cast<float*>(call.dv.data) + dv_at;
-      item.dv_strides[0] = call.dv.strides[2];
-      item.dv_strides[1] = call.dv.strides[3];
-    }
-    if (dmask_in_place) {
-      const mha_tensor& m = *call.dmask;
-      item.dmask = static_cast<float*>(m.data) + b * m.strides[0] + h0 * m.strides[1] +
-                   item.k_begin * m.strides[3];
-      item.dmask_strides[0] = m.strides[1];
-      item.dmask_strides[1] = m.strides[2];
-      item.dmask_strides[2] = m.strides[3];
-    } else if (call.dmask != nullptr) {
-      item.dmask = dmask_full.get() + (b * p.heads + h0) * p.lq * p.lk + item.k_begin;
-      item.dmask_strides[0] = p.lq * p.lk;
-      item.dmask_strides[1] = p.lk;
-      item.dmask_strides[2] = 1;
-    }
-    if (int code = plugin.backward(&bp, &item, scratch); code != 0) {
+    int code = 0;
+    if (!run_item(plugin, pc, index - pc.first_item, scratch, &code)) {
       int expected = 0;
       failed_code.compare_exchange_strong(expected, code);
-      return;
     }
-    // The item owns dK and dV of its keys: they are final, round them now.
-    const int64_t keys = item.k_end - item.k_begin;
-    if (dk_stage > 0) round_rows(item.dk, keys, p.d, call.dk, dk_at, call.dk.strides[2]);
-    if (dv_stage > 0) round_rows(item.dv, keys, p.dv, call.dv, dv_at, call.dv.strides[2]);
   });
   if (int code = failed_code.load(); code != 0) {
     return fail(MHA_ERR_INTERNAL,
@@ -513,31 +630,91 @@ mha_status run_backward(const Backend& backend, BackwardCall& call, int32_t thre
 
   // 3. dq += the other chunks' shares, in chunk order; a half-precision dq
   // is that sum rounded once.
-  if (plan.chunks > 1 || dq_half) {
-    run_team(
-        row_blocks, team, [](int32_t) { return true; },
-        [&](int64_t block, int32_t) {
-          const int64_t end = std::min(rows, (block + 1) * per_row);
-          for (int64_t row = block * per_row; row < end; ++row) {
-            float* sum = dq_row(row);
-            for (int64_t c = 1; c < plan.chunks; ++c) {
-              const float* part = partials.get() + (c - 1) * dq_floats + row * p.d;
-              for (int64_t x = 0; x < p.d; ++x) sum[x * dq.strides[3]] += part[x];
-            }
-            if (dq_half) {
-              const int64_t i = row % p.lq, bh = row / p.lq;
-              round_rows(sum, 1, p.d, call.dq, row_offset(call.dq, bh / p.heads, bh % p.heads, i),
-                         0);
-            }
+  run_team(
+      n_blocks, team, [](int32_t) { return true; },
+      [&](int64_t block, int32_t) {
+        const PlannedBackward& pc = holder(planned, block, &PlannedBackward::first_block);
+        const BackwardCall& call = *pc.call;
+        const mha_kernel_problem& p = call.forward.problem;
+        const bool dq_half = call.dq.dtype != MHA_DTYPE_F32;
+        if (pc.plan.chunks == 1 && !dq_half) return;
+        const int64_t first = (block - pc.first_block) * pc.per_row;
+        const int64_t end = std::min(pc.rows, first + pc.per_row);
+        for (int64_t row = first; row < end; ++row) {
+          float* sum = pc.dq_row(row);
+          for (int64_t c = 1; c < pc.plan.chunks; ++c) {
+            const float* part = pc.partials + ((c - 1) * pc.rows + row) * p.d;
+            for (int64_t x = 0; x < p.d; ++x) sum[x * pc.dq.strides[3]] += part[x];
           }
-        });
+          if (dq_half) {
+            const int64_t i = row % p.lq, bh = row / p.lq;
+            round_rows(sum, 1, p.d, call.dq, row_offset(call.dq, bh / p.heads, bh % p.heads, i), 0);
+          }
+        }
+      });
+  // dsinks: every call's share, in call order (the calls share one tensor).
+  if (count > 0 && calls[0].dsinks != nullptr) {
+    const int64_t heads = calls[0].forward.problem.heads;
+    std::vector<double> sums(static_cast<size_t>(heads), 0.0);
+    for (const PlannedBackward& pc : planned) add_dsinks(*pc.call, pc.delta, sums.data());
+    const mha_tensor& dsinks = *calls[0].dsinks;
+    for (int64_t h = 0; h < heads; ++h) {
+      static_cast<float*>(dsinks.data)[h * dsinks.strides[0]] =
+          static_cast<float>(-sums[static_cast<size_t>(h)]);
+    }
   }
-  if (call.dsinks != nullptr) compute_dsinks(call, delta.get());
-  if (dmask_floats > 0) reduce_dmask(call, dmask_full.get());
+  for (const PlannedBackward& pc : planned) {
+    if (pc.dmask_full != nullptr) reduce_dmask(*pc.call, pc.dmask_full);
+  }
   return MHA_OK;
 }
 
 }  // namespace
+
+mha_status run_backward_calls(BackwardCall* calls, int64_t count, int64_t varlen_batch) {
+  const char* why = nullptr;
+  const Backend* backend = Registry::instance().selected(&why);
+  if (backend == nullptr) return fail(MHA_ERR_BACKEND_UNAVAILABLE, "%s", why);
+  if (backend->plugin->backward == nullptr || backend->plugin->backward_scratch_bytes == nullptr) {
+    return fail(MHA_ERR_UNSUPPORTED, "backend %s has no backward pass", backend->name.c_str());
+  }
+  const int32_t threads = num_threads();
+  const auto start = std::chrono::steady_clock::now();
+  const mha_status status = run_backward(*backend, calls, count, threads);
+  if (verbose_level() >= 2 && count > 0) {
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    // One call: its shape; a packed batch: its first sequence's heads and
+    // sizes, with the batch's rows.
+    const BackwardCall& call = calls[0];
+    const mha_kernel_problem& p = call.forward.problem;
+    int64_t chunks = 0, items = 0, lq = 0, lk = 0;
+    for (int64_t c = 0; c < count; ++c) {
+      const mha_kernel_problem& pc = calls[c].forward.problem;
+      const BackwardPlan plan = plan_backward(pc);
+      chunks = std::max(chunks, plan.chunks);
+      items += plan.items(pc);
+      lq += pc.lq;
+      lk += pc.lk;
+    }
+    const long long batch = varlen_batch >= 0 ? varlen_batch : static_cast<long long>(p.batch);
+    std::fprintf(stderr,
+                 "mha_verbose,exec,%s,backend=%s,B=%lld,H=%lld,Hkv=%lld,%s=%lld,%s=%lld,D=%lld,"
+                 "Dv=%lld,q=%s,kv=%s,out=%s,dout=%s,dq=%s,dk=%s,dv=%s,variants=%s,chunks=%lld,"
+                 "items=%lld,threads=%d,ms=%.4f\n",
+                 varlen_batch >= 0 ? "attention_varlen_backward" : "attention_backward",
+                 backend->name.c_str(), batch, static_cast<long long>(p.heads),
+                 static_cast<long long>(p.kv_heads), varlen_batch >= 0 ? "total_q" : "Lq",
+                 static_cast<long long>(lq), varlen_batch >= 0 ? "keys" : "Lk",
+                 static_cast<long long>(lk), static_cast<long long>(p.d),
+                 static_cast<long long>(p.dv), dtype_name(p.q_dtype), dtype_name(p.kv_dtype),
+                 dtype_name(call.out->dtype), dtype_name(call.dout->dtype),
+                 dtype_name(call.dq.dtype), dtype_name(call.dk.dtype), dtype_name(call.dv.dtype),
+                 variants_of(call.forward).c_str(), static_cast<long long>(chunks),
+                 static_cast<long long>(items), threads, ms);
+  }
+  return status;
+}
 
 mha_status attention_backward(const mha_tensor* q, const mha_tensor* k, const mha_tensor* v,
                               const mha_tensor* out, const mha_tensor* lse, const mha_tensor* dout,
@@ -550,34 +727,7 @@ mha_status attention_backward(const mha_tensor* q, const mha_tensor* k, const mh
       s != MHA_OK) {
     return s;
   }
-  const char* why = nullptr;
-  const Backend* backend = Registry::instance().selected(&why);
-  if (backend == nullptr) return fail(MHA_ERR_BACKEND_UNAVAILABLE, "%s", why);
-  if (backend->plugin->backward == nullptr || backend->plugin->backward_scratch_bytes == nullptr) {
-    return fail(MHA_ERR_UNSUPPORTED, "backend %s has no backward pass", backend->name.c_str());
-  }
-  const int32_t threads = num_threads();
-  const auto start = std::chrono::steady_clock::now();
-  const mha_status status = run_backward(*backend, call, threads);
-  if (verbose_level() >= 2) {
-    const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    const mha_kernel_problem& p = call.forward.problem;
-    const BackwardPlan plan = plan_backward(p);
-    std::fprintf(stderr,
-                 "mha_verbose,exec,attention_backward,backend=%s,B=%lld,H=%lld,Hkv=%lld,Lq=%lld,"
-                 "Lk=%lld,D=%lld,Dv=%lld,q=%s,kv=%s,out=%s,dout=%s,dq=%s,dk=%s,dv=%s,variants=%s,"
-                 "chunks=%lld,items=%lld,threads=%d,ms=%.4f\n",
-                 backend->name.c_str(), static_cast<long long>(p.batch),
-                 static_cast<long long>(p.heads), static_cast<long long>(p.kv_heads),
-                 static_cast<long long>(p.lq), static_cast<long long>(p.lk),
-                 static_cast<long long>(p.d), static_cast<long long>(p.dv), dtype_name(p.q_dtype),
-                 dtype_name(p.kv_dtype), dtype_name(call.out->dtype), dtype_name(call.dout->dtype),
-                 dtype_name(call.dq.dtype), dtype_name(call.dk.dtype), dtype_name(call.dv.dtype),
-                 variants_of(call.forward).c_str(), static_cast<long long>(plan.chunks),
-                 static_cast<long long>(plan.items(p)), threads, ms);
-  }
-  return status;
+  return run_backward_calls(&call, 1, -1);
 }
 
 }  // namespace mha::rt

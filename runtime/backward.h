@@ -1,7 +1,13 @@
-// The backward pass of scaled dot-product attention (mha_attention_backward).
+// The backward pass of scaled dot-product attention (mha_attention_backward,
+// and per sequence mha_attention_varlen_backward).
 #pragma once
 
 #include <mha/mha.h>
+#include <mha/plugin_abi.h>
+
+#include <cstdint>
+
+#include "validate.h"
 
 namespace mha::rt {
 
@@ -13,5 +19,34 @@ mha_status attention_backward(const mha_tensor* q, const mha_tensor* k, const mh
                               mha_tensor* dq, mha_tensor* dk, mha_tensor* dv,
                               const mha_attention_params* params,
                               const mha_backward_params* backward);
+
+// A validated backward call: the forward's problem, the backward's, and the
+// gradients it writes.
+struct BackwardCall {
+  KernelCall forward;  // the forward's problem (and its out, as a tensor below)
+  mha_backward_problem problem;
+  const mha_tensor* out;
+  const mha_tensor* dout;
+  mha_tensor dq, dk, dv;
+  const mha_tensor* dsinks;  // nullptr: not wanted
+  const mha_tensor* dmask;
+  const mha_tensor* mask;
+};
+
+// mha_attention_backward's checks (naming the argument on failure), filling
+// *call.
+mha_status validate_backward(const mha_tensor* q, const mha_tensor* k, const mha_tensor* v,
+                             const mha_tensor* out, const mha_tensor* lse, const mha_tensor* dout,
+                             mha_tensor* dq, mha_tensor* dk, mha_tensor* dv,
+                             const mha_attention_params* params,
+                             const mha_backward_params* backward, BackwardCall* call);
+
+// Runs `count` validated calls -- one, or the sequences of a packed batch of
+// varlen_batch sequences (-1: not packed) -- as one team on the selected
+// backend: their items in one list, the costliest first.  Each call gets the
+// bits it gets alone, on any number of threads.  Calls that want dsinks share
+// one tensor: it receives the sum of their shares, in call order.
+// MHA_VERBOSE=2: one line for all of them.
+mha_status run_backward_calls(BackwardCall* calls, int64_t count, int64_t varlen_batch);
 
 }  // namespace mha::rt
