@@ -19,6 +19,7 @@
 #include "threads.h"
 #include "validate.h"
 #include "varlen.h"
+#include "varlen_backward.h"
 #include "versioned.h"
 
 using namespace mha::rt;
@@ -143,6 +144,19 @@ mha_status mha_attention_varlen(const mha_tensor* q, const mha_tensor* k, const 
                                 const mha_attention_params* params) {
   clear_error();
   return guarded([&] { return attention_varlen(q, k, v, out, varlen, params); });
+}
+
+mha_status mha_attention_varlen_backward(const mha_tensor* q, const mha_tensor* k,
+                                         const mha_tensor* v, const mha_tensor* out,
+                                         const mha_tensor* lse, const mha_tensor* dout,
+                                         mha_tensor* dq, mha_tensor* dk, mha_tensor* dv,
+                                         const mha_varlen_params* varlen,
+                                         const mha_attention_params* params,
+                                         const mha_backward_params* backward) {
+  clear_error();
+  return guarded([&] {
+    return attention_varlen_backward(q, k, v, out, lse, dout, dq, dk, dv, varlen, params, backward);
+  });
 }
 
 int32_t mha_backend_count(void) {

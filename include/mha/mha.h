@@ -383,6 +383,35 @@ MHA_API mha_status mha_attention_varlen(const mha_tensor* q, const mha_tensor* k
                                         const mha_attention_params* params);
 
 /*
+ * The gradients of mha_attention_varlen over packed keys (FlashAttention-2's
+ * varlen backward): each sequence's as mha_attention_backward computes them
+ * for that sequence alone, B = 1 with its own Lq and Lk, and the same bits.
+ *   q, k, v, varlen, params  the forward call's (params->lse is ignored: pass
+ *                            the LSE as lse); varlen->block_table is refused
+ *                            (a paged cache has no backward pass)
+ *   out  [total_q, H, Dv]   the forward's output (F32 or q's dtype)
+ *   lse  F32 [H, total_q]   the forward's LSE
+ *   dout [total_q, H, Dv]   dL/dout, F32 or q's dtype
+ *   dq   [total_q, H, D]    written: F32 or q's dtype
+ *   dk   [total_k, Hkv, D]  written: F32 or k's dtype
+ *   dv   [total_k, Hkv, Dv] written: F32 or v's dtype
+ *   backward  NULL, or its dsinks [H]: the sum of every sequence's share, in
+ *             order (dmask is refused: a packed batch has no mask)
+ * Key rows no query reads -- past seqused_k[b], or of a sequence without
+ * queries -- get zeros, as do the query rows of a sequence without keys.
+ * Work is cut per sequence and key chunk and balanced over the threads by
+ * cost; the results are the same bits for any thread count.  The outputs
+ * must not overlap each other or any input.
+ */
+MHA_API mha_status mha_attention_varlen_backward(const mha_tensor* q, const mha_tensor* k,
+                                                 const mha_tensor* v, const mha_tensor* out,
+                                                 const mha_tensor* lse, const mha_tensor* dout,
+                                                 mha_tensor* dq, mha_tensor* dk, mha_tensor* dv,
+                                                 const mha_varlen_params* varlen,
+                                                 const mha_attention_params* params,
+                                                 const mha_backward_params* backward);
+
+/*
  * Writes a step's new K and V rows into their slots of a paged cache
  * (vLLM's reshape_and_cache):
  *   key          [T, Hkv, D]   F32, BF16 or F16
