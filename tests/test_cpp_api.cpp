@@ -667,6 +667,82 @@ TEST(CppApi, AttentionVarlenMatchesTheCApiAndTheReference) {
   }
 }
 
+// attention_varlen_backward: the same bits as the C call (sinks' gradient
+// included), and mha::Error naming the argument on bad input.
+TEST(CppApi, AttentionVarlenBackwardMatchesTheCApi) {
+  PackedProblem p;
+  const size_t dq_size = p.q.size(), dk_size = p.k.size(), dv_size = p.v.size();
+  std::vector<float> out(p.out_size()), lse(p.lse_size());
+  const std::vector<float> dout = random_values(p.out_size(), 16);
+  const std::vector<float> sinks = random_values(static_cast<size_t>(p.H), 17);
+  const mha::Tensor q(static_cast<const float*>(p.q.data()), {p.total_q, p.H, p.D});
+  const mha::Tensor k(static_cast<const float*>(p.k.data()), {p.total_k, p.Hkv, p.D});
+  const mha::Tensor v(static_cast<const float*>(p.v.data()), {p.total_k, p.Hkv, p.Dv});
+  const mha::VarlenParams varlen = mha::VarlenParams()
+                                       .cu_seqlens_q(mha::Tensor(p.cu_q.data(), {p.B + 1}))
+                                       .cu_seqlens_k(mha::Tensor(p.cu_k.data(), {p.B + 1}));
+  const mha::AttentionParams params = mha::AttentionParams()
+                                          .causal(MHA_CAUSAL_BOTTOM_RIGHT)
+                                          .alibi_slopes(mha::Tensor(p.slopes.data(), {p.B, p.H}))
+                                          .sinks(mha::Tensor(sinks.data(), {p.H}));
+  mha::attention_varlen(
+      q, k, v, mha::Tensor(out.data(), {p.total_q, p.H, p.Dv}), varlen,
+      mha::AttentionParams(params).lse(mha::Tensor(lse.data(), {p.H, p.total_q})));
+  std::vector<float> dq(dq_size, -1.0f), dk(dk_size, -1.0f), dv(dv_size, -1.0f), ds(4, -1.0f);
+  mha::attention_varlen_backward(
+      q, k, v, mha::Tensor(static_cast<const float*>(out.data()), {p.total_q, p.H, p.Dv}),
+      mha::Tensor(static_cast<const float*>(lse.data()), {p.H, p.total_q}),
+      mha::Tensor(dout.data(), {p.total_q, p.H, p.Dv}),
+      mha::Tensor(dq.data(), {p.total_q, p.H, p.D}),
+      mha::Tensor(dk.data(), {p.total_k, p.Hkv, p.D}),
+      mha::Tensor(dv.data(), {p.total_k, p.Hkv, p.Dv}), varlen, params,
+      mha::BackwardParams().dsinks(mha::Tensor(ds.data(), {p.H})));
+
+  // The C API on the same inputs.
+  std::vector<float> cdq(dq_size, -2.0f), cdk(dk_size, -2.0f), cdv(dv_size, -2.0f), cds(4, -2.0f);
+  mha_tensor tq = describe(p.q.data(), MHA_DTYPE_F32, {p.total_q, p.H, p.D});
+  mha_tensor tk = describe(p.k.data(), MHA_DTYPE_F32, {p.total_k, p.Hkv, p.D});
+  mha_tensor tv = describe(p.v.data(), MHA_DTYPE_F32, {p.total_k, p.Hkv, p.Dv});
+  mha_tensor to = describe(out.data(), MHA_DTYPE_F32, {p.total_q, p.H, p.Dv});
+  mha_tensor tl = describe(lse.data(), MHA_DTYPE_F32, {p.H, p.total_q});
+  mha_tensor td = describe(const_cast<float*>(dout.data()), MHA_DTYPE_F32, {p.total_q, p.H, p.Dv});
+  mha_tensor tdq = describe(cdq.data(), MHA_DTYPE_F32, {p.total_q, p.H, p.D});
+  mha_tensor tdk = describe(cdk.data(), MHA_DTYPE_F32, {p.total_k, p.Hkv, p.D});
+  mha_tensor tdv = describe(cdv.data(), MHA_DTYPE_F32, {p.total_k, p.Hkv, p.Dv});
+  mha_tensor tds = describe(cds.data(), MHA_DTYPE_F32, {p.H});
+  mha_backward_params backward;
+  mha_backward_params_init(&backward);
+  backward.dsinks = &tds;
+  ASSERT_EQ(mha_attention_varlen_backward(&tq, &tk, &tv, &to, &tl, &td, &tdq, &tdk, &tdv,
+                                          varlen.get(), params.get(), &backward),
+            MHA_OK)
+      << mha_last_error();
+  EXPECT_TRUE(same_bits(dq, cdq));
+  EXPECT_TRUE(same_bits(dk, cdk));
+  EXPECT_TRUE(same_bits(dv, cdv));
+  EXPECT_TRUE(same_bits(ds, cds));
+  // Sequence 1 has no queries: its key rows get zeros.
+  for (int64_t j = p.cu_k[1] * p.Hkv * p.D; j < p.cu_k[2] * p.Hkv * p.D; ++j) {
+    EXPECT_EQ(dk[static_cast<size_t>(j)], 0.0f);
+  }
+
+  std::string message;
+  EXPECT_EQ(thrown_status(
+                [&] {
+                  mha::attention_varlen_backward(
+                      q, k, v,
+                      mha::Tensor(static_cast<const float*>(out.data()), {p.total_q, p.H, p.Dv}),
+                      mha::Tensor(static_cast<const float*>(lse.data()), {p.H, p.total_q}),
+                      mha::Tensor(dout.data(), {p.total_q, p.H, p.Dv}),
+                      mha::Tensor(dq.data(), {p.total_q, p.H, p.D}),
+                      mha::Tensor(dk.data(), {p.total_k, p.Hkv, p.D}),
+                      mha::Tensor(dv.data(), {p.total_k, p.Hkv, p.Dv - 1}), varlen);
+                },
+                &message),
+            MHA_ERR_SHAPE_MISMATCH);
+  EXPECT_NE(message.find("dv has shape"), std::string::npos) << message;
+}
+
 TEST(CppApi, AttentionVarlenErrorsNameTheArgument) {
   PackedProblem p;
   std::vector<float> out(p.out_size(), -1.0f);

@@ -77,14 +77,10 @@ void check_backward_options(const BackwardOptions& o) {
     if (value->empty()) missing += missing.empty() ? flag : std::string(", ") + flag;
   }
   if (!missing.empty()) throw UsageError("backward: missing " + missing + " (see --help)");
-  for (const auto& [value, flag] :
-       {std::pair{&o.cu_seqlens_q, "--cu-seqlens-q"}, std::pair{&o.cu_seqlens_k, "--cu-seqlens-k"},
-        std::pair{&o.block_table, "--block-table"}, std::pair{&o.seqused_k, "--seqused-k"}}) {
-    if (!value->empty()) {
-      throw UsageError(std::string(flag) +
-                       ": mha-run backward takes batches of [B,H,L,D] (packed and paged layouts "
-                       "have no backward pass yet)");
-    }
+  if (!o.block_table.empty()) {
+    throw UsageError(
+        "--block-table: a paged KV cache has no backward pass (a packed batch has: "
+        "--cu-seqlens-q and --cu-seqlens-k)");
   }
   if (!o.dsinks.empty() && o.sinks.empty()) {
     throw UsageError("--dsinks needs --sinks (the gradient of the sinks)");
@@ -111,7 +107,8 @@ void add_backward_options(CLI::App& app, BackwardOptions& o) {
   const CLI::Validator& filled = non_empty();
   app.add_option("--dout", o.dout,
                  "the gradient of the loss by the output: float32 or float16 [B,H,Lq,Dv] .npy "
-                 "([H,Lq,Dv] for rank-3 inputs; float64 too), passed as --dtype")
+                 "([H,Lq,Dv] for rank-3 inputs, [total_q,H,Dv] for a packed batch; float64 "
+                 "too), passed as --dtype")
       ->check(filled);
   app.add_option("--dq", o.dq,
                  "gradient of Q to write: .npy of Q's shape, in --grad-dtype (float16 for f16; "
@@ -152,9 +149,10 @@ int run_backward_command(const BackwardOptions& o) {
     AttentionCall call = prepare_attention_call(in, o);
     // The forward, always with its LSE (the backward needs it).
     const bool b1 = in.unbatched;
-    if (!call.lse) {
+    if (!call.lse) {  // [B,H,Lq] ([H,Lq]), or a packed batch's [H,total_q]
       std::vector<int64_t> lse_shape = in.q.shape;
       lse_shape.pop_back();
+      if (call.cu_seqlens_q) lse_shape = {in.q.shape[1], in.q.shape[0]};
       call.lse_array = NpyArray(NpyDtype::F32, lse_shape);
       call.lse = describe_array(call.lse_array, MHA_DTYPE_F32, "the LSE", b1);
     }
@@ -186,13 +184,26 @@ int run_backward_command(const BackwardOptions& o) {
     }
     mha_attention_params params = call.params();
     params.lse = nullptr;
+    // A packed batch (--cu-seqlens-q/-k, --seqused-k): its backward.
+    mha_varlen_params varlen;
+    mha_varlen_params_init(&varlen);
+    if (call.cu_seqlens_q) {
+      varlen.cu_seqlens_q = &*call.cu_seqlens_q;
+      varlen.cu_seqlens_k = call.cu_seqlens_k ? &*call.cu_seqlens_k : nullptr;
+      varlen.seqused_k = call.seqused_k ? &*call.seqused_k : nullptr;
+    }
     const auto run = [&] {
+      const bool packed = call.cu_seqlens_q.has_value();
       const mha_status status =
-          mha_attention_backward(&call.q, &call.k, &call.v, &call.out, &*call.lse, &tdout, &g.dq.t,
-                                 &g.dk.t, &g.dv.t, &params, &backward);
+          packed ? mha_attention_varlen_backward(&call.q, &call.k, &call.v, &call.out, &*call.lse,
+                                                 &tdout, &g.dq.t, &g.dk.t, &g.dv.t, &varlen,
+                                                 &params, &backward)
+                 : mha_attention_backward(&call.q, &call.k, &call.v, &call.out, &*call.lse, &tdout,
+                                          &g.dq.t, &g.dk.t, &g.dv.t, &params, &backward);
       if (status != MHA_OK) {
-        throw ToolError(std::string("mha_attention_backward failed (") + mha_status_name(status) +
-                        "): " + mha_last_error());
+        throw ToolError(
+            std::string(packed ? "mha_attention_varlen_backward" : "mha_attention_backward") +
+            " failed (" + mha_status_name(status) + "): " + mha_last_error());
       }
     };
     run();

@@ -2,7 +2,9 @@
 // attention mode's flags (the forward call it differentiates: --q --k --v,
 // masks, causal, window, variants, --scale, --backend, --threads, --repeat),
 // computes the forward (whose --out and --lse it writes when named), then
-// mha_attention_backward with --dout (in --dtype, as --mask), and writes
+// mha_attention_backward with --dout (in --dtype, as --mask) -- for a packed
+// batch (--cu-seqlens-q/-k, --seqused-k) mha_attention_varlen_backward, its
+// --dout and gradients packed as its inputs --, and writes
 // --dq --dk --dv in --grad-dtype (their inputs' dtypes by default; bf16
 // values in float32 files) and --dsinks, --dmask when named.  Every output
 // is replaced only once all are written.

@@ -612,6 +612,28 @@ inline void attention_varlen(const ConstTensor& q, const ConstTensor& k, const C
   check(mha_attention_varlen(q.get(), k.get(), v.get(), out.get(), varlen.get(), params.get()));
 }
 
+// The gradients of attention_varlen over packed keys
+// (mha_attention_varlen_backward): each sequence's as attention_backward
+// gives them for that sequence alone, B = 1.
+//   out, dout [total_q, H, Dv]; lse F32 [H, total_q] (the forward's);
+//   dq [total_q, H, D], dk [total_k, Hkv, D], dv [total_k, Hkv, Dv]
+//   (overwritten; rows no query reads get zeros); varlen: cu_seqlens_q,
+//   cu_seqlens_k and optionally seqused_k (no block table).
+// params as for the forward (its lse ignored); backward's dsinks receives the
+// sum over the sequences.  Throws mha::Error on bad input, naming the
+// argument.
+inline void attention_varlen_backward(const ConstTensor& q, const ConstTensor& k,
+                                      const ConstTensor& v, const ConstTensor& out,
+                                      const ConstTensor& lse, const ConstTensor& dout,
+                                      MutableTensor dq, MutableTensor dk, MutableTensor dv,
+                                      const VarlenParams& varlen,
+                                      const AttentionParams& params = AttentionParams(),
+                                      const BackwardParams& backward = BackwardParams()) {
+  check(mha_attention_varlen_backward(q.get(), k.get(), v.get(), out.get(), lse.get(), dout.get(),
+                                      dq.get(), dk.get(), dv.get(), varlen.get(), params.get(),
+                                      backward.get()));
+}
+
 // An int8 KV cache's rows (mha_quantize_kv): src F32, BF16 or F16 [B, Hkv,
 // L, D] into dst I8 [B, Hkv, L, D] (an mha::Tensor<int8_t>) and scale F32
 // [B, Hkv, L], one scale per row, max|row| / 127; pass them as k or v and

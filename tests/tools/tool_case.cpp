@@ -922,6 +922,134 @@ int write_dout(const std::string& dir) {
   return 0;
 }
 
+// A gradient file of mha-run backward, as the values of the dtype it was
+// computed in (exact when they are that dtype's values, so that the
+// tolerance adds its rounding): nullopt, with the reason printed, when the
+// file holds another dtype or values that dtype does not have.
+std::optional<mha_test::TypedCopy> gradient_file(const std::string& path, NpyArray& got,
+                                                 int32_t dtype, const char* name) {
+  NpyArray file = load_c(path);
+  const NpyDtype expected = dtype == MHA_DTYPE_F16 ? NpyDtype::F16 : NpyDtype::F32;
+  if (file.dtype() != expected) {
+    std::printf("%s: the file holds %s, expected %s for %s\n", name, file.describe().c_str(),
+                expected == NpyDtype::F16 ? "float16" : "float32", mha_types::dtype_name(dtype));
+    return std::nullopt;
+  }
+  got = as_f32(file);
+  std::optional<mha_test::TypedCopy> typed;
+  typed.emplace(c_order_tensor(got, MHA_DTYPE_F32), dtype);
+  for (int64_t i = 0; dtype != MHA_DTYPE_F32 && i < got.size(); ++i) {
+    const double stored = got.value_as_double(i);
+    const double as_typed =
+        mha_test::half_bits_value(static_cast<const uint16_t*>(typed->get().data)[i], dtype);
+    if (stored != as_typed && !std::isnan(stored)) {
+      std::printf("%s: element %lld is %.9g, not a %s value\n", name, static_cast<long long>(i),
+                  stored, mha_types::dtype_name(dtype));
+      return std::nullopt;
+    }
+  }
+  return typed;
+}
+
+// A packed batch's gradients (mha-run backward with --cu-seqlens-q/-k): each
+// sequence's rows of dq, dk and dv against reference_backward on that
+// sequence alone (its rows of the inputs as the tool loads them, its row of
+// [B, H] ALiBi slopes, the dropout seed + b), at test_backward's tolerance;
+// key rows no query reads and the query rows of a sequence without keys must
+// be zeros; dsinks against the sum of the sequences' references.
+int check_varlen_backward(const mha_tools::BackwardOptions& o) {
+  mha_tools::AttentionInputs in = mha_tools::load_attention_inputs(o);
+  mha_tools::AttentionCall call = mha_tools::prepare_attention_call(in, o);
+  NpyArray dout = as_f32(load_c(o.dout));
+  mha_test::TypedCopy tdout(c_order_tensor(dout, MHA_DTYPE_F32), call.q.dtype);
+  const mha_attention_params params = call.params();
+  std::optional<NpyArray> out;
+  mha_tensor tout{};
+  if (!o.out.empty()) {
+    out = as_f32(load_c(o.out));
+    tout = c_order_tensor(*out, MHA_DTYPE_F32);
+  }
+  const std::vector<int64_t> cu_q = read_offsets(o.cu_seqlens_q),
+                             cu_k = read_offsets(o.cu_seqlens_k);
+  const int64_t heads = call.q.shape[1];
+  std::printf("packed batch of %zu sequences; dtypes: q %s, k and v %s, gradients %s\n",
+              cu_q.size() - 1, mha_types::dtype_name(call.q.dtype),
+              mha_types::dtype_name(call.k.dtype), o.grad_dtype.c_str());
+  const auto dtype_of = [&o](int32_t input) {
+    return o.grad_dtype == "input" ? input : static_cast<int32_t>(MHA_DTYPE_F32);
+  };
+  NpyArray fdq, fdk, fdv;
+  auto gdq = gradient_file(o.dq, fdq, dtype_of(call.q.dtype), "dq");
+  auto gdk = gradient_file(o.dk, fdk, dtype_of(call.k.dtype), "dk");
+  auto gdv = gradient_file(o.dv, fdv, dtype_of(call.v.dtype), "dv");
+  if (!gdq || !gdk || !gdv) {
+    std::printf("FAIL\n");
+    return 1;
+  }
+  double worst = 0;  // error / tolerance over every sequence and gradient
+  int64_t nonzero = 0;
+  const auto count_nonzero = [&nonzero](const NpyArray& g, int64_t first, int64_t end) {
+    const int64_t row = g.shape()[1] * g.shape()[2];
+    for (int64_t e = first * row; e < end * row; ++e) nonzero += g.value_as_double(e) != 0.0;
+  };
+  std::vector<double> dsinks(static_cast<size_t>(heads), 0.0);
+  double dsinks_terms = 0, max_logit = 0;
+  for (size_t b = 0; b + 1 < cu_q.size(); ++b) {
+    const int64_t q0 = cu_q[b], lq = cu_q[b + 1] - q0, k0 = cu_k[b], lk = cu_k[b + 1] - k0;
+    if (lq == 0 || lk == 0) {
+      count_nonzero(fdk, k0, k0 + lk);
+      count_nonzero(fdv, k0, k0 + lk);
+      count_nonzero(fdq, q0, q0 + lq);
+      continue;
+    }
+    mha_attention_params alone = params;
+    alone.lse = nullptr;
+    alone.dropout_seed = params.dropout_seed + b;
+    mha_tensor slope_row{};
+    if (params.alibi_slopes != nullptr && params.alibi_slopes->ndim == 2) {
+      slope_row = mha_test::describe(
+          static_cast<float*>(params.alibi_slopes->data) + static_cast<int64_t>(b) * heads,
+          MHA_DTYPE_F32, {heads});
+      alone.alibi_slopes = &slope_row;
+    }
+    // With --out (the forward's output mha-run handed the backward): delta
+    // from it, as the backward defines it (check_backward's rule).
+    const mha_tensor out_rows = out ? sequence_of(tout, q0, lq) : mha_tensor{};
+    const mha_test::BackwardReference ref = mha_test::reference_backward(
+        sequence_of(call.q, q0, lq), sequence_of(call.k, k0, lk), sequence_of(call.v, k0, lk),
+        sequence_of(tdout.get(), q0, lq), &alone, false, out ? &out_rows : nullptr);
+    worst = std::max({worst,
+                      mha_test::gradient_error(sequence_of(gdq->get(), q0, lq), ref.dq,
+                                               ref.terms_dq, ref.max_abs_logit),
+                      mha_test::gradient_error(sequence_of(gdk->get(), k0, lk), ref.dk,
+                                               ref.terms_dk, ref.max_abs_logit),
+                      mha_test::gradient_error(sequence_of(gdv->get(), k0, lk), ref.dv,
+                                               ref.terms_dv, ref.max_abs_logit)});
+    for (size_t h = 0; h < ref.dsinks.size(); ++h) dsinks[h] += ref.dsinks[h];
+    dsinks_terms += ref.terms_dsinks;
+    max_logit = std::max(max_logit, ref.max_abs_logit);
+  }
+  int failures = nonzero > 0 ? 1 : 0;
+  std::printf(
+      "gradients: worst error / tolerance %.3g; %lld non-zero values where no query reads\n", worst,
+      static_cast<long long>(nonzero));
+  if (!(worst <= 1.0)) ++failures;
+  if (!o.dsinks.empty()) {
+    NpyArray got = as_f32(load_c(o.dsinks));
+    const double tol = mha_test::gradient_tolerance(dsinks, dsinks_terms, max_logit);
+    for (int64_t h = 0; h < got.size(); ++h) {
+      const double error = std::fabs(got.value_as_double(h) - dsinks[static_cast<size_t>(h)]);
+      if (!(error <= tol)) {
+        std::printf("dsinks[%lld]: error %.3g, tolerance %.3g\n", static_cast<long long>(h), error,
+                    tol);
+        ++failures;
+      }
+    }
+  }
+  std::printf("%s\n", failures == 0 ? "PASS" : "FAIL");
+  return failures == 0 ? 0 : 1;
+}
+
 // The gradients mha-run wrote against reference_backward on the same call
 // (the tool's own loading builds the descriptors of Q, K and V; dout is
 // rounded to Q's dtype here, as mha-run documents it; the reference is
@@ -929,6 +1057,7 @@ int write_dout(const std::string& dir) {
 // Each file must hold its --grad-dtype: float16 for f16, float32 for f32,
 // and for bf16 float32 values that bf16 holds exactly.
 int check_backward(const mha_tools::BackwardOptions& o) {
+  if (!o.cu_seqlens_q.empty()) return check_varlen_backward(o);
   mha_tools::AttentionInputs in = mha_tools::load_attention_inputs(o);
   mha_tools::AttentionCall call = mha_tools::prepare_attention_call(in, o);
   NpyArray dout = as_f32(load_c(o.dout));
