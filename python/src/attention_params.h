@@ -1,7 +1,8 @@
-// What _mha.attention, _mha.attention_backward and _mha.varlen_attention take
-// alike: the arguments that become mha_attention_params (the LSE output, an
-// int8 cache's scales, the variants, scale, causal, dropout), viewed while the
-// call runs, and PyTorch's rule on head counts.
+// What _mha.attention, _mha.attention_backward, _mha.varlen_attention and
+// _mha.attention_varlen_backward take alike: the arguments that become
+// mha_attention_params (the LSE output, an int8 cache's scales, the variants,
+// scale, causal, dropout), viewed while the call runs, the arrays' ranks in
+// the padded and the packed layout, and PyTorch's rule on head counts.
 #pragma once
 
 #include <mha/mha.h>
@@ -25,6 +26,18 @@ constexpr RankRule kMask{1, 4, 2};       // broadcast like NumPy against [B, H, 
 constexpr RankRule kValidLens{1, 2, 1};  // [B] or [B, Lq]
 constexpr RankRule kRowScales{1, 3, 3};  // an int8 cache's [B, Hkv, Lk]
 }  // namespace padded_batch
+
+// The arrays of a packed batch (FlashAttention-2's varlen layout) as
+// _mha.varlen_attention and _mha.attention_varlen_backward take them.
+namespace packed_batch {
+constexpr RankRule kPacked{3, 3, 3};     // [total, H, D]
+constexpr RankRule kKeys{3, 4, 3};       // [total_k, Hkv, D] or [num_blocks, block_size, Hkv, D]
+constexpr RankRule kOffsets{1, 1, 1};    // [B + 1]
+constexpr RankRule kLengths{1, 1, 1};    // [B]
+constexpr RankRule kTable{2, 2, 2};      // [B, max_blocks]
+constexpr RankRule kLse{2, 2, 2};        // [H, total_q]
+constexpr RankRule kRowScales{2, 3, 2};  // an int8 cache's [total_k, Hkv] or [.., block_size, Hkv]
+}  // namespace packed_batch
 
 // The per-head arrays, alike in both layouts.
 constexpr RankRule kSinks{1, 1, 1};   // [H]

@@ -30,13 +30,7 @@ namespace nb = nanobind;
 namespace mha_python {
 namespace {
 
-constexpr RankRule kPacked{3, 3, 3};     // [total, H, D]
-constexpr RankRule kKeys{3, 4, 3};       // [total_k, Hkv, D] or [num_blocks, block_size, Hkv, D]
-constexpr RankRule kOffsets{1, 1, 1};    // [B + 1]
-constexpr RankRule kLengths{1, 1, 1};    // [B]
-constexpr RankRule kTable{2, 2, 2};      // [B, max_blocks]
-constexpr RankRule kLse{2, 2, 2};        // [H, total_q]
-constexpr RankRule kRowScales{2, 3, 2};  // an int8 cache's [total_k, Hkv] or [.., block_size, Hkv]
+using namespace packed_batch;
 
 // FlashAttention-2 sizes its work by max_seqlen_q and max_seqlen_k: a longer
 // sequence would be cut short there.  Refuses a bound below the longest
