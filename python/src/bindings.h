@@ -13,5 +13,6 @@ void register_module(nanobind::module_& module);
 void register_quantize(nanobind::module_& module);
 void register_runtime(nanobind::module_& module);
 void register_varlen(nanobind::module_& module);
+void register_varlen_backward(nanobind::module_& module);
 
 }  // namespace mha_python

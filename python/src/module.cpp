@@ -17,4 +17,5 @@ NB_MODULE(_mha, module) {
   mha_python::register_quantize(module);
   mha_python::register_runtime(module);
   mha_python::register_varlen(module);
+  mha_python::register_varlen_backward(module);
 }
