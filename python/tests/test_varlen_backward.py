@@ -174,6 +174,41 @@ def test_half_precision_gradients_in_their_dtype(rng, dtype):
             assert torch.equal(leaf.grad[s:e], grad[0].transpose(0, 1).to(dtype))
 
 
+def test_the_call_writes_every_row(rng):
+    """The extension's one call over the batch, on NumPy arrays: gradients allocated full of
+    NaN come back all written -- zeros for the key rows past seqused_k, of a sequence without
+    queries, and for the query rows of a sequence without keys -- the same bits as
+    gradients allocated as zeros, and the same as autograd's."""
+    lens_q, lens_k = [5, 0, 3, 4], [7, 4, 0, 6]
+    used = np.array([5, 4, 0, 6], np.int32)
+    q, k, v = packed(rng, lens_q, lens_k)
+    cu_q, cu_k = cumulative(lens_q), cumulative(lens_k)
+    sinks = np.array([0.5, -1.0, 2.0, 0.0], np.float32)
+    out, lse = mha.varlen_attention(q, k, v, cu_q, cu_k, causal=True, seqused_k=used,
+                                    sinks=sinks, return_lse=True)
+    grad_out = rng.standard_normal(out.shape).astype(np.float32)
+
+    def gradients(fill):
+        grads = [np.full(x.shape, fill, np.float32) for x in (q, k, v, sinks)]
+        mha._mha.attention_varlen_backward(
+            grad_out, q, k, v, out, lse, *grads[:3], cu_q, cu_k, used, sinks, grads[3], None,
+            2, 0.0, 0, -1, -1, 0.0, None, None, None)  # causal 2: bottom-right
+        return grads
+
+    written, zeroed = gradients(np.nan), gradients(0.0)
+    for got, want in zip(written, zeroed):
+        assert np.array_equal(got, want)
+    dq, dk, dv, _ = written
+    assert not dq[5:8].any()  # sequence 2 has no keys
+    for rows in (slice(5, 7), slice(7, 11)):  # past seqused_k; sequence 1 has no queries
+        assert not dk[rows].any() and not dv[rows].any()
+    leaves = [torch.from_numpy(x).requires_grad_() for x in (q, k, v, sinks)]
+    mha.varlen_attention(*leaves[:3], cu_q, cu_k, causal=True, seqused_k=used,
+                         sinks=leaves[3]).backward(torch.from_numpy(grad_out))
+    for leaf, got in zip(leaves, written):
+        assert np.array_equal(leaf.grad.numpy(), got)
+
+
 def test_what_has_no_gradient_is_refused(rng):
     q, k, v = (torch.from_numpy(x) for x in packed(rng, [4], [4]))
     cu = cumulative([4])
