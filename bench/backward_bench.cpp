@@ -2,6 +2,7 @@
 //
 //   attention_backward/<backend>/S1|S2|S6/threads:<n>
 //   attention_backward/<backend>/S1:bf16|S1:f16/threads:<n>
+//   attention_backward/<backend>/S9|S9loop/threads:<n>
 //
 // One call is mha_attention_backward on the shape (fp32; S2 and S6 causal),
 // given the forward's output and LSE (computed once, untimed).  The dtype
@@ -13,6 +14,15 @@
 // against the forward's.  pct_peak: against the FMA peak of the backend's own
 // ISA at the same thread count, measured by mha_bench in the same run.
 //
+// S9 is the packed prefill batch of bench-shapes.md (16 causal sequences of
+// 64 to 1024 tokens, H 12, D 64) through one mha_attention_varlen_backward
+// call; S9loop the same sequences as 16 mha_attention_backward calls, one
+// per sequence on views of the packed arrays -- what a caller without the
+// packed backward runs (PyTorch's varlen autograd loops so).  The same
+// useful FLOPs (2.5 x each sequence's causal pairs), so the two compare
+// directly: the packed call balances the sequences over the threads
+// together, the loop waits for each sequence's last item.
+//
 // mha_bench registers these by calling register_backward_benchmarks.
 #include <benchmark/benchmark.h>
 #include <mha/mha.h>
@@ -21,6 +31,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_inputs.h"
@@ -144,6 +155,118 @@ void bm_backward(benchmark::State& st, const std::string& backend, const Backwar
   }
 }
 
+// S9's packed batch (bench_inputs.h's lengths): q, k, v, dout, out and the
+// gradients [total, H, D], the LSE [H, total], the forward run once.
+struct PackedBackward {
+  static constexpr int64_t kHeads = 12, kHeadSize = 64;
+  std::vector<int64_t> lengths = mha_bench::s9_lengths(16);
+  std::vector<int32_t> offsets = {0};
+  int64_t total = 0;
+  std::vector<float> q, k, v, dout, out, lse, dq, dk, dv;
+  mha_tensor tq{}, tk{}, tv{}, tdout{}, tout{}, tlse{}, tdq{}, tdk{}, tdv{}, tcu{};
+  mha_varlen_params varlen{};
+  mha_attention_params params{};
+
+  PackedBackward() {
+    for (const int64_t l : lengths) offsets.push_back(static_cast<int32_t>(total += l));
+    const auto n = static_cast<size_t>(total * kHeads * kHeadSize);
+    for (auto* x : {&q, &k, &v, &dout, &out, &dq, &dk, &dv}) x->resize(n);
+    lse.resize(static_cast<size_t>(kHeads * total));
+    mha_bench::fill_uniform(q, 1);
+    mha_bench::fill_uniform(k, 2);
+    mha_bench::fill_uniform(v, 3);
+    mha_bench::fill_uniform(dout, 4);
+    const int64_t shape[3] = {total, kHeads, kHeadSize}, lse_shape[2] = {kHeads, total};
+    const int64_t cu_shape[1] = {static_cast<int64_t>(offsets.size())};
+    for (auto [t, x] : {std::pair{&tq, &q}, std::pair{&tk, &k}, std::pair{&tv, &v},
+                        std::pair{&tdout, &dout}, std::pair{&tout, &out}, std::pair{&tdq, &dq},
+                        std::pair{&tdk, &dk}, std::pair{&tdv, &dv}}) {
+      mha_tensor_init(t, x->data(), MHA_DTYPE_F32, 3, shape, nullptr);
+    }
+    mha_tensor_init(&tlse, lse.data(), MHA_DTYPE_F32, 2, lse_shape, nullptr);
+    mha_tensor_init(&tcu, offsets.data(), MHA_DTYPE_I32, 1, cu_shape, nullptr);
+    mha_varlen_params_init(&varlen);
+    varlen.cu_seqlens_q = &tcu;
+    varlen.cu_seqlens_k = &tcu;
+    mha_attention_params_init(&params);
+    params.causal = MHA_CAUSAL_TOP_LEFT;
+  }
+  PackedBackward(const PackedBackward&) = delete;  // varlen points into it
+  PackedBackward& operator=(const PackedBackward&) = delete;
+
+  double flops() const {
+    double pairs = 0.0;
+    for (const int64_t l : lengths) pairs += 0.5 * static_cast<double>(l * (l + 1));
+    return 2.5 * 4.0 * static_cast<double>(kHeads * kHeadSize) * pairs;
+  }
+  mha_status forward() {
+    params.lse = &tlse;
+    const mha_status status = mha_attention_varlen(&tq, &tk, &tv, &tout, &varlen, &params);
+    params.lse = nullptr;
+    return status;
+  }
+  mha_status backward() {
+    return mha_attention_varlen_backward(&tq, &tk, &tv, &tout, &tlse, &tdout, &tdq, &tdk, &tdv,
+                                         &varlen, &params, nullptr);
+  }
+  // Rows [first, first + len) of a packed array as [1, H, len, D].
+  static mha_tensor rows(std::vector<float>& x, int64_t first, int64_t len) {
+    mha_tensor t{};
+    const int64_t shape[4] = {1, kHeads, len, kHeadSize};
+    const int64_t strides[4] = {0, kHeadSize, kHeads * kHeadSize, 1};
+    mha_tensor_init(&t, x.data() + first * kHeads * kHeadSize, MHA_DTYPE_F32, 4, shape, strides);
+    return t;
+  }
+  // The same gradients, one mha_attention_backward call per sequence.
+  mha_status backward_loop() {
+    for (size_t b = 0; b < lengths.size(); ++b) {
+      const int64_t first = offsets[b], len = lengths[b];
+      mha_tensor sq = rows(q, first, len), sk = rows(k, first, len), sv = rows(v, first, len),
+                 so = rows(out, first, len), sd = rows(dout, first, len), gq = rows(dq, first, len),
+                 gk = rows(dk, first, len), gv = rows(dv, first, len);
+      mha_tensor sl{};
+      const int64_t shape[3] = {1, kHeads, len}, strides[3] = {0, total, 1};
+      mha_tensor_init(&sl, lse.data() + first, MHA_DTYPE_F32, 3, shape, strides);
+      if (const mha_status status =
+              mha_attention_backward(&sq, &sk, &sv, &so, &sl, &sd, &gq, &gk, &gv, &params, nullptr);
+          status != MHA_OK) {
+        return status;
+      }
+    }
+    return MHA_OK;
+  }
+};
+
+void bm_packed_backward(benchmark::State& st, const std::string& backend, bool loop, int n,
+                        double (*fma_peak)(const std::string& isa, int threads)) {
+  if (mha_select_backend(backend.c_str()) != MHA_OK || mha_set_num_threads(n) != MHA_OK) {
+    st.SkipWithError(mha_last_error());
+    return;
+  }
+  PackedBackward call;
+  const auto backward = [&call, loop] { return loop ? call.backward_loop() : call.backward(); };
+  if (call.forward() != MHA_OK || backward() != MHA_OK) {  // untimed: threads, scratch
+    st.SkipWithError(mha_last_error());
+    return;
+  }
+  const auto t0 = Clock::now();
+  for (auto _ : st) {  // NOLINT(clang-analyzer-deadcode.DeadStores): the idiom
+    if (backward() != MHA_OK) {
+      st.SkipWithError(mha_last_error());
+      break;
+    }
+  }
+  const double sec = std::chrono::duration<double>(Clock::now() - t0).count() /
+                     static_cast<double>(st.iterations());
+  mha_set_num_threads(0);
+  if (st.error_occurred()) return;
+  const double gflops = call.flops() / sec * 1e-9;
+  st.counters["GFLOPS"] = gflops;
+  if (const double peak = fma_peak(backend, n); peak > 0.0) {
+    st.counters["pct_peak"] = gflops / peak * 100;
+  }
+}
+
 }  // namespace
 
 void register_backward_benchmarks(const std::vector<std::string>& backends,
@@ -156,6 +279,15 @@ void register_backward_benchmarks(const std::vector<std::string>& backends,
         const std::string name =
             "attention_backward/" + b + "/" + s.name + "/threads:" + std::to_string(n);
         benchmark::RegisterBenchmark(name.c_str(), bm_backward, b, s, n, fma_peak)
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond);
+      }
+    }
+    for (const bool loop : {false, true}) {
+      for (int n : threads) {
+        const std::string name = "attention_backward/" + b + (loop ? "/S9loop" : "/S9") +
+                                 "/threads:" + std::to_string(n);
+        benchmark::RegisterBenchmark(name.c_str(), bm_packed_backward, b, loop, n, fma_peak)
             ->UseRealTime()
             ->Unit(benchmark::kMillisecond);
       }
