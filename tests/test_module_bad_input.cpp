@@ -112,7 +112,7 @@ TEST(ModuleWeights, WrongWeightsAreRefused) {
                          "in_proj_bias has shape [16]; it must be [3E] = [24]"));
   w = describe(ints.data(), MHA_DTYPE_I32, {8, 8});
   EXPECT_TRUE(fails_with(mha_module_set_weight(m.m, "W_o.weight", &w), MHA_ERR_INVALID_DTYPE,
-                         "W_o.weight has dtype i32; it must be f32"));
+                         "W_o.weight has dtype i32; it must be f32, bf16 or f16"));
   w = t({8, 8});
   EXPECT_TRUE(fails_with(mha_module_set_weight(m.m, "out_proj.weights", &w), MHA_ERR_INVALID_VALUE,
                          "unknown weight name 'out_proj.weights'"));

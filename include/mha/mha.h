@@ -463,7 +463,9 @@ MHA_API void mha_module_destroy(mha_module* module);
  *   "k_proj_weight" [E, Ek], "v_proj_weight" [E, Ev]; "in_proj_bias" [3E];
  *   "out_proj.weight" [E, E]; "out_proj.bias" [E].
  * d2l's names are accepted too: "W_q.weight", "W_k.weight", "W_v.weight",
- * "W_o.weight" (and ".bias").  Weights not set are zero.
+ * "W_o.weight" (and ".bias").  Weights not set are zero.  value is F32,
+ * BF16 or F16, any strides; the module keeps an fp32 copy (a half-precision
+ * checkpoint's values widened exactly).
  */
 MHA_API mha_status mha_module_set_weight(mha_module* module, const char* name,
                                          const mha_tensor* value);
@@ -473,15 +475,17 @@ typedef struct mha_module_forward_params {
   /* d2l's valid_lens: I32/I64 [B] or [B, Lq]. */
   const mha_tensor* valid_lens;
   /* PyTorch's key_padding_mask [B, Lk]: BOOL true = the key is IGNORED (the
-   * opposite of mha_attention's bool mask), or F32 added to the scores. */
+   * opposite of mha_attention's bool mask), or F32 (or the query's BF16 /
+   * F16) added to the scores. */
   const mha_tensor* key_padding_mask;
   /* PyTorch's attn_mask [Lq, Lk] or [B*H, Lq, Lk]: BOOL true = NOT allowed
-   * (PyTorch's convention), or F32 added to the scores. */
+   * (PyTorch's convention), or F32 (or the query's BF16 / F16) added to the
+   * scores. */
   const mha_tensor* attn_mask;
   int32_t causal; /* mha_causal */
-  /* Attention weights (the only path that materialises Lq x Lk): F32
-   * [B, H, Lq, Lk], or [B, Lq, Lk] averaged over heads when
-   * average_attn_weights is non-zero.  NULL: not wanted. */
+  /* Attention weights (the only path that materialises Lq x Lk): F32 or
+   * the query's dtype [B, H, Lq, Lk], or [B, Lq, Lk] averaged over heads
+   * when average_attn_weights is non-zero.  NULL: not wanted. */
   mha_tensor* attn_weights;
   int32_t average_attn_weights;
   int32_t training; /* non-zero: dropout as configured */
@@ -515,10 +519,14 @@ MHA_API void mha_module_forward_params_init(mha_module_forward_params* params);
 
 /*
  * out = module(query, key, value): query [B, Lq, Eq], key [B, Lk, Ek], value
- * [B, Lk, Ev], out [B, Lq, E], all F32 and described logically as [B, L, E]:
- * the sequence-first layout [L, B, E] (PyTorch's batch_first=False) is the same
+ * [B, Lk, Ev], out [B, Lq, E], described logically as [B, L, E]: the
+ * sequence-first layout [L, B, E] (PyTorch's batch_first=False) is the same
  * shape with strides {E, B*E, 1}.  Self-attention passes the same tensor three
  * times.  params may be NULL (inference, no masks).
+ * query, key and value are each F32, BF16 or F16 (a half-precision input is
+ * widened to fp32 as the projections read it: every product is fp32, the
+ * weights are the module's fp32 copy); out is F32 or the query's dtype,
+ * rounded once (to nearest, ties to even).
  */
 MHA_API mha_status mha_module_forward(mha_module* module, const mha_tensor* query,
                                       const mha_tensor* key, const mha_tensor* value,
@@ -532,7 +540,8 @@ MHA_API mha_status mha_module_forward(mha_module* module, const mha_tensor* quer
  * query, key, value and params are the forward call's (the same masks, causal
  * rule, variants, and for dropout the same training flag and dropout_seed:
  * the counter-based mask is regenerated, never stored); params->attn_weights
- * must be NULL.  dout F32 [B, Lq, E] is dL/d(out).  The backward recomputes
+ * must be NULL.  query, key, value and dout are F32 (a half-precision
+ * module trains on f32 copies); dout [B, Lq, E] is dL/d(out).  The backward recomputes
  * the forward (the projections and the attention with its LSE) -- activation
  * checkpointing: nothing is kept between the two calls, and the memory is
  * O((Lq + Lk)·E), never O(Lq·Lk).  Deterministic: the same bits for any thread

@@ -7,7 +7,12 @@
 //      Q [B, Lq, E] is the [B, H, Lq, D] tensor with strides {Lq·E, D, E, 1},
 //      and the heads' outputs land in the same way in one [B, Lq, E] buffer,
 //      which is their concatenation;
-//   3. out = concat · W_oᵀ + b_o, one sgemm written into the caller's out.
+//   3. out = concat · W_oᵀ + b_o, one sgemm written into the caller's out
+//      (a bf16 or f16 out: into fp32 rows, then rounded once).
+//
+// Half precision: bf16 and f16 inputs are widened as the projections copy
+// their rows (projections.cpp); everything after is fp32, as PyTorch's CPU
+// module computes its bf16 products with fp32 accumulation.
 //
 // Step 2 is mha_attention (fused, nothing of size Lq x Lk), except when the
 // attention weights are wanted: then S = scale·Q·Kᵀ is computed by BLIS per
@@ -30,6 +35,7 @@
 #include "attention.h"
 #include "blis.h"
 #include "common/dropout.h"
+#include "common/dtype.h"
 #include "common/problem.h"
 #include "common/softmax.h"
 #include "env.h"
@@ -47,7 +53,7 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // The forward pass's per-thread buffers, reused: they grow to the largest
 // call.
-thread_local AlignedBuffer t_projections, t_concat, t_mask, t_rows;
+thread_local AlignedBuffer t_projections, t_concat, t_mask, t_rows, t_out;
 
 // ---------------------------------------------------------------- the weights path
 
@@ -127,8 +133,7 @@ void run_weights_path(const WeightsPath& w, int32_t threads) {
       static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(threads, items)));
   const int64_t per_thread = kWeightsBlock * lk * (c.average_weights ? 2 : 1);
   float* rows_scratch = static_cast<float*>(take(t_rows, float_bytes(per_thread * team)));
-  const mha_tensor& aw = *c.attn_weights;
-  auto* weights_out = static_cast<float*>(aw.data);
+  const mha_tensor& aw = *c.attn_weights;  // f32, or the query's half dtype (rounded once)
   const float inv_heads = 1.0f / static_cast<float>(heads);
 
   auto no_preparation = [](int32_t /*thread*/) { return true; };
@@ -155,9 +160,10 @@ void run_weights_path(const WeightsPath& w, int32_t threads) {
         for (int64_t n = 0; n < rows * lk; ++n) acc[n] += s[n];
       } else {
         for (int64_t r = 0; r < rows; ++r) {
-          float* dst =
-              weights_out + b * aw.strides[0] + h * aw.strides[1] + (i0 + r) * aw.strides[2];
-          for (int64_t j = 0; j < lk; ++j) dst[j * aw.strides[3]] = s[r * lk + j];
+          const int64_t at = b * aw.strides[0] + h * aw.strides[1] + (i0 + r) * aw.strides[2];
+          for (int64_t j = 0; j < lk; ++j) {
+            mha_types::store_float(aw.data, aw.dtype, at + j * aw.strides[3], s[r * lk + j]);
+          }
         }
       }
       // O = P V
@@ -165,8 +171,11 @@ void run_weights_path(const WeightsPath& w, int32_t threads) {
     }
     if (c.average_weights) {
       for (int64_t r = 0; r < rows; ++r) {
-        float* dst = weights_out + b * aw.strides[0] + (i0 + r) * aw.strides[1];
-        for (int64_t j = 0; j < lk; ++j) dst[j * aw.strides[2]] = acc[r * lk + j] * inv_heads;
+        const int64_t at = b * aw.strides[0] + (i0 + r) * aw.strides[1];
+        for (int64_t j = 0; j < lk; ++j) {
+          mha_types::store_float(aw.data, aw.dtype, at + j * aw.strides[2],
+                                 acc[r * lk + j] * inv_heads);
+        }
       }
     }
   });
@@ -224,13 +233,34 @@ mha_status run_module_forward(const ModuleCall& call) {
 
   // ---- 3. out = concat · W_oᵀ + b_o (the bias a row of the product)
   const auto t2 = std::chrono::steady_clock::now();
-  auto* out_data = static_cast<float*>(out.data);
   const int64_t k = bias ? e + 1 : e;
   const int32_t t = sgemm_threads(out_order.rows, e, k, threads);
-  for (int64_t g = 0; g < out_order.gemms; ++g) {
-    sgemm(out_order.rows, e, k, 1.0f, concat + g * out_order.rows * concat_width, concat_width, 1,
-          m.w_out.data(), e, 1, 0.0f, out_data + g * out_order.gemm_stride, out_order.row_stride,
-          out.strides[2], t);
+  if (out.dtype == MHA_DTYPE_F32) {
+    auto* out_data = static_cast<float*>(out.data);
+    for (int64_t g = 0; g < out_order.gemms; ++g) {
+      sgemm(out_order.rows, e, k, 1.0f, concat + g * out_order.rows * concat_width, concat_width,
+            1, m.w_out.data(), e, 1, 0.0f, out_data + g * out_order.gemm_stride,
+            out_order.row_stride, out.strides[2], t);
+    }
+  } else {
+    // A bf16 or f16 out: the product in fp32 rows (the concatenation's
+    // order), each value rounded once into out.
+    float* rows = static_cast<float*>(take(t_out, float_bytes(q_rows * e)));
+    sgemm(q_rows, e, k, 1.0f, concat, concat_width, 1, m.w_out.data(), e, 1, 0.0f, rows, e, 1, t);
+    auto no_preparation = [](int32_t /*thread*/) { return true; };
+    constexpr int64_t kBlockRows = 256;
+    run_team((q_rows + kBlockRows - 1) / kBlockRows, t, no_preparation,
+             [&](int64_t block, int32_t /*thread*/) {
+               const int64_t end = std::min(q_rows, (block + 1) * kBlockRows);
+               for (int64_t r = block * kBlockRows; r < end; ++r) {
+                 const int64_t g = r / out_order.rows, i = r % out_order.rows;
+                 const int64_t at = g * out_order.gemm_stride + i * out_order.row_stride;
+                 for (int64_t c = 0; c < e; ++c) {
+                   mha_types::store_float(out.data, out.dtype, at + c * out.strides[2],
+                                          rows[r * e + c]);
+                 }
+               }
+             });
   }
   if (verbose) {
     std::fprintf(stderr,

@@ -1,11 +1,13 @@
 // PyTorch's module masks (key_padding_mask, attn_mask; bool true = NOT
-// allowed) as mha_attention's one mask (bool true = take part, or additive).
+// allowed) as mha_attention's one mask (bool true = take part, or additive:
+// an f32 mask read in place, a half-precision one widened into scratch).
 #include "kernel_mask.h"
 
 #include <cstdint>
 #include <cstring>
 #include <limits>
 
+#include "common/dtype.h"
 #include "projections.h"
 
 namespace mha::rt {
@@ -47,6 +49,20 @@ bool build_kernel_mask(const ModuleCall& call, int64_t heads, AlignedBuffer& scr
       mask->data = kpm->data;
       mask->dtype = MHA_DTYPE_F32;
       const int64_t strides[4] = {kpm->strides[0], 0, 0, kpm->strides[1]};
+      std::memcpy(mask->strides, strides, sizeof strides);
+      return true;
+    }
+    if (kpm->dtype != MHA_DTYPE_BOOL) {  // bf16 or f16 (the query's): widened
+      auto* additive = static_cast<float*>(take(scratch, float_bytes(batch * lk)));
+      for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t j = 0; j < lk; ++j) {
+          additive[b * lk + j] = mha_types::load_float(
+              kpm->data, kpm->dtype, b * kpm->strides[0] + j * kpm->strides[1]);
+        }
+      }
+      mask->data = additive;
+      mask->dtype = MHA_DTYPE_F32;
+      const int64_t strides[4] = {lk, 0, 0, 1};
       std::memcpy(mask->strides, strides, sizeof strides);
       return true;
     }
@@ -107,7 +123,7 @@ bool build_kernel_mask(const ModuleCall& call, int64_t heads, AlignedBuffer& scr
   const auto term = [](const mha_tensor* t, int64_t offset) -> float {
     if (t->dtype == MHA_DTYPE_BOOL)
       return static_cast<const uint8_t*>(t->data)[offset] != 0 ? -kInf : 0.0f;
-    return static_cast<const float*>(t->data)[offset];
+    return mha_types::load_float(t->data, t->dtype, offset);  // f32, or the query's half dtype
   };
   int64_t n = 0;
   for (int64_t b = 0; b < out_batch; ++b)

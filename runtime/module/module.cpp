@@ -12,6 +12,7 @@
 #include <string>
 
 #include "blis.h"
+#include "common/dtype.h"
 #include "error.h"
 #include "module.h"
 #include "projections.h"
@@ -169,10 +170,35 @@ mha_status find_slot(mha_module* m, const char* name, WeightSlot* slot) {
 
 // ---------------------------------------------------------------- forward checks
 
-mha_status check_mask_dtype(const mha_tensor* t, const char* name) {
-  if (t->dtype == MHA_DTYPE_BOOL || t->dtype == MHA_DTYPE_F32) return MHA_OK;
-  return fail(MHA_ERR_INVALID_DTYPE, "%s has dtype %s; it must be bool or f32", name,
+// A mask: bool, or additive in f32 or the query's dtype (PyTorch's rule for
+// a float mask: the query's dtype).
+mha_status check_mask_dtype(const mha_tensor* t, const char* name, int32_t query_dtype) {
+  if (t->dtype == MHA_DTYPE_BOOL || t->dtype == MHA_DTYPE_F32 || t->dtype == query_dtype) {
+    return MHA_OK;
+  }
+  if (query_dtype == MHA_DTYPE_F32) {
+    return fail(MHA_ERR_INVALID_DTYPE, "%s has dtype %s; it must be bool or f32", name,
+                dtype_name(t->dtype));
+  }
+  return fail(MHA_ERR_INVALID_DTYPE, "%s has dtype %s; it must be bool, f32 or the query's (%s)",
+              name, dtype_name(t->dtype), dtype_name(query_dtype));
+}
+
+// An input of the forward pass: f32, bf16 or f16 (widened to fp32 as the
+// projections read it).
+mha_status check_input_dtype(const mha_tensor* t, const char* name) {
+  if (t->dtype == MHA_DTYPE_F32 || t->dtype == MHA_DTYPE_BF16 || t->dtype == MHA_DTYPE_F16) {
+    return MHA_OK;
+  }
+  return fail(MHA_ERR_INVALID_DTYPE, "%s has dtype %s; it must be f32, bf16 or f16", name,
               dtype_name(t->dtype));
+}
+
+// An output of the forward pass: f32 or the query's dtype (rounded once).
+mha_status check_output_dtype(const mha_tensor* t, const char* name, int32_t query_dtype) {
+  if (t->dtype == MHA_DTYPE_F32 || t->dtype == query_dtype) return MHA_OK;
+  return fail(MHA_ERR_INVALID_DTYPE, "%s has dtype %s; it must be f32 or the query's dtype (%s)",
+              name, dtype_name(t->dtype), dtype_name(query_dtype));
 }
 
 // The checks of a forward call, and of the backward's, which takes the same
@@ -202,8 +228,22 @@ mha_status check_forward(mha_module* module, const mha_tensor* query, const mha_
   for (int i = 0; i < 4; ++i) {
     if (mha_status s = check_tensor(tensors[i], names[i], 3, 3); s != MHA_OK) return s;
   }
-  for (int i = 0; i < 4; ++i) {
-    if (mha_status s = check_f32(tensors[i], names[i]); s != MHA_OK) return s;
+  if (out_role == OutRole::kRead) {
+    // The backward pass computes and returns f32 (a half-precision module
+    // is trained through f32 copies, as mha.torch does).
+    for (int i = 0; i < 4; ++i) {
+      if (tensors[i]->dtype != MHA_DTYPE_F32) {
+        return fail(MHA_ERR_INVALID_DTYPE,
+                    "%s has dtype %s; mha_module_backward takes f32 (mha_module_forward takes "
+                    "bf16 and f16 as well)",
+                    names[i], dtype_name(tensors[i]->dtype));
+      }
+    }
+  } else {
+    for (int i = 0; i < 3; ++i) {
+      if (mha_status s = check_input_dtype(tensors[i], names[i]); s != MHA_OK) return s;
+    }
+    if (mha_status s = check_output_dtype(out, out_name, query->dtype); s != MHA_OK) return s;
   }
 
   const mha_module& m = *module;
@@ -260,7 +300,10 @@ mha_status check_forward(mha_module* module, const mha_tensor* query, const mha_
   }
   if (const mha_tensor* kpm = params->key_padding_mask; kpm != nullptr) {
     if (mha_status s = check_tensor(kpm, "params->key_padding_mask", 2, 2); s != MHA_OK) return s;
-    if (mha_status s = check_mask_dtype(kpm, "params->key_padding_mask"); s != MHA_OK) return s;
+    if (mha_status s = check_mask_dtype(kpm, "params->key_padding_mask", query->dtype);
+        s != MHA_OK) {
+      return s;
+    }
     if (kpm->shape[0] != batch || kpm->shape[1] != lk) {
       return fail(MHA_ERR_SHAPE_MISMATCH,
                   "params->key_padding_mask has shape %s; it must be [B, Lk] = [%lld, %lld]",
@@ -269,7 +312,9 @@ mha_status check_forward(mha_module* module, const mha_tensor* query, const mha_
   }
   if (const mha_tensor* am = params->attn_mask; am != nullptr) {
     if (mha_status s = check_tensor(am, "params->attn_mask", 2, 3); s != MHA_OK) return s;
-    if (mha_status s = check_mask_dtype(am, "params->attn_mask"); s != MHA_OK) return s;
+    if (mha_status s = check_mask_dtype(am, "params->attn_mask", query->dtype); s != MHA_OK) {
+      return s;
+    }
     const bool two_d = am->ndim == 2 && am->shape[0] == lq && am->shape[1] == lk;
     const bool three_d =
         am->ndim == 3 && am->shape[0] == batch * h && am->shape[1] == lq && am->shape[2] == lk;
@@ -287,7 +332,10 @@ mha_status check_forward(mha_module* module, const mha_tensor* query, const mha_
     if (mha_status s = check_tensor(weights, "params->attn_weights", rank, rank); s != MHA_OK) {
       return s;
     }
-    if (mha_status s = check_f32(weights, "params->attn_weights"); s != MHA_OK) return s;
+    if (mha_status s = check_output_dtype(weights, "params->attn_weights", query->dtype);
+        s != MHA_OK) {
+      return s;
+    }
     const bool ok =
         average ? weights->shape[0] == batch && weights->shape[1] == lq && weights->shape[2] == lk
                 : weights->shape[0] == batch && weights->shape[1] == h && weights->shape[2] == lq &&
@@ -542,8 +590,9 @@ mha_status mha_module_set_weight(mha_module* module, const char* name, const mha
     const int32_t rank = slot.cols == 0 ? 1 : 2;
     if (value == nullptr) return fail(MHA_ERR_NULL_POINTER, "value (for '%s') is NULL", name);
     if (mha_status s = check_tensor(value, name, rank, rank); s != MHA_OK) return s;
-    if (value->dtype != MHA_DTYPE_F32) {
-      return fail(MHA_ERR_INVALID_DTYPE, "%s has dtype %s; it must be f32", name,
+    if (value->dtype != MHA_DTYPE_F32 && value->dtype != MHA_DTYPE_BF16 &&
+        value->dtype != MHA_DTYPE_F16) {
+      return fail(MHA_ERR_INVALID_DTYPE, "%s has dtype %s; it must be f32, bf16 or f16", name,
                   dtype_name(value->dtype));
     }
     const bool shape_ok =
@@ -556,9 +605,13 @@ mha_status mha_module_set_weight(mha_module* module, const char* name, const mha
       return fail(MHA_ERR_SHAPE_MISMATCH, "%s has shape %s; it must be %s = [%lld, %lld]", name,
                   shape_text(*value).c_str(), slot.expected, ll(slot.rows), ll(slot.cols));
     }
-    const auto* src = static_cast<const float*>(value->data);
+    // The module keeps fp32 weights: a bf16 or f16 checkpoint's values are
+    // widened (exactly) as they are copied.
+    const auto at = [value](int64_t offset) {
+      return mha_types::load_float(value->data, value->dtype, offset);
+    };
     if (rank == 1) {
-      for (int64_t r = 0; r < slot.rows; ++r) slot.dst[r] = src[r * value->strides[0]];
+      for (int64_t r = 0; r < slot.rows; ++r) slot.dst[r] = at(r * value->strides[0]);
     } else {
       // Transposed in blocks of 32 x 32: column by column over a row-major matrix read
       // every element a line apart, and mha.torch.MultiheadAttention's copy of
@@ -570,7 +623,7 @@ mha_status mha_module_set_weight(mha_module* module, const char* name, const mha
           const int64_t r1 = std::min(slot.rows, r0 + kBlock);
           for (int64_t c = c0; c < c1; ++c) {
             for (int64_t r = r0; r < r1; ++r) {
-              slot.dst[c * slot.ld + r] = src[r * value->strides[0] + c * value->strides[1]];
+              slot.dst[c * slot.ld + r] = at(r * value->strides[0] + c * value->strides[1]);
             }
           }
         }

@@ -8,6 +8,7 @@
 #include <new>
 
 #include "blis.h"
+#include "common/dtype.h"
 #include "threads.h"
 
 namespace mha::rt {
@@ -20,11 +21,14 @@ namespace {
 // Presetting dst with the biases instead made the product read every output
 // row once more: module S1's fused QKV product (4096 x 2304 x 768) on Zen 5
 // took 74.1-79.3 ms that way, 72.4-73.7 ms this way (the copy 0.8 ms of it).
+// A bf16 or f16 x is widened to fp32 by the same copy (with or without
+// biases): BLIS's products are fp32.
 void project(const mha_tensor& x, const RowOrder& order, const float* wt, int64_t ld, int64_t n,
              bool bias, float* staging, float* dst, int64_t width, int32_t threads) {
   const int64_t k = x.shape[2];
-  const auto* src = static_cast<const float*>(x.data);
-  if (!bias) {
+  const bool widen = x.dtype != MHA_DTYPE_F32;
+  if (!bias && !widen) {
+    const auto* src = static_cast<const float*>(x.data);
     const int32_t t = sgemm_threads(order.rows, n, k, threads);
     for (int64_t g = 0; g < order.gemms; ++g) {
       sgemm(order.rows, n, k, 1.0f, src + g * order.gemm_stride, order.row_stride, x.strides[2], wt,
@@ -33,26 +37,32 @@ void project(const mha_tensor& x, const RowOrder& order, const float* wt, int64_
     return;
   }
   const int64_t lda = ones_row_width(k), rows = order.gemms * order.rows;
+  const int64_t depth = bias ? k + 1 : k;
   // In blocks of rows over the threads the product will use.
   constexpr int64_t kBlockRows = 256;
-  const int32_t team = sgemm_threads(rows, n, k + 1, threads);
+  const int32_t team = sgemm_threads(rows, n, depth, threads);
   auto no_preparation = [](int32_t /*thread*/) { return true; };
   run_team((rows + kBlockRows - 1) / kBlockRows, team, no_preparation,
            [&](int64_t block, int32_t /*thread*/) {
              const int64_t end = std::min(rows, (block + 1) * kBlockRows);
              for (int64_t r = block * kBlockRows; r < end; ++r) {
                const int64_t g = r / order.rows, i = r % order.rows;
-               const float* from = src + g * order.gemm_stride + i * order.row_stride;
+               const int64_t from = g * order.gemm_stride + i * order.row_stride;
                float* row = staging + r * lda;
-               if (x.strides[2] == 1) {
-                 std::memcpy(row, from, float_bytes(k));
+               if (widen) {
+                 for (int64_t c = 0; c < k; ++c) {
+                   row[c] = mha_types::load_float(x.data, x.dtype, from + c * x.strides[2]);
+                 }
+               } else if (x.strides[2] == 1) {
+                 std::memcpy(row, static_cast<const float*>(x.data) + from, float_bytes(k));
                } else {
-                 for (int64_t c = 0; c < k; ++c) row[c] = from[c * x.strides[2]];
+                 const auto* src = static_cast<const float*>(x.data) + from;
+                 for (int64_t c = 0; c < k; ++c) row[c] = src[c * x.strides[2]];
                }
-               row[k] = 1.0f;
+               if (bias) row[k] = 1.0f;
              }
            });
-  sgemm(rows, n, k + 1, 1.0f, staging, lda, 1, wt, ld, 1, 0.0f, dst, width, 1, team);
+  sgemm(rows, n, depth, 1.0f, staging, lda, 1, wt, ld, 1, 0.0f, dst, width, 1, team);
 }
 
 }  // namespace
@@ -119,9 +129,12 @@ Projections project_inputs(const ModuleCall& call, AlignedBuffer& scratch, int32
   int64_t floats = q_rows * q_width;
   if (!p.qkv_packed) floats += p.kv_packed ? kv_rows * kv_width : 2 * kv_rows * e;
   floats = (floats + 15) / 16 * 16;
-  // The inputs' rows beside a column of ones, one input at a time (project).
+  // The inputs' rows beside a column of ones (or widened from bf16 / f16),
+  // one input at a time (project).
   int64_t staging_floats = 0;
-  if (m.bias) {
+  const bool widen = query.dtype != MHA_DTYPE_F32 || key.dtype != MHA_DTYPE_F32 ||
+                     value.dtype != MHA_DTYPE_F32;
+  if (m.bias || widen) {
     staging_floats = q_rows * ones_row_width(m.query_dim);
     if (!p.qkv_packed) {
       staging_floats = std::max(staging_floats, kv_rows * ones_row_width(m.key_dim));

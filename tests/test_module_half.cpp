@@ -1,0 +1,321 @@
+// The module's forward pass on bf16 and f16 tensors, on every backend: query,
+// key and value in half precision (widened as the projections read them),
+// out and the attention weights in f32 or the query's dtype, an additive
+// key_padding_mask in the query's dtype.  Each call against
+//   - the float64 reference on the same stored values (the inputs' rounding
+//     is the caller's), at the module's fp32 bound plus one rounding of a
+//     half-precision output, and
+//   - mha_module_forward on f32 copies of those values: the same bits (an f32
+//     output), or those bits rounded once (a half-precision one);
+// the backward pass refuses half-precision tensors by name.
+#include <gtest/gtest.h>
+#include <mha/mha.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "module_case.h"
+#include "module_reference.h"
+#include "test_util.h"
+
+namespace mha_test {
+namespace {
+
+uint32_t bits_of(float x) {
+  uint32_t b = 0;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+
+struct HalfCase {
+  mha_dtype dtype = MHA_DTYPE_BF16;  // of query, key and value
+  bool out_half = true;              // out (and the weights) in dtype, else f32
+  bool self_attention = false;       // one tensor as query, key and value
+  bool bias = true;
+  bool key_padding = false;  // an additive key_padding_mask in dtype
+  bool causal = false;
+  bool need_weights = false, average = false;
+  uint64_t seed = 1;
+  std::string describe() const {
+    return std::string(mha_types::dtype_name(dtype)) + (out_half ? " out half" : " out f32") +
+           (self_attention ? " self-attention" : " cross") + (bias ? " bias" : " no bias") +
+           (key_padding ? " key_padding_mask" : "") + (causal ? " causal" : "") +
+           (need_weights ? (average ? " averaged weights" : " weights") : "");
+  }
+};
+
+// A [B, L, F] tensor: f32 values rounded to `dtype`, kept as f32 (the
+// reference's and the f32 call's) and as the dtype's bits (the call's).
+struct HalfTensor {
+  std::vector<float> values;
+  std::vector<uint16_t> bits;
+  mha_tensor f32{}, half{};
+  HalfTensor(Rng& rng, const std::vector<int64_t>& shape, mha_dtype dtype, float lo, float hi) {
+    int64_t n = 1;
+    for (const int64_t s : shape) n *= s;
+    values.resize(static_cast<size_t>(n));
+    bits.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = rng.uniform(lo, hi);
+      mha_types::store_float(bits.data(), dtype, i, x);
+      values[static_cast<size_t>(i)] = mha_types::load_float(bits.data(), dtype, i);
+    }
+    f32 = describe(values.data(), MHA_DTYPE_F32, shape);
+    half = describe(bits.data(), dtype, shape);
+  }
+};
+
+// An output of the call: f32, or the dtype's bits, read back as f32.
+struct Output {
+  std::vector<float> f32;
+  std::vector<uint16_t> bits;
+  mha_tensor t{};
+  Output(const std::vector<int64_t>& shape, mha_dtype dtype) {
+    int64_t n = 1;
+    for (const int64_t s : shape) n *= s;
+    if (dtype == MHA_DTYPE_F32) {
+      f32.assign(static_cast<size_t>(n), -7.0f);
+      t = describe(f32.data(), dtype, shape);
+    } else {
+      bits.assign(static_cast<size_t>(n), 0x7e00);  // NaN in both half types
+      t = describe(bits.data(), dtype, shape);
+    }
+  }
+  std::vector<float> values() const {
+    if (t.dtype == MHA_DTYPE_F32) return f32;
+    std::vector<float> v(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i) {
+      v[i] = mha_types::load_float(bits.data(), t.dtype, static_cast<int64_t>(i));
+    }
+    return v;
+  }
+};
+
+// Elements off the reference by more than the fp32 bound plus one rounding to
+// `dtype` (u = 2^-8 for bf16, 2^-11 for f16, of |value|; 0 for f32).
+int64_t outside(const std::vector<float>& got, const std::vector<double>& want,
+                const std::vector<double>& bound, int32_t dtype) {
+  const double u = dtype == MHA_DTYPE_BF16  ? std::ldexp(1.0, -8)
+                   : dtype == MHA_DTYPE_F16 ? std::ldexp(1.0, -11)
+                                            : 0.0;
+  const double floor = dtype == MHA_DTYPE_F16 ? std::ldexp(1.0, -25) : 0.0;
+  int64_t n = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double tol = bound[i] + u * (std::fabs(want[i]) + bound[i]) + floor;
+    const double error = std::fabs(static_cast<double>(got[i]) - want[i]);
+    if (!(error <= tol)) ++n;
+  }
+  return n;
+}
+
+void run_half_case(const HalfCase& hc) {
+  SCOPED_TRACE(hc.describe());
+  ModuleCase c;
+  c.B = 2;
+  c.Lq = 6;
+  c.Lk = hc.self_attention ? 6 : 9;
+  c.E = 16;
+  c.H = 4;
+  if (!hc.self_attention) {
+    c.Ek = 12;
+    c.Ev = 20;
+  }
+  c.bias = hc.bias;
+  Rng rng(hc.seed);
+  const WeightSet weights = make_weights(c, rng);
+  ModuleHandle h;
+  ASSERT_TRUE(create_module(c, h));
+  ASSERT_TRUE(load_weights(h.m, c, weights)) << mha_last_error();
+
+  const mha_dtype dt = hc.dtype;
+  HalfTensor query(rng, {c.B, c.Lq, c.eq()}, dt, -2.0f, 2.0f);
+  HalfTensor key(rng, {c.B, c.Lk, c.ek()}, dt, -2.0f, 2.0f);
+  HalfTensor value(rng, {c.B, c.Lk, c.ev()}, dt, -1.0f, 1.0f);
+  HalfTensor& k_in = hc.self_attention ? query : key;
+  HalfTensor& v_in = hc.self_attention ? query : value;
+  // An additive key_padding_mask: 0, a penalty, or -inf (key 0 of batch 1).
+  HalfTensor kpm(rng, {c.B, c.Lk}, dt, -3.0f, 0.5f);
+  mha_types::store_float(kpm.bits.data(), dt, c.Lk, -INFINITY);
+  kpm.values[static_cast<size_t>(c.Lk)] = -INFINITY;
+
+  const mha_dtype out_dt = hc.out_half ? dt : MHA_DTYPE_F32;
+  Output out({c.B, c.Lq, c.E}, out_dt), out32({c.B, c.Lq, c.E}, MHA_DTYPE_F32);
+  const std::vector<int64_t> weights_shape = hc.average
+                                                 ? std::vector<int64_t>{c.B, c.Lq, c.Lk}
+                                                 : std::vector<int64_t>{c.B, c.H, c.Lq, c.Lk};
+  Output aw(weights_shape, out_dt), aw32(weights_shape, MHA_DTYPE_F32);
+
+  const auto params_for = [&](bool half, Output& weights_out) {
+    mha_module_forward_params p;
+    mha_module_forward_params_init(&p);
+    if (hc.key_padding) p.key_padding_mask = half ? &kpm.half : &kpm.f32;
+    p.causal = hc.causal ? MHA_CAUSAL_TOP_LEFT : MHA_CAUSAL_NONE;
+    if (hc.need_weights) {
+      p.attn_weights = &weights_out.t;
+      p.average_attn_weights = hc.average ? 1 : 0;
+    }
+    return p;
+  };
+  const mha_module_forward_params p_half = params_for(true, aw);
+  ASSERT_EQ(mha_module_forward(h.m, &query.half, &k_in.half, &v_in.half, &out.t, &p_half), MHA_OK)
+      << mha_last_error();
+  const mha_module_forward_params p_f32 = params_for(false, aw32);
+  ASSERT_EQ(mha_module_forward(h.m, &query.f32, &k_in.f32, &v_in.f32, &out32.t, &p_f32), MHA_OK)
+      << mha_last_error();
+
+  // The f32 call on the same values: the same bits, rounded once for a
+  // half-precision output.
+  const auto same_as_f32 = [&](const Output& got, const Output& f32) {
+    int64_t differ = 0;
+    const std::vector<float> g = got.values();
+    for (size_t i = 0; i < g.size(); ++i) {
+      uint16_t rounded = 0;
+      float want = f32.f32[i];
+      if (got.t.dtype != MHA_DTYPE_F32) {
+        mha_types::store_float(&rounded, got.t.dtype, 0, want);
+        want = mha_types::load_float(&rounded, got.t.dtype, 0);
+      }
+      differ += bits_of(g[i]) != bits_of(want) ? 1 : 0;
+    }
+    return differ;
+  };
+  EXPECT_EQ(same_as_f32(out, out32), 0) << "out differs from the f32 call on the same values";
+  if (hc.need_weights) {
+    EXPECT_EQ(same_as_f32(aw, aw32), 0) << "the weights differ from the f32 call's";
+  }
+
+  // The float64 reference on the stored values.
+  ModuleInputs in;
+  in.query = &query.f32;
+  in.key = &k_in.f32;
+  in.value = &v_in.f32;
+  if (hc.key_padding) in.key_padding_mask = &kpm.f32;
+  in.causal = hc.causal ? MHA_CAUSAL_TOP_LEFT : MHA_CAUSAL_NONE;
+  const ModuleReference ref = reference_module(weights.ref, in);
+  EXPECT_EQ(outside(out.values(), ref.out, ref.out_bound, out_dt), 0) << "out off the reference";
+  if (hc.need_weights) {
+    const std::vector<double>& want = hc.average ? ref.average : ref.weights;
+    const std::vector<double>& bound = hc.average ? ref.average_bound : ref.weights_bound;
+    EXPECT_EQ(outside(aw.values(), want, bound, out_dt), 0) << "weights off the reference";
+  }
+}
+
+TEST_P(Module, HalfPrecisionForward) {
+  for (const mha_dtype dt : {MHA_DTYPE_BF16, MHA_DTYPE_F16}) {
+    run_half_case({.dtype = dt, .seed = 11});
+    run_half_case({.dtype = dt, .out_half = false, .bias = false, .seed = 12});
+    run_half_case({.dtype = dt, .self_attention = true, .causal = true, .seed = 13});
+    run_half_case({.dtype = dt, .key_padding = true, .need_weights = true, .seed = 14});
+    run_half_case({.dtype = dt,
+                   .out_half = false,
+                   .self_attention = true,
+                   .key_padding = true,
+                   .need_weights = true,
+                   .average = true,
+                   .seed = 15});
+  }
+}
+
+// Weights set from bf16 and f16 arrays (a half-precision checkpoint): the
+// module's results are those of the same values set as f32, bit for bit.
+TEST_P(Module, HalfPrecisionWeights) {
+  for (const mha_dtype dt : {MHA_DTYPE_BF16, MHA_DTYPE_F16}) {
+    SCOPED_TRACE(mha_types::dtype_name(dt));
+    ModuleCase c;
+    Rng rng(31);
+    const WeightSet w = make_weights(c, rng);
+    ModuleHandle half, f32;
+    ASSERT_TRUE(create_module(c, half));
+    ASSERT_TRUE(create_module(c, f32));
+    const int64_t e = c.E;
+    // Each weight rounded to dt: as dt bits for one module, as their f32
+    // values for the other.  Strided views: in_proj_weight read transposed.
+    const auto set = [&](const char* name, const std::vector<float>& values,
+                         const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
+      std::vector<uint16_t> bits(values.size());
+      std::vector<float> rounded(values.size());
+      for (size_t i = 0; i < values.size(); ++i) {
+        mha_types::store_float(bits.data(), dt, static_cast<int64_t>(i), values[i]);
+        rounded[i] = mha_types::load_float(bits.data(), dt, static_cast<int64_t>(i));
+      }
+      mha_tensor th = describe(bits.data(), dt, shape, strides);
+      mha_tensor tf = describe(rounded.data(), MHA_DTYPE_F32, shape, strides);
+      ASSERT_EQ(mha_module_set_weight(half.m, name, &th), MHA_OK) << mha_last_error();
+      ASSERT_EQ(mha_module_set_weight(f32.m, name, &tf), MHA_OK) << mha_last_error();
+    };
+    std::vector<float> in_proj(w.w_q);
+    in_proj.insert(in_proj.end(), w.w_k.begin(), w.w_k.end());
+    in_proj.insert(in_proj.end(), w.w_v.begin(), w.w_v.end());
+    // [3E, E] stored column-major: strides {1, 3E}.
+    std::vector<float> column_major(in_proj.size());
+    for (int64_t r = 0; r < 3 * e; ++r) {
+      for (int64_t col = 0; col < e; ++col) {
+        column_major[static_cast<size_t>(col * 3 * e + r)] =
+            in_proj[static_cast<size_t>(r * e + col)];
+      }
+    }
+    set("in_proj_weight", column_major, {3 * e, e}, {1, 3 * e});
+    std::vector<float> in_bias(w.b_q);
+    in_bias.insert(in_bias.end(), w.b_k.begin(), w.b_k.end());
+    in_bias.insert(in_bias.end(), w.b_v.begin(), w.b_v.end());
+    set("in_proj_bias", in_bias, {3 * e}, {1});
+    set("out_proj.weight", w.w_o, {e, e}, {e, 1});
+    set("out_proj.bias", w.b_o, {e}, {1});
+    HalfTensor x(rng, {c.B, c.Lq, e}, MHA_DTYPE_BF16, -1.0f, 1.0f);
+    Output a({c.B, c.Lq, e}, MHA_DTYPE_F32), b({c.B, c.Lq, e}, MHA_DTYPE_F32);
+    ASSERT_EQ(mha_module_forward(half.m, &x.f32, &x.f32, &x.f32, &a.t, nullptr), MHA_OK)
+        << mha_last_error();
+    ASSERT_EQ(mha_module_forward(f32.m, &x.f32, &x.f32, &x.f32, &b.t, nullptr), MHA_OK)
+        << mha_last_error();
+    EXPECT_EQ(std::memcmp(a.f32.data(), b.f32.data(), a.f32.size() * 4), 0);
+  }
+}
+
+// Half-precision dtypes the module does not take, named; the backward pass
+// takes f32 only.
+TEST_P(Module, HalfPrecisionRefusals) {
+  ModuleCase c;
+  Rng rng(21);
+  const WeightSet weights = make_weights(c, rng);
+  ModuleHandle h;
+  ASSERT_TRUE(create_module(c, h));
+  ASSERT_TRUE(load_weights(h.m, c, weights)) << mha_last_error();
+  HalfTensor q(rng, {c.B, c.Lq, c.E}, MHA_DTYPE_BF16, -1.0f, 1.0f);
+  HalfTensor kv(rng, {c.B, c.Lk, c.E}, MHA_DTYPE_BF16, -1.0f, 1.0f);
+  Output out_f16({c.B, c.Lq, c.E}, MHA_DTYPE_F16);
+  EXPECT_EQ(mha_module_forward(h.m, &q.half, &kv.half, &kv.half, &out_f16.t, nullptr),
+            MHA_ERR_INVALID_DTYPE);
+  EXPECT_NE(std::string(mha_last_error()).find("out has dtype f16; it must be f32 or the query's"),
+            std::string::npos)
+      << mha_last_error();
+  // A mask of the other half dtype.
+  HalfTensor kpm(rng, {c.B, c.Lk}, MHA_DTYPE_F16, -1.0f, 0.0f);
+  Output out({c.B, c.Lq, c.E}, MHA_DTYPE_BF16);
+  mha_module_forward_params p;
+  mha_module_forward_params_init(&p);
+  p.key_padding_mask = &kpm.half;
+  EXPECT_EQ(mha_module_forward(h.m, &q.half, &kv.half, &kv.half, &out.t, &p),
+            MHA_ERR_INVALID_DTYPE);
+  EXPECT_NE(std::string(mha_last_error()).find("params->key_padding_mask has dtype f16"),
+            std::string::npos)
+      << mha_last_error();
+  EXPECT_TRUE(out.bits == std::vector<uint16_t>(out.bits.size(), 0x7e00)) << "written";
+  // The backward pass: f32 only.
+  Output dout({c.B, c.Lq, c.E}, MHA_DTYPE_F32);
+  std::vector<float> dq(static_cast<size_t>(c.B * c.Lq * c.E));
+  mha_tensor tdq = describe(dq.data(), MHA_DTYPE_F32, {c.B, c.Lq, c.E});
+  mha_module_gradients grads;
+  mha_module_gradients_init(&grads);
+  grads.query = &tdq;
+  EXPECT_EQ(mha_module_backward(h.m, &q.half, &kv.half, &kv.half, &dout.t, nullptr, &grads),
+            MHA_ERR_INVALID_DTYPE);
+  EXPECT_NE(std::string(mha_last_error()).find("mha_module_backward takes f32"), std::string::npos)
+      << mha_last_error();
+}
+
+}  // namespace
+}  // namespace mha_test
