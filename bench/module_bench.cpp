@@ -1,6 +1,9 @@
 // The multi-head attention module in mha_bench:
 //
 //   module/<backend>/S1/threads:<n>   E = 768, 12 heads, B = 8, L = 512, self-attention
+//   module/<backend>/S1:bf16/threads:<n>  S1 with query = key = value and out in bf16
+//                                     (the same values rounded; widened inside, every
+//                                     product fp32)
 //   module/<backend>/S5/threads:<n>   the d2l example: E = 100, 5 heads, queries
 //                                     [2, 4, 100], keys = values [2, 6, 100],
 //                                     valid_lens [3, 2]
@@ -47,6 +50,7 @@
 #include <vector>
 
 #include "bench_inputs.h"
+#include "common/dtype.h"
 #include "usable_backends.h"
 
 using ModulePeakFn = double (*)(const std::string& isa, int threads);
@@ -60,12 +64,21 @@ struct ModuleShape {
   int64_t b, lq, lk, e, h;
   bool d2l;  // S5: separate query and key/value tensors, valid_lens [3, 2]
   benchmark::TimeUnit unit;
+  mha_dtype dtype = MHA_DTYPE_F32;  // of the inputs and the output
 };
 
 const ModuleShape kModuleShapes[] = {
     {"S1", 8, 512, 512, 768, 12, false, benchmark::kMillisecond},
+    {"S1:bf16", 8, 512, 512, 768, 12, false, benchmark::kMillisecond, MHA_DTYPE_BF16},
     {"S5", 2, 4, 6, 100, 5, true, benchmark::kMicrosecond},
 };
+
+// x's values as bf16 bits (to nearest even).
+std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
+  std::vector<uint16_t> bits(x.size());
+  for (size_t i = 0; i < x.size(); ++i) bits[i] = mha_types::f32_to_bf16(x[i]);
+  return bits;
+}
 const std::array<int32_t, 2> kD2lValidLens = {3, 2};
 
 double seconds_since(Clock::time_point t0) {
@@ -173,9 +186,13 @@ void bm_module(benchmark::State& st, const std::string& backend, const ModuleSha
   mha_bench::fill_uniform(y, 2, 1.0f);
   const int64_t xs[3] = {s.b, s.lq, s.e}, ys[3] = {s.b, s.lk, s.e}, ls[1] = {s.b};
   mha_tensor xt, yt, ot, lens;
-  mha_tensor_init(&xt, x.data(), MHA_DTYPE_F32, 3, xs, nullptr);
-  mha_tensor_init(&yt, y.data(), MHA_DTYPE_F32, 3, ys, nullptr);
-  mha_tensor_init(&ot, o.data(), MHA_DTYPE_F32, 3, xs, nullptr);
+  // A half-precision shape: x, y and the output as bf16 (out in o's first bytes).
+  const bool half = s.dtype != MHA_DTYPE_F32;
+  std::vector<uint16_t> x16 = half ? to_bf16(x) : std::vector<uint16_t>();
+  std::vector<uint16_t> y16 = half ? to_bf16(y) : std::vector<uint16_t>();
+  mha_tensor_init(&xt, half ? static_cast<void*>(x16.data()) : x.data(), s.dtype, 3, xs, nullptr);
+  mha_tensor_init(&yt, half ? static_cast<void*>(y16.data()) : y.data(), s.dtype, 3, ys, nullptr);
+  mha_tensor_init(&ot, o.data(), s.dtype, 3, xs, nullptr);
   mha_tensor_init(&lens, const_cast<int32_t*>(kD2lValidLens.data()), MHA_DTYPE_I32, 1, ls, nullptr);
   mha_module_forward_params params;
   mha_module_forward_params_init(&params);

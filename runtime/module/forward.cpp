@@ -238,9 +238,9 @@ mha_status run_module_forward(const ModuleCall& call) {
   if (out.dtype == MHA_DTYPE_F32) {
     auto* out_data = static_cast<float*>(out.data);
     for (int64_t g = 0; g < out_order.gemms; ++g) {
-      sgemm(out_order.rows, e, k, 1.0f, concat + g * out_order.rows * concat_width, concat_width,
-            1, m.w_out.data(), e, 1, 0.0f, out_data + g * out_order.gemm_stride,
-            out_order.row_stride, out.strides[2], t);
+      sgemm(out_order.rows, e, k, 1.0f, concat + g * out_order.rows * concat_width, concat_width, 1,
+            m.w_out.data(), e, 1, 0.0f, out_data + g * out_order.gemm_stride, out_order.row_stride,
+            out.strides[2], t);
     }
   } else {
     // A bf16 or f16 out: the product in fp32 rows (the concatenation's
@@ -254,10 +254,14 @@ mha_status run_module_forward(const ModuleCall& call) {
                const int64_t end = std::min(q_rows, (block + 1) * kBlockRows);
                for (int64_t r = block * kBlockRows; r < end; ++r) {
                  const int64_t g = r / out_order.rows, i = r % out_order.rows;
-                 const int64_t at = g * out_order.gemm_stride + i * out_order.row_stride;
-                 for (int64_t c = 0; c < e; ++c) {
-                   mha_types::store_float(out.data, out.dtype, at + c * out.strides[2],
-                                          rows[r * e + c]);
+                 auto* dst = static_cast<uint16_t*>(out.data) + g * out_order.gemm_stride +
+                             i * out_order.row_stride;
+                 const float* src = rows + r * e;
+                 const int64_t s = out.strides[2];
+                 if (out.dtype == MHA_DTYPE_BF16) {
+                   for (int64_t c = 0; c < e; ++c) dst[c * s] = mha_types::f32_to_bf16(src[c]);
+                 } else {
+                   for (int64_t c = 0; c < e; ++c) dst[c * s] = mha_types::f32_to_f16(src[c]);
                  }
                }
              });

@@ -14,6 +14,18 @@
 namespace mha::rt {
 namespace {
 
+// k elements of a bf16 or f16 x from element `from` (its feature stride
+// apart) into fp32, the dtype decided once per row rather than per element.
+void widen_row(const mha_tensor& x, int64_t from, int64_t k, float* row) {
+  const auto* src = static_cast<const uint16_t*>(x.data) + from;
+  const int64_t s = x.strides[2];
+  if (x.dtype == MHA_DTYPE_BF16) {
+    for (int64_t c = 0; c < k; ++c) row[c] = mha_types::bf16_to_f32(src[c * s]);
+  } else {
+    for (int64_t c = 0; c < k; ++c) row[c] = mha_types::f16_to_f32(src[c * s]);
+  }
+}
+
 // dst rows (in `order`, `width` wide, columns [0, n)) = x · wt (+ the biases),
 // with wt the transposed weights [K, n] (row stride ld) and x [B, L, K].
 // With biases (in the row below wt: module.h), x's rows are copied beside a
@@ -50,9 +62,7 @@ void project(const mha_tensor& x, const RowOrder& order, const float* wt, int64_
                const int64_t from = g * order.gemm_stride + i * order.row_stride;
                float* row = staging + r * lda;
                if (widen) {
-                 for (int64_t c = 0; c < k; ++c) {
-                   row[c] = mha_types::load_float(x.data, x.dtype, from + c * x.strides[2]);
-                 }
+                 widen_row(x, from, k, row);
                } else if (x.strides[2] == 1) {
                  std::memcpy(row, static_cast<const float*>(x.data) + from, float_bytes(k));
                } else {
@@ -132,8 +142,8 @@ Projections project_inputs(const ModuleCall& call, AlignedBuffer& scratch, int32
   // The inputs' rows beside a column of ones (or widened from bf16 / f16),
   // one input at a time (project).
   int64_t staging_floats = 0;
-  const bool widen = query.dtype != MHA_DTYPE_F32 || key.dtype != MHA_DTYPE_F32 ||
-                     value.dtype != MHA_DTYPE_F32;
+  const bool widen =
+      query.dtype != MHA_DTYPE_F32 || key.dtype != MHA_DTYPE_F32 || value.dtype != MHA_DTYPE_F32;
   if (m.bias || widen) {
     staging_floats = q_rows * ones_row_width(m.query_dim);
     if (!p.qkv_packed) {
