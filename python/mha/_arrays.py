@@ -102,13 +102,20 @@ def empty_like_framework(template, shape, dtype=None):
 
 def half_dtype(x):
     """x's dtype when x is a bfloat16 or float16 torch tensor or a float16 NumPy array (the
-    half types the library's module takes as float32), else None."""
+    half types whose module results come in their dtype), else None."""
     if isinstance(x, np.ndarray):
         return x.dtype if x.dtype == np.float16 else None
     torch = torch_module()
     if torch is not None and isinstance(x, torch.Tensor):
         return x.dtype if x.dtype in (torch.bfloat16, torch.float16) else None
     return None
+
+
+def output_dtype(query):
+    """The dtype of the module's results for `query`, as empty_like_framework takes it: query's
+    own (None) for a half-precision one (half_dtype), which the library writes rounded once,
+    else "float32"."""
+    return None if half_dtype(query) is not None else "float32"
 
 
 def widened(x):
@@ -118,8 +125,9 @@ def widened(x):
 
 
 def widened_all(arrays):
-    """The arrays with each half-precision one (half_dtype) widened once: one array given
-    twice (self-attention) stays one array, so the library still sees them as the same."""
+    """The arrays with each half-precision one (half_dtype) widened once, for the module's
+    backward (mha_module_backward takes float32): one array given twice (self-attention)
+    stays one array, so the library still sees them as the same."""
     made = {}
     for x in arrays:
         if half_dtype(x) is not None and id(x) not in made:

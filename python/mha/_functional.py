@@ -16,8 +16,8 @@ from . import _mha
 from ._arguments import flag, integer, real
 from ._attention import _NO_WINDOW, _dropout_seed, _grad_wanted, _window_argument
 from ._arrays import (Array, array_argument, empty_like_framework, half_dtype, is_torch_tensor,
-                      narrowed, optional_array_argument, shape_of, torch_module, widened,
-                      widened_all)
+                      narrowed, optional_array_argument, output_dtype, shape_of, torch_module,
+                      widened, widened_all)
 from ._module import _ForwardShapes
 from ._state_dict import float32_copy
 
@@ -45,8 +45,10 @@ def multi_head_attention_forward(
     PyTorch's arguments, names, positions and shapes (sequence-first, as
     PyTorch's function: query [L, B, E], key [S, B, kdim], value [S, B,
     vdim], or unbatched [L, E], [S, kdim], [S, vdim]); NumPy arrays or
-    PyTorch tensors (any strides, read in place), float32 (bfloat16 and
-    float16 tensors compute in float32 on their values; see Returns):
+    PyTorch tensors (any strides, read in place), float32, bfloat16 or
+    float16 (half-precision values computed in float32: widened as the
+    library's projections read them, or under autograd by torch's
+    conversion; see Returns):
 
     embed_dim_to_check: E, query's features; num_heads: H, dividing E.
     in_proj_weight [3E, E], in_proj_bias [3E] or None: the stacked
@@ -63,9 +65,9 @@ def multi_head_attention_forward(
         seed drops the same weights for any thread count and backend, and
         the backward drops them again.
     key_padding_mask: [B, S] ([S] unbatched), bool (True = the key is
-        ignored) or float (added to the scores).
-    attn_mask: [L, S] or [B*H, L, S], bool (True = not allowed) or float
-        (added).
+        ignored) or float32 or query's dtype (added to the scores).
+    attn_mask: [L, S] or [B*H, L, S], bool (True = not allowed) or float32
+        or query's dtype (added).
     need_weights: also return the attention weights (after dropout, as
         PyTorch's), [B, L, S] averaged over the heads (average_attn_weights)
         or [B, H, L, S]; that path materialises them, need_weights=False is
@@ -93,11 +95,13 @@ def multi_head_attention_forward(
     they have no gradient).  No second derivatives.
 
     Returns (output [L, B, E] or [L, E], weights or None), float32 -- or
-    query's dtype when it is a bfloat16 or float16 tensor --, in query's
+    query's dtype when it is a bfloat16 or float16 tensor or a float16 NumPy
+    array --, in query's
     framework.  Raises ValueError for shapes PyTorch refuses (naming
     the argument), TypeError for arguments of the wrong type (a dtype mha has
     no name for, such as float64, included), mha.Error when the library
-    refuses the call (another dtype than float32, ...).
+    refuses the call (a dtype it does not take there, such as a float16 mask
+    for a bfloat16 query, ...).
     """
     call = _Call(query, key, value, embed_dim_to_check, num_heads, in_proj_weight,
                  in_proj_bias, bias_k, bias_v, add_zero_attn, dropout_p, out_proj_weight,
@@ -174,22 +178,27 @@ def forward(call, cache):
     """The forward of a checked call, through mha's autograd.Function when a tensor requires
     grad; with the library module `cache` holds (a ModuleCache), or a new one when None."""
     library = LibraryModule(call.config) if cache is None else cache.get(call.config)
-    result_dtype = call.widen_half_inputs()
     if _grad_wanted(*call.inputs.values(), *call.weights.values(), call.sinks,
                     call.key_padding_mask, call.attn_mask, call.alibi_slopes):
         from ._module_autograd import forward_with_grad
+        # The backward takes float32: the Function computes on widened inputs, and autograd
+        # records the conversions (the gradients come back in the inputs' dtypes).
+        result_dtype = call.widen_half_inputs()
         out, weights = forward_with_grad(call, library)
-    else:
-        out = empty_like_framework(call.query, call.shapes.out, "float32")
-        weights = None
-        if call.need_weights:
-            weights = empty_like_framework(
-                call.query, call.shapes.weights(call.average_attn_weights), "float32")
-        call.load(library)
-        library.module.forward(*call.forward_arguments(out, weights))
-    if result_dtype is not None:  # a half-precision query's results in its dtype
-        out = narrowed(out, result_dtype)
-        weights = None if weights is None else narrowed(weights, result_dtype)
+        if result_dtype is not None:  # a half-precision query's results in its dtype
+            out = narrowed(out, result_dtype)
+            weights = None if weights is None else narrowed(weights, result_dtype)
+        return out, weights
+    # Without autograd, half-precision inputs are read in place and the results written in
+    # query's dtype (mha_module_forward widens and rounds once, as the path above does).
+    dtype = output_dtype(call.query)
+    out = empty_like_framework(call.query, call.shapes.out, dtype)
+    weights = None
+    if call.need_weights:
+        weights = empty_like_framework(
+            call.query, call.shapes.weights(call.average_attn_weights), dtype)
+    call.load(library)
+    library.module.forward(*call.forward_arguments(out, weights))
     return out, weights
 
 
@@ -285,10 +294,10 @@ class _Call:
 
     def widen_half_inputs(self):
         """Makes bfloat16 and float16 torch tensors and float16 NumPy arrays among query, key
-        and value float32 (the library's module computes in float32; autograd records the
-        conversion, so their gradients come back in their dtypes), one array given twice
-        staying one.  Returns query's half-precision dtype, which the results take, or
-        None."""
+        and value float32, for the paths with a backward (mha_module_backward takes float32;
+        autograd records the conversion, so their gradients come back in their dtypes), one
+        array given twice staying one.  Returns query's half-precision dtype, which the
+        results take, or None."""
         self.inputs = dict(zip(self.inputs, widened_all(list(self.inputs.values()))))
         result = half_dtype(self.query)
         self.query = self.inputs["query"]
@@ -315,13 +324,13 @@ class _Call:
 
     def load(self, library, weights=None):
         """Gives the library module `weights` ({argument name: array}; default: the call's)
-        under its names, float32; a bias missing beside the other is zeros."""
+        under its names (_library_weight); a bias missing beside the other is zeros."""
         weights = self.weights if weights is None else weights
         e = self.embed_dim
         given = {}
         for name, x in weights.items():
             given["out_proj." + name[9:] if name.startswith("out_proj_") else name] = \
-                _float32(x, name)
+                _library_weight(x, name)
         zeros = {}
         if self.config[4]:  # a module with biases
             for name, size in (("in_proj_bias", 3 * e), ("out_proj.bias", e)):
@@ -412,14 +421,17 @@ def _weight(x, name, shape, what):
     return x
 
 
-def _float32(x, name):
-    """A weight as the library module reads it: float32 arrays as they are (any strides; a
-    tensor detached), other floating dtypes rounded to a float32 copy."""
+def _library_weight(x, name):
+    """A weight as the library module reads it: float32, bfloat16 and float16 arrays as they
+    are (any strides; a tensor detached; mha_module_set_weight widens a half-precision one
+    exactly into the module's float32 copy), other floating dtypes rounded to a float32
+    copy."""
     if is_torch_tensor(x):
-        if x.dtype == torch_module().float32:
+        torch = torch_module()
+        if x.dtype in (torch.float32, torch.bfloat16, torch.float16):
             return x.detach()
         return float32_copy(x, name)
-    if isinstance(x, np.ndarray) and x.dtype == np.float32:
+    if isinstance(x, np.ndarray) and x.dtype in (np.float32, np.float16):
         return x
     return float32_copy(x, name)
 
@@ -474,9 +486,15 @@ def _sample_positions(size):
 
 
 def _sample_of(x):
-    if x.numel() == 0 or x.dtype != torch_module().float32:
+    torch = torch_module()
+    if x.numel() == 0:
         return None
-    values = x.detach().numpy()
+    if x.dtype in (torch.bfloat16, torch.float16):  # their bits (NumPy has no bfloat16)
+        values = x.detach().view(torch.int16).numpy()
+    elif x.dtype == torch.float32:
+        values = x.detach().numpy()
+    else:
+        return None
     return values.flat[_sample_positions(values.size)].tobytes()
 
 

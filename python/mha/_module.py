@@ -6,8 +6,8 @@ import numpy as np
 from . import _mha
 from ._arguments import flag, integer, real
 from ._attention import _window_argument
-from ._arrays import (Array, array_argument, empty_like_framework, half_dtype, narrowed,
-                      optional_array_argument, shape_of, torch_module, widened_all)
+from ._arrays import (Array, array_argument, empty_like_framework, optional_array_argument,
+                      output_dtype, shape_of, torch_module)
 from ._state_dict import IncompatibleKeys, checked_weights, weight_shapes
 
 
@@ -177,18 +177,21 @@ class MultiheadAttention:
         """(output, attention weights or None), as nn.MultiheadAttention.forward in eval mode.
 
         query [L, B, E] (batch_first: [B, L, E]), key [S, B, kdim], value [S, B,
-        vdim] -- or unbatched [L, E], [S, kdim], [S, vdim] -- float32 NumPy
-        arrays or PyTorch tensors with any strides (read in place); bfloat16
-        and float16 ones are computed in float32 on their values (a copy), the
-        results rounded once to query's dtype.
+        vdim] -- or unbatched [L, E], [S, kdim], [S, vdim] -- float32,
+        bfloat16 or float16 NumPy arrays or PyTorch tensors with any strides,
+        read in place (half-precision values are widened to float32 as the
+        library's projections read them: every product is float32), the
+        results written in query's dtype, rounded once.
         key_padding_mask: [B, S] ([S] unbatched), bool (True = the key is
-            ignored) or float32 (added to the scores).
-        need_weights: also return the attention weights, float32 [B, L, S]
-            averaged over the heads (average_attn_weights) or [B, H, L, S]
-            ([L, S] or [H, L, S] unbatched).  This is the path that computes
-            the L x S weights; need_weights=False is the fused one.
+            ignored) or float32 or query's dtype (added to the scores).
+        need_weights: also return the attention weights, in the output's
+            dtype, [B, L, S] averaged over the heads (average_attn_weights) or
+            [B, H, L, S] ([L, S] or [H, L, S] unbatched).  This is the path
+            that computes the L x S weights; need_weights=False is the fused
+            one.
         attn_mask: [L, S] or [B*H, L, S] ([H, L, S] unbatched), bool (True =
-            not allowed, PyTorch's convention) or float32 (added).
+            not allowed, PyTorch's convention) or float32 or query's dtype
+            (added).
         is_causal: query i sees keys j <= i.  Unlike PyTorch (where it is a hint
             that attn_mask is causal, and needs one), it applies the causal mask
             itself; an attn_mask given with it applies too.
@@ -215,8 +218,9 @@ class MultiheadAttention:
         out_proj.bias), not NaN.  Raises ValueError for arrays of the wrong rank
         or shape (PyTorch's rules), TypeError for arguments of the wrong type
         (a dtype mha has no name for, such as float64 or uint8, included),
-        mha.Error when the library refuses the call (another dtype than float32,
-        a window side below -1, a negative softcap, sinks or slopes of the wrong
+        mha.Error when the library refuses the call (a dtype it does not take
+        there, such as an int8 query or a float16 mask for a bfloat16 query, a
+        window side below -1, a negative softcap, sinks or slopes of the wrong
         shape or with NaN: the message names them as params->sinks and so on).
         """
         query = array_argument(query, "query")
@@ -232,23 +236,18 @@ class MultiheadAttention:
         softcap = real(softcap, "softcap")
         alibi_slopes = optional_array_argument(alibi_slopes, "alibi_slopes")
         shapes = _ForwardShapes(self, query, key, value, key_padding_mask, attn_mask)
-        # Half-precision inputs: the module computes in float32 on their values, the
-        # results are rounded to query's dtype once.
-        result_dtype = half_dtype(query)
-        query, key, value = widened_all([query, key, value])
-
-        out = empty_like_framework(query, shapes.out, "float32")
+        # Half-precision inputs are read in place (the library widens them to float32 as
+        # its projections read them) and the results written in query's dtype, rounded
+        # once by the library.
+        dtype = output_dtype(query)
+        out = empty_like_framework(query, shapes.out, dtype)
         weights = None
         if need_weights:
-            weights = empty_like_framework(query, shapes.weights(average_attn_weights),
-                                           "float32")
+            weights = empty_like_framework(query, shapes.weights(average_attn_weights), dtype)
         self._module.forward(query, key, value, out, key_padding_mask, attn_mask, weights,
                              average_attn_weights, is_causal,
                              shapes.batched and not self.batch_first, False, 0, window_left,
                              window_right, sinks, softcap, alibi_slopes)
-        if result_dtype is not None:
-            out = narrowed(out, result_dtype)
-            weights = None if weights is None else narrowed(weights, result_dtype)
         return out, weights
 
     __call__ = forward

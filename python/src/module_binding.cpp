@@ -2,9 +2,11 @@
 // Python object owning one mha_module.  Arguments arrive checked for their
 // Python types, ranks and PyTorch's shape rules, with the outputs allocated
 // (mha/_module.py, mha/_functional.py); the library checks the rest and its
-// message names the argument.  forward and backward run without the GIL; the
-// weights are set while no forward or backward of the same module runs (the
-// C API's rule for mha_module_set_weight).
+// message names the argument (the dtypes too: float32, bfloat16 or float16
+// inputs and weights, outputs in float32 or the query's dtype).  forward and
+// backward run without the GIL; the weights are set while no forward or
+// backward of the same module runs (the C API's rule for
+// mha_module_set_weight).
 #include <mha/mha.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
@@ -250,7 +252,8 @@ void register_module(nb::module_& module) {
            nb::arg("num_heads"), nb::arg("kdim"), nb::arg("vdim"), nb::arg("bias"),
            nb::arg("dropout"))
       .def("set_weights", &Module::set_weights, nb::arg("weights"),
-           "Copies the float32 arrays of a dict {state_dict name: array} into the module.")
+           "Copies the arrays of a dict {state_dict name: array} (float32, bfloat16 or float16, "
+           "widened exactly) into the module's float32 weights.")
       .def("forward", &Module::forward, nb::arg("query"), nb::arg("key"), nb::arg("value"),
            nb::arg("out"), nb::arg("key_padding_mask").none(), nb::arg("attn_mask").none(),
            nb::arg("attn_weights").none(), nb::arg("average_attn_weights"), nb::arg("is_causal"),

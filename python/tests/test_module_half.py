@@ -218,3 +218,104 @@ def test_inference_module_takes_half_inputs(rng, framework, dtype):
             assert torch.equal(got, ref.to(got.dtype))
         else:
             np.testing.assert_array_equal(got, ref.astype(np.float16))
+
+
+def _refuse_conversions(monkeypatch):
+    """Makes every way the package had of converting a half-precision input or result raise:
+    the helpers of mha._arrays (where mha._functional and mha._module use them) and
+    float32_copy, which widened half-precision weights."""
+    def refused(*args, **kwargs):
+        raise AssertionError("a half-precision array was converted")
+
+    for module in (mha._arrays, mha._functional, mha._module):
+        for name in ("widened", "widened_all", "narrowed", "float32_copy"):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, refused)
+    return refused
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shared", [None, "qkv"])
+def test_inference_passes_half_tensors_to_the_library(rng, monkeypatch, dtype, shared):
+    """Without autograd, half-precision tensors (inputs, a half module's weights) reach
+    mha_module_forward as they are and the results come from it in query's dtype: with every
+    conversion of the package and torch's Tensor.float/.to refused, the results are the bits
+    of the widened path (float32 inputs, the results rounded once)."""
+    module, _ = half_pair(dtype, seed=9)
+    module.eval()
+    inference = mha.MultiheadAttention.from_torch(module)
+    q, k, v = (torch.from_numpy(x).to(dtype) for x in random_inputs(rng, module, shared=shared))
+    k, v = (q, q) if shared else (k, v)
+    weights_args = (16, 4, module.in_proj_weight.detach(), module.in_proj_bias.detach(), None,
+                    None, False, 0.0, module.out_proj.weight.detach(),
+                    module.out_proj.bias.detach())
+    calls = {
+        "mha.MultiheadAttention": lambda *x: inference(*x),
+        "mha.torch.MultiheadAttention": lambda *x: module(*x),
+        "multi_head_attention_forward": lambda *x: mha.multi_head_attention_forward(
+            *x, *weights_args, training=False),
+    }
+    widened = [x.float() for x in (q, k, v)]
+    if shared:
+        widened = [widened[0]] * 3
+    with torch.no_grad():
+        want = {name: call(*widened) for name, call in calls.items()}
+        refused = _refuse_conversions(monkeypatch)
+        for name in ("float", "to", "type"):
+            monkeypatch.setattr(torch.Tensor, name, refused)
+        try:
+            got = {name: call(q, k, v) for name, call in calls.items()}
+        finally:
+            monkeypatch.undo()
+    for name, (out, weights) in got.items():
+        want_out, want_weights = want[name]
+        assert out.dtype == weights.dtype == dtype, name
+        assert torch.equal(out, want_out.to(dtype)), name
+        assert torch.equal(weights, want_weights.to(dtype)), name
+
+
+def test_inference_allocates_no_float32_copy_of_a_numpy_query(rng):
+    """A float16 NumPy query is read in place: the call allocates its float16 output and
+    nothing the size of a float32 copy of the query (tracemalloc sees NumPy's arrays)."""
+    import tracemalloc
+
+    module, _ = half_pair(torch.float32, seed=10)
+    inference = mha.MultiheadAttention.from_torch(module)
+    x = rng.standard_normal((256, 4, 16)).astype(np.float16)  # [L, B, E]
+    want, _ = inference(x.astype(np.float32), x.astype(np.float32), x.astype(np.float32),
+                        need_weights=False)
+    inference(x, x, x, need_weights=False)  # any first-call allocation of the package
+    tracemalloc.start()
+    try:
+        out, _ = inference(x, x, x, need_weights=False)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert out.dtype == np.float16
+    np.testing.assert_array_equal(out, want.astype(np.float16))
+    assert out.nbytes <= peak < 4 * x.size  # the output, and less than a float32 copy
+
+
+def test_half_weights_written_through_data_are_used(rng):
+    """A half-precision module's weights are read in place (not copied at each call), and the
+    library's copy still follows them: an in-place change, a write through .data."""
+    module, _ = half_pair(torch.bfloat16, seed=12)
+    module.eval()
+    x = torch.from_numpy(random_inputs(rng, module)[0]).bfloat16()
+
+    def out():
+        with torch.no_grad():
+            return module(x, x, x, need_weights=False)[0]
+
+    def fresh():
+        return mha.MultiheadAttention.from_torch(module)(x, x, x, need_weights=False)[0]
+
+    first = out()
+    assert torch.equal(first, fresh())
+    with torch.no_grad():
+        module.in_proj_weight.mul_(0.5)
+    assert not torch.equal(out(), first) and torch.equal(out(), fresh())
+    before = out()
+    module.out_proj.weight.data.mul_(0.5)
+    after = out()
+    assert not torch.equal(after, before) and torch.equal(after, fresh())
