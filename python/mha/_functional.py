@@ -296,11 +296,17 @@ class _Call:
         """Makes bfloat16 and float16 torch tensors and float16 NumPy arrays among query, key
         and value float32, for the paths with a backward (mha_module_backward takes float32;
         autograd records the conversion, so their gradients come back in their dtypes), one
-        array given twice staying one.  Returns query's half-precision dtype, which the
-        results take, or None."""
+        array given twice staying one; float masks in query's half-precision dtype too (the
+        dtype the forward without autograd takes them in).  Returns query's half-precision
+        dtype, which the results take, or None."""
         self.inputs = dict(zip(self.inputs, widened_all(list(self.inputs.values()))))
         result = half_dtype(self.query)
         self.query = self.inputs["query"]
+        if result is not None:
+            if half_dtype(self.key_padding_mask) == result:
+                self.key_padding_mask = widened(self.key_padding_mask)
+            if half_dtype(self.attn_mask) == result:
+                self.attn_mask = widened(self.attn_mask)
         return result
 
     @property

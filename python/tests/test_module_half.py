@@ -296,6 +296,33 @@ def test_inference_allocates_no_float32_copy_of_a_numpy_query(rng):
     assert out.nbytes <= peak < 4 * x.size  # the output, and less than a float32 copy
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_masks_in_query_dtype(rng, dtype):
+    """Additive key_padding_mask and attn_mask in query's half-precision dtype (PyTorch's rule
+    for a float mask): the bits of the same masks in float32, without autograd and with it
+    (which widens them as it widens the inputs)."""
+    module, _ = half_pair(dtype, seed=11, batch_first=True)
+    q, k, v = (torch.from_numpy(x).to(dtype) for x in random_inputs(rng, module))
+    padding = torch.from_numpy(rng.standard_normal((2, 9)).astype(np.float32)).to(dtype)
+    padding[1, 6:] = -float("inf")
+    attn = torch.from_numpy(rng.standard_normal((6, 9)).astype(np.float32)).to(dtype)
+    inference = mha.MultiheadAttention.from_torch(module)
+    with torch.no_grad():
+        want = module(q, k, v, key_padding_mask=padding.float(), attn_mask=attn.float())
+        got = module(q, k, v, key_padding_mask=padding, attn_mask=attn)
+        again = inference(q, k, v, key_padding_mask=padding, attn_mask=attn)
+    trained = module(q.clone().requires_grad_(), k, v, key_padding_mask=padding,
+                     attn_mask=attn)
+    assert trained[0].requires_grad
+    for out, weights in (got, again, trained):
+        assert out.dtype == weights.dtype == dtype
+        assert torch.equal(out.detach(), want[0]) and torch.equal(weights, want[1])
+    with pytest.raises(mha.Error, match="attn_mask"):  # another half dtype than query's
+        with torch.no_grad():
+            other = torch.float16 if dtype == torch.bfloat16 else torch.bfloat16
+            module(q, k, v, attn_mask=attn.to(other))
+
+
 def test_half_weights_written_through_data_are_used(rng):
     """A half-precision module's weights are read in place (not copied at each call), and the
     library's copy still follows them: an in-place change, a write through .data."""
