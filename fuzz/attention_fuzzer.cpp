@@ -13,6 +13,7 @@
 //   run_block_case            a call as a block of a larger problem  case_block.cpp
 //   run_positional_case       mha_positional_encoding_add            case_positional.cpp
 //   run_module_forward_case   mha_module_forward                     case_module.cpp
+//   run_varlen_backward_case  mha_attention_varlen_backward          case_varlen_backward.cpp
 //
 // Each draws a problem (the backend and the thread count first, then shapes,
 // layouts, dtypes, options and data with specials planted) and either checks
@@ -45,6 +46,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       run_block_case,            // a call as a block of a larger problem
       run_positional_case,       // the positional encoding, in place
       run_module_forward_case,   // the module's forward pass
+      run_varlen_backward_case,  // a packed batch's backward pass
   };
   for (const Case run : kCases) {
     if (run != kCases[0] && fdp.remaining_bytes() == 0) break;

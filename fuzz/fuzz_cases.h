@@ -15,5 +15,6 @@ int run_module_backward_case(FuzzedDataProvider& fdp);  // case_module.cpp
 int run_block_case(FuzzedDataProvider& fdp);            // case_block.cpp
 int run_positional_case(FuzzedDataProvider& fdp);       // case_positional.cpp
 int run_module_forward_case(FuzzedDataProvider& fdp);   // case_module.cpp
+int run_varlen_backward_case(FuzzedDataProvider& fdp);  // case_varlen_backward.cpp
 
 }  // namespace mha_fuzz
