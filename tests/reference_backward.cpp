@@ -52,11 +52,14 @@ BackwardReference reference_backward(const mha_tensor& q, const mha_tensor& k, c
 
   std::vector<double> logit(static_cast<size_t>(lk)), slope(static_cast<size_t>(lk));
   std::vector<double> weight(static_cast<size_t>(lk)), factor(static_cast<size_t>(lk));
-  std::vector<double> dp(static_cast<size_t>(lk));
+  std::vector<double> dp(static_cast<size_t>(lk)), dp_products(static_cast<size_t>(lk));
   std::vector<char> takes_part(static_cast<size_t>(lk));
   // Sums of the terms' magnitudes, per element of dq, dk, dv, dsinks.
   std::vector<double> mq(ref.dq.size(), 0.0), mk(ref.dk.size(), 0.0), mv_(ref.dv.size(), 0.0);
   std::vector<double> msinks(static_cast<size_t>(heads), 0.0);
+  // The same with dP counted by its products' magnitudes (product_terms_*).
+  std::vector<double> pq(ref.dq.size(), 0.0), pk(ref.dk.size(), 0.0);
+  std::vector<double> psinks(static_cast<size_t>(heads), 0.0);
   // With input_errors: first-order bounds per element of dq, dk, dv, dsinks
   // (reference_backward.h), and per key of a row: δs, δx, δP, δdP.
   const InputErrors* errs = input_errors;
@@ -144,7 +147,7 @@ BackwardReference reference_backward(const mha_tensor& q, const mha_tensor& k, c
           sum += weight[u];
         }
         // delta = Σ_j P_j Z_j dP_j = dO · out.
-        double delta = 0, delta_terms = 0;
+        double delta = 0, delta_terms = 0, delta_products = 0;
         for (int64_t j = 0; j < lk; ++j) {
           const auto u = static_cast<size_t>(j);
           weight[u] /= sum;
@@ -153,10 +156,16 @@ BackwardReference reference_backward(const mha_tensor& q, const mha_tensor& k, c
                   ? 0.0
                   : (drop_p > 0 ? keep_scale : 1.0);
           dp[u] = 0;
+          dp_products[u] = 0;
           if (weight[u] == 0) continue;
-          for (int64_t c = 0; c < dv; ++c) dp[u] += at4(dout, b, h, i, c) * at4(v, b, hk, j, c);
+          for (int64_t c = 0; c < dv; ++c) {
+            const double product = at4(dout, b, h, i, c) * at4(v, b, hk, j, c);
+            dp[u] += product;
+            dp_products[u] += std::fabs(product);
+          }
           delta += weight[u] * factor[u] * dp[u];
           delta_terms += std::fabs(weight[u] * factor[u] * dp[u]);
+          delta_products += weight[u] * factor[u] * dp_products[u];
         }
         // The inputs' errors, to first order: weights, dP and delta.
         double x_err_mean = 0, delta_err = 0;
@@ -190,11 +199,13 @@ BackwardReference reference_backward(const mha_tensor& q, const mha_tensor& k, c
           }
           delta = given;
           delta_terms = std::max(delta_terms, given_terms);
+          delta_products = std::max(delta_products, given_terms);
         }
         if (!ref.dsinks.empty() && sink != -kInf) {
           const double p_sink = std::exp(sink - row_max) / sum;
           ref.dsinks[static_cast<size_t>(h)] -= p_sink * delta;
           msinks[static_cast<size_t>(h)] += p_sink * delta_terms;
+          psinks[static_cast<size_t>(h)] += p_sink * delta_products;
           if (errs != nullptr) {
             esinks[static_cast<size_t>(h)] +=
                 p_sink * x_err_mean * std::fabs(delta) + p_sink * delta_err;
@@ -210,6 +221,8 @@ BackwardReference reference_backward(const mha_tensor& q, const mha_tensor& k, c
           ref.terms_dlogit = std::max(ref.terms_dlogit, ds_terms);
           const double dscore = ds * slope[u];
           const double dscore_terms = ds_terms * std::fabs(slope[u]);
+          const double dscore_products =
+              weight[u] * (factor[u] * dp_products[u] + delta_products) * std::fabs(slope[u]);
           double dscore_err = 0;
           if (errs != nullptr) {
             const double ds_err = p_err[u] * std::fabs(factor[u] * dp[u] - delta) +
@@ -222,8 +235,10 @@ BackwardReference reference_backward(const mha_tensor& q, const mha_tensor& k, c
             const auto kj = static_cast<size_t>(((b * kv_heads + hk) * lk + j) * d + c);
             ref.dq[qi] += dscore * at4(k, b, hk, j, c);
             mq[qi] += dscore_terms * std::fabs(at4(k, b, hk, j, c));
+            pq[qi] += dscore_products * std::fabs(at4(k, b, hk, j, c));
             ref.dk[kj] += dscore * at4(q, b, h, i, c);
             mk[kj] += dscore_terms * std::fabs(at4(q, b, h, i, c));
+            pk[kj] += dscore_products * std::fabs(at4(q, b, h, i, c));
             if (errs != nullptr) {
               eq[qi] += dscore_err * std::fabs(at4(k, b, hk, j, c)) +
                         std::fabs(dscore) * k_err(b, hk, j, c);
@@ -248,6 +263,10 @@ BackwardReference reference_backward(const mha_tensor& q, const mha_tensor& k, c
   ref.terms_dk = max_abs(mk);
   ref.terms_dv = max_abs(mv_);
   ref.terms_dsinks = max_abs(msinks);
+  ref.product_terms_dq = max_abs(pq);
+  ref.product_terms_dk = max_abs(pk);
+  ref.product_terms_dv = ref.terms_dv;  // dv = Σ P Z dO takes no dP
+  ref.product_terms_dsinks = max_abs(psinks);
   ref.propagated_dq = std::move(eq);
   ref.propagated_dk = std::move(ek);
   ref.propagated_dv = std::move(ev);

@@ -25,6 +25,13 @@ struct BackwardReference {
   // fp32 rounding scales with where the terms cancel (one key: dS is 0, made
   // of terms near 1).
   double terms_dq = 0, terms_dk = 0, terms_dv = 0, terms_dsinks = 0, terms_dlogit = 0;
+  // The same sums with each dP_j = dO · V_j (and delta through it) counted by
+  // its products' magnitudes, Σ_c |dO_c V_jc|, not by |dP_j|: fp32 rounds dP
+  // relative to its products, so where dP itself cancels (one key and few
+  // rows: dS = P (dP - delta) is rounding alone, dq exactly 0) terms_* can be
+  // 10 times too tight.  Never smaller than terms_*.  (The fuzzer's packed
+  // backward case uses these; the other callers keep terms_*.)
+  double product_terms_dq = 0, product_terms_dk = 0, product_terms_dv = 0, product_terms_dsinks = 0;
   // With InputErrors: per element of each gradient (C order, as dq, dk, dv,
   // dsinks), the first-order bound of how far those input errors move it
   // (empty without them).
