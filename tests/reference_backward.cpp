@@ -280,8 +280,8 @@ double gradient_tolerance(const std::vector<double>& ref, double terms, double m
 }
 
 double gradient_error(const mha_tensor& got, const std::vector<double>& want, double terms,
-                      double max_abs_logit) {
-  const double e = gradient_tolerance(want, terms, max_abs_logit);
+                      double max_abs_logit, double underflow) {
+  const double e = gradient_tolerance(want, terms, max_abs_logit) + underflow;
   const double u = got.dtype == MHA_DTYPE_BF16  ? std::ldexp(1.0, -8)
                    : got.dtype == MHA_DTYPE_F16 ? std::ldexp(1.0, -11)
                                                 : 0.0;

@@ -95,9 +95,12 @@ double gradient_tolerance(const std::vector<double>& ref, double terms, double m
 // each element may be off by e + u · (|ref| + e) + that floor -- its own
 // |ref|, not the largest: a gradient rounded the wrong way (truncated, or
 // twice) fails.  An infinity is right where |ref| + e reaches the dtype's
-// overflow threshold (rounding to nearest gives it there).
+// overflow threshold (rounding to nearest gives it there).  `underflow`: an
+// absolute allowance added to every element's tolerance, for a caller whose
+// fp32 intermediates (weights, softcap's slope) may fall below 2^-126 where
+// the whole gradient is that small (0 by default: none).
 double gradient_error(const mha_tensor& got, const std::vector<double>& want, double terms,
-                      double max_abs_logit);
+                      double max_abs_logit, double underflow = 0.0);
 
 // Largest |got - want| over a 4-d F32 descriptor against C-ordered values.
 double max_abs_diff(const mha_tensor& got, const std::vector<double>& want);
