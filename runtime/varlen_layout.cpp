@@ -155,8 +155,6 @@ mha_status check_keys(const mha_tensor& k, const mha_varlen_params& varlen, int6
 
 }  // namespace
 
-using ll = long long;
-
 int32_t offset_at(const mha_tensor& cu, int64_t b) {
   return static_cast<const int32_t*>(cu.data)[b * cu.strides[0]];
 }
