@@ -460,7 +460,7 @@ int run_varlen_backward_case(FuzzedDataProvider& fdp) {
           note(" broken: dout of dtype %s", mha_types::dtype_name(dout.dtype));
         } else {
           dout.shape[2] = Dv + 1;
-          note(" broken: dout's head size %lld", static_cast<ll>(Dv + 1));
+          note(" broken: dout's head size %lld", static_cast<ll>(dout.shape[2]));
         }
         break;
       case 16:  // a NULL gradient, a NULL LSE, or a gradient without data
