@@ -61,7 +61,14 @@ mha_status check_varlen_backward(const mha_tensor* q, const mha_tensor* k, const
   if (k->dtype == MHA_DTYPE_I8) {
     return fail(MHA_ERR_UNSUPPORTED, "k and v are I8: an int8 KV cache has no backward pass");
   }
-  if (mha_status s = check_gradient(dout, "dout", *out, "out"); s != MHA_OK) return s;
+  // dout: out's shape, and out's dtypes (F32 or q's), whichever out has.
+  if (mha_status s = check_tensor(dout, "dout", 3, 3); s != MHA_OK) return s;
+  for (int32_t axis = 0; axis < 3; ++axis) {
+    if (dout->shape[axis] != out->shape[axis]) {
+      return fail(MHA_ERR_SHAPE_MISMATCH, "dout has shape %s; it must have out's shape %s",
+                  shape_text(*dout).c_str(), shape_text(*out).c_str());
+    }
+  }
   if (dout->dtype != MHA_DTYPE_F32 && dout->dtype != q->dtype) {
     return fail(MHA_ERR_INVALID_DTYPE, "dout has dtype %s; it must be f32 or q's dtype (%s)",
                 dtype_name(dout->dtype), dtype_name(q->dtype));

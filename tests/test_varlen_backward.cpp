@@ -32,6 +32,7 @@ struct Options {
   int32_t causal = MHA_CAUSAL_NONE;
   int32_t dtype = MHA_DTYPE_F32;       // q, k, v, out and dout
   int32_t grad_dtype = MHA_DTYPE_F32;  // dq, dk, dv
+  bool out_f32 = false;                // the forward's out in F32 (dout stays in dtype)
   int64_t window_left = -1, window_right = -1;
   float softcap = 0.0f;
   bool alibi_per_sequence = false;
@@ -104,7 +105,7 @@ class Batch {
         q(total_q_, o.H, o.D, o.dtype),
         k(total_k_, o.Hkv, o.D, o.dtype),
         v(total_k_, o.Hkv, o.Dv, o.dtype),
-        out(total_q_, o.H, o.Dv, o.dtype),
+        out(total_q_, o.H, o.Dv, o.out_f32 ? MHA_DTYPE_F32 : o.dtype),
         dout(total_q_, o.H, o.Dv, o.dtype),
         dq(total_q_, o.H, o.D, o.grad_dtype),
         dk(total_k_, o.Hkv, o.D, o.grad_dtype),
@@ -368,6 +369,11 @@ TEST_P(VarlenBackward, HalfPrecision) {
   o.grad_dtype = MHA_DTYPE_F32;
   o.causal = MHA_CAUSAL_BOTTOM_RIGHT;
   run({1, 2, 50}, {300, 40, 50}, o, 32);
+  // dout in q's dtype under an F32 out (mha.h: dout F32 or q's dtype,
+  // whatever out's), as mha_attention_backward takes it.
+  o.dtype = MHA_DTYPE_BF16;
+  o.out_f32 = true;
+  run({20, 0, 7}, {20, 5, 30}, o, 33);
 }
 
 TEST_P(VarlenBackward, SameBitsForAnyThreadCount) {
