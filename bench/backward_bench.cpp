@@ -126,20 +126,20 @@ struct BackwardCall {
   }
 };
 
-void bm_backward(benchmark::State& st, const std::string& backend, const BackwardShape& s, int n,
-                 double (*fma_peak)(const std::string& isa, int threads)) {
-  if (mha_select_backend(backend.c_str()) != MHA_OK || mha_set_num_threads(n) != MHA_OK) {
-    st.SkipWithError(mha_last_error());
-    return;
-  }
-  BackwardCall call(s);
-  if (call.forward() != MHA_OK || call.backward() != MHA_OK) {  // untimed: threads, scratch
+// The forward once and a backward (untimed: threads, scratch), then the
+// timed backward calls; GFLOPS from `flops` per call, pct_peak against the
+// backend's FMA peak at n threads.
+template <class Forward, class Backward>
+void time_backward(benchmark::State& st, Forward&& forward, Backward&& backward, double flops,
+                   const std::string& backend, int n,
+                   double (*fma_peak)(const std::string& isa, int threads)) {
+  if (forward() != MHA_OK || backward() != MHA_OK) {
     st.SkipWithError(mha_last_error());
     return;
   }
   const auto t0 = Clock::now();
   for (auto _ : st) {  // NOLINT(clang-analyzer-deadcode.DeadStores): the idiom
-    if (call.backward() != MHA_OK) {
+    if (backward() != MHA_OK) {
       st.SkipWithError(mha_last_error());
       break;
     }
@@ -148,11 +148,23 @@ void bm_backward(benchmark::State& st, const std::string& backend, const Backwar
                      static_cast<double>(st.iterations());
   mha_set_num_threads(0);
   if (st.error_occurred()) return;
-  const double gflops = backward_flops(s) / sec * 1e-9;
+  const double gflops = flops / sec * 1e-9;
   st.counters["GFLOPS"] = gflops;
   if (const double peak = fma_peak(backend, n); peak > 0.0) {
     st.counters["pct_peak"] = gflops / peak * 100;
   }
+}
+
+void bm_backward(benchmark::State& st, const std::string& backend, const BackwardShape& s, int n,
+                 double (*fma_peak)(const std::string& isa, int threads)) {
+  if (mha_select_backend(backend.c_str()) != MHA_OK || mha_set_num_threads(n) != MHA_OK) {
+    st.SkipWithError(mha_last_error());
+    return;
+  }
+  BackwardCall call(s);
+  time_backward(
+      st, [&call] { return call.forward(); }, [&call] { return call.backward(); },
+      backward_flops(s), backend, n, fma_peak);
 }
 
 // S9's packed batch (bench_inputs.h's lengths): q, k, v, dout, out and the
@@ -244,27 +256,10 @@ void bm_packed_backward(benchmark::State& st, const std::string& backend, bool l
     return;
   }
   PackedBackward call;
-  const auto backward = [&call, loop] { return loop ? call.backward_loop() : call.backward(); };
-  if (call.forward() != MHA_OK || backward() != MHA_OK) {  // untimed: threads, scratch
-    st.SkipWithError(mha_last_error());
-    return;
-  }
-  const auto t0 = Clock::now();
-  for (auto _ : st) {  // NOLINT(clang-analyzer-deadcode.DeadStores): the idiom
-    if (backward() != MHA_OK) {
-      st.SkipWithError(mha_last_error());
-      break;
-    }
-  }
-  const double sec = std::chrono::duration<double>(Clock::now() - t0).count() /
-                     static_cast<double>(st.iterations());
-  mha_set_num_threads(0);
-  if (st.error_occurred()) return;
-  const double gflops = call.flops() / sec * 1e-9;
-  st.counters["GFLOPS"] = gflops;
-  if (const double peak = fma_peak(backend, n); peak > 0.0) {
-    st.counters["pct_peak"] = gflops / peak * 100;
-  }
+  time_backward(
+      st, [&call] { return call.forward(); },
+      [&call, loop] { return loop ? call.backward_loop() : call.backward(); }, call.flops(),
+      backend, n, fma_peak);
 }
 
 }  // namespace

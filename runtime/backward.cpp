@@ -96,6 +96,18 @@ mha_status check_f32_or_like(const mha_tensor& t, const char* name, const mha_te
 
 }  // namespace
 
+mha_status check_dsinks(const mha_tensor* dsinks, const mha_tensor* sinks, int64_t heads) {
+  if (dsinks == nullptr) return MHA_OK;
+  if (sinks == nullptr) {
+    return fail(MHA_ERR_INVALID_VALUE,
+                "backward->dsinks is given but params->sinks is NULL: there is no sink to "
+                "differentiate");
+  }
+  if (mha_status s = check_tensor(dsinks, "backward->dsinks", 1, 1); s != MHA_OK) return s;
+  if (mha_status s = check_f32(dsinks, "backward->dsinks"); s != MHA_OK) return s;
+  return check_shape_equal("heads", "q", heads, "backward->dsinks", dsinks->shape[0]);
+}
+
 mha_status validate_backward(const mha_tensor* q, const mha_tensor* k, const mha_tensor* v,
                              const mha_tensor* out, const mha_tensor* lse, const mha_tensor* dout,
                              mha_tensor* dq, mha_tensor* dk, mha_tensor* dv,
@@ -149,20 +161,7 @@ mha_status validate_backward(const mha_tensor* q, const mha_tensor* k, const mha
     }
   }
 
-  if (extra.dsinks != nullptr) {
-    if (given.sinks == nullptr) {
-      return fail(MHA_ERR_INVALID_VALUE,
-                  "backward->dsinks is given but params->sinks is NULL: there is no sink to "
-                  "differentiate");
-    }
-    if (mha_status s = check_tensor(extra.dsinks, "backward->dsinks", 1, 1); s != MHA_OK) return s;
-    if (mha_status s = check_f32(extra.dsinks, "backward->dsinks"); s != MHA_OK) return s;
-    if (mha_status s = check_shape_equal("heads", "q", q->shape[1], "backward->dsinks",
-                                         extra.dsinks->shape[0]);
-        s != MHA_OK) {
-      return s;
-    }
-  }
+  if (mha_status s = check_dsinks(extra.dsinks, given.sinks, q->shape[1]); s != MHA_OK) return s;
   if (extra.dmask != nullptr) {
     const mha_tensor* mask = given.mask;
     if (mask == nullptr || mask->dtype == MHA_DTYPE_BOOL) {

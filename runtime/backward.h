@@ -33,6 +33,9 @@ struct BackwardCall {
   const mha_tensor* mask;
 };
 
+// backward->dsinks (nullptr: not wanted): only with params->sinks, F32 [heads].
+mha_status check_dsinks(const mha_tensor* dsinks, const mha_tensor* sinks, int64_t heads);
+
 // mha_attention_backward's checks (naming the argument on failure), filling
 // *call.
 mha_status validate_backward(const mha_tensor* q, const mha_tensor* k, const mha_tensor* v,

@@ -81,19 +81,8 @@ mha_status check_varlen_backward(const mha_tensor* q, const mha_tensor* k, const
                 "backward->dmask is given; a packed batch takes no mask, so there is no mask "
                 "gradient");
   }
-  if (extra.dsinks != nullptr) {
-    if (params.sinks == nullptr) {
-      return fail(MHA_ERR_INVALID_VALUE,
-                  "backward->dsinks is given but params->sinks is NULL: there is no sink to "
-                  "differentiate");
-    }
-    if (mha_status s = check_tensor(extra.dsinks, "backward->dsinks", 1, 1); s != MHA_OK) return s;
-    if (mha_status s = check_f32(extra.dsinks, "backward->dsinks"); s != MHA_OK) return s;
-    if (mha_status s = check_shape_equal("heads", "q", q->shape[1], "backward->dsinks",
-                                         extra.dsinks->shape[0]);
-        s != MHA_OK) {
-      return s;
-    }
+  if (mha_status s = check_dsinks(extra.dsinks, params.sinks, q->shape[1]); s != MHA_OK) {
+    return s;
   }
   // Every output against every input and every other output.
   const mha_tensor* inputs[] = {q,

@@ -56,8 +56,8 @@ bool build_kernel_mask(const ModuleCall& call, int64_t heads, AlignedBuffer& scr
       auto* additive = static_cast<float*>(take(scratch, float_bytes(batch * lk)));
       for (int64_t b = 0; b < batch; ++b) {
         for (int64_t j = 0; j < lk; ++j) {
-          additive[b * lk + j] = mha_types::load_float(
-              kpm->data, kpm->dtype, b * kpm->strides[0] + j * kpm->strides[1]);
+          additive[b * lk + j] = mha_types::load_float(kpm->data, kpm->dtype,
+                                                       b * kpm->strides[0] + j * kpm->strides[1]);
         }
       }
       mask->data = additive;

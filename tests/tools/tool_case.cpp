@@ -951,6 +951,22 @@ std::optional<mha_test::TypedCopy> gradient_file(const std::string& path, NpyArr
   return typed;
 }
 
+// The elements of the dsinks file mha-run wrote that are off `want` by more
+// than `tolerance` (each printed).
+int dsinks_failures(const std::string& path, const std::vector<double>& want, double tolerance) {
+  const NpyArray got = as_f32(load_c(path));
+  int failures = 0;
+  for (int64_t h = 0; h < got.size(); ++h) {
+    const double error = std::fabs(got.value_as_double(h) - want[static_cast<size_t>(h)]);
+    if (!(error <= tolerance)) {
+      std::printf("dsinks[%lld]: error %.3g, tolerance %.3g\n", static_cast<long long>(h), error,
+                  tolerance);
+      ++failures;
+    }
+  }
+  return failures;
+}
+
 // A packed batch's gradients (mha-run backward with --cu-seqlens-q/-k): each
 // sequence's rows of dq, dk and dv against reference_backward on that
 // sequence alone (its rows of the inputs as the tool loads them, its row of
@@ -1035,16 +1051,8 @@ int check_varlen_backward(const mha_tools::BackwardOptions& o) {
       static_cast<long long>(nonzero));
   if (!(worst <= 1.0)) ++failures;
   if (!o.dsinks.empty()) {
-    NpyArray got = as_f32(load_c(o.dsinks));
-    const double tol = mha_test::gradient_tolerance(dsinks, dsinks_terms, max_logit);
-    for (int64_t h = 0; h < got.size(); ++h) {
-      const double error = std::fabs(got.value_as_double(h) - dsinks[static_cast<size_t>(h)]);
-      if (!(error <= tol)) {
-        std::printf("dsinks[%lld]: error %.3g, tolerance %.3g\n", static_cast<long long>(h), error,
-                    tol);
-        ++failures;
-      }
-    }
+    failures += dsinks_failures(o.dsinks, dsinks,
+                                mha_test::gradient_tolerance(dsinks, dsinks_terms, max_logit));
   }
   std::printf("%s\n", failures == 0 ? "PASS" : "FAIL");
   return failures == 0 ? 0 : 1;
@@ -1114,16 +1122,9 @@ int check_backward(const mha_tools::BackwardOptions& o) {
   compare(o.dk, ref.dk, ref.terms_dk, call.k.dtype, "dk");
   compare(o.dv, ref.dv, ref.terms_dv, call.v.dtype, "dv");
   if (!o.dsinks.empty()) {
-    NpyArray got = as_f32(load_c(o.dsinks));
-    const double tol = 2e-5 * mha_test::max_abs(ref.dsinks) + std::ldexp(ref.terms_dsinks, -18);
-    for (int64_t h = 0; h < got.size(); ++h) {
-      const double error = std::fabs(got.value_as_double(h) - ref.dsinks[static_cast<size_t>(h)]);
-      if (!(error <= tol)) {
-        std::printf("dsinks[%lld]: error %.3g, tolerance %.3g\n", static_cast<long long>(h), error,
-                    tol);
-        ++failures;
-      }
-    }
+    failures +=
+        dsinks_failures(o.dsinks, ref.dsinks,
+                        2e-5 * mha_test::max_abs(ref.dsinks) + std::ldexp(ref.terms_dsinks, -18));
   }
   std::printf("%s\n", failures == 0 ? "PASS" : "FAIL");
   return failures == 0 ? 0 : 1;
