@@ -115,25 +115,9 @@ int run_varlen_backward_case(FuzzedDataProvider& fdp) {
     lens_q[static_cast<size_t>(b)] = lq;
     lens_k[static_cast<size_t>(b)] = lk;
   }
-  // The packed tensors need at least one row each (sizes must be positive).
-  if (std::all_of(lens_q.begin(), lens_q.end(), [](int64_t l) { return l == 0; })) lens_q[0] = 1;
-  if (std::all_of(lens_k.begin(), lens_k.end(), [](int64_t l) { return l == 0; })) lens_k[0] = 1;
-  // Offsets with slack: a broken B must not make a refusing runtime read
-  // outside the buffer.
-  std::vector<int32_t> cu_q(static_cast<size_t>(B + 3), 0), cu_k(cu_q.size(), 0);
-  for (int64_t b = 0; b < B; ++b) {
-    cu_q[static_cast<size_t>(b + 1)] =
-        cu_q[static_cast<size_t>(b)] + static_cast<int32_t>(lens_q[static_cast<size_t>(b)]);
-    cu_k[static_cast<size_t>(b + 1)] =
-        cu_k[static_cast<size_t>(b)] + static_cast<int32_t>(lens_k[static_cast<size_t>(b)]);
-  }
-  const int64_t total_q = cu_q[static_cast<size_t>(B)], total_k = cu_k[static_cast<size_t>(B)];
-  note(" B=%lld H=%lld Hkv=%lld D=%lld Dv=%lld lengths", static_cast<ll>(B), static_cast<ll>(H),
-       static_cast<ll>(Hkv), static_cast<ll>(D), static_cast<ll>(Dv));
-  for (int64_t b = 0; b < B; ++b) {
-    note(" %lld/%lld", static_cast<ll>(lens_q[static_cast<size_t>(b)]),
-         static_cast<ll>(lens_k[static_cast<size_t>(b)]));
-  }
+  const PackedOffsets offsets = packed_offsets(H, Hkv, D, Dv, lens_q, lens_k);
+  std::vector<int32_t> cu_q = offsets.cu_q, cu_k = offsets.cu_k;
+  const int64_t total_q = offsets.total_q, total_k = offsets.total_k;
 
   // ---- layouts (each gradient one of its own)
   auto layout = [&](int64_t total, int64_t heads, int64_t d, bool input, const char* name) {

@@ -4,6 +4,7 @@
 #include <fuzzer/FuzzedDataProvider.h>
 #include <mha/mha.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -74,6 +75,31 @@ void draw_variants(FuzzedDataProvider& fdp, mha_test::Rng& rng, int64_t B, int64
     params.alibi_slopes = &drawn.alibi;
     note(" alibi%s", drawn.alibi_per_sequence ? " per sequence" : "");
   }
+}
+
+PackedOffsets packed_offsets(int64_t H, int64_t Hkv, int64_t D, int64_t Dv,
+                             std::vector<int64_t>& lens_q, std::vector<int64_t>& lens_k) {
+  const auto B = static_cast<int64_t>(lens_q.size());
+  if (std::all_of(lens_q.begin(), lens_q.end(), [](int64_t l) { return l == 0; })) lens_q[0] = 1;
+  if (std::all_of(lens_k.begin(), lens_k.end(), [](int64_t l) { return l == 0; })) lens_k[0] = 1;
+  PackedOffsets o;
+  o.cu_q.assign(static_cast<size_t>(B + 3), 0);
+  o.cu_k.assign(o.cu_q.size(), 0);
+  for (int64_t b = 0; b < B; ++b) {
+    const auto at = static_cast<size_t>(b);
+    o.cu_q[at + 1] = o.cu_q[at] + static_cast<int32_t>(lens_q[at]);
+    o.cu_k[at + 1] = o.cu_k[at] + static_cast<int32_t>(lens_k[at]);
+  }
+  o.total_q = o.cu_q[static_cast<size_t>(B)];
+  o.total_k = o.cu_k[static_cast<size_t>(B)];
+  note(" B=%lld H=%lld Hkv=%lld D=%lld Dv=%lld lengths", static_cast<long long>(B),
+       static_cast<long long>(H), static_cast<long long>(Hkv), static_cast<long long>(D),
+       static_cast<long long>(Dv));
+  for (int64_t b = 0; b < B; ++b) {
+    note(" %lld/%lld", static_cast<long long>(lens_q[static_cast<size_t>(b)]),
+         static_cast<long long>(lens_k[static_cast<size_t>(b)]));
+  }
+  return o;
 }
 
 }  // namespace mha_fuzz

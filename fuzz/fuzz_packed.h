@@ -32,6 +32,18 @@ mha_tensor describe3(void* data, mha_dtype dtype, const PackedLayout& l);
 // sequence alone.
 mha_tensor sequence_of(const mha_tensor& t, int64_t first, int64_t len);
 
+// A packed batch's offsets from its sequences' lengths: every length of a
+// kind 0 becomes 1 for the first sequence (the packed tensors need a row);
+// B + 3 entries each, the last ones 0 (slack: a broken B must not make a
+// refusing runtime read outside them); the totals.  Notes the shapes and
+// lengths.
+struct PackedOffsets {
+  std::vector<int32_t> cu_q, cu_k;
+  int64_t total_q = 0, total_k = 0;
+};
+PackedOffsets packed_offsets(int64_t H, int64_t Hkv, int64_t D, int64_t Dv,
+                             std::vector<int64_t>& lens_q, std::vector<int64_t>& lens_k);
+
 // The attention variants a case draws -- softcap, per-head sinks, ALiBi
 // slopes per head or per sequence -- with the arrays params points to (so
 // they must outlive the call).  Every case draws them from the same bytes in
