@@ -74,9 +74,11 @@ BackwardPlan plan_backward(const mha_kernel_problem& p) {
   return plan;
 }
 
+}  // namespace
+
 mha_status check_same_shape(const mha_tensor& t, const char* name, const mha_tensor& like,
                             const char* like_name) {
-  for (int32_t axis = 0; axis < 4; ++axis) {
+  for (int32_t axis = 0; axis < t.ndim; ++axis) {
     if (t.shape[axis] != like.shape[axis]) {
       return fail(MHA_ERR_SHAPE_MISMATCH, "%s has shape %s; it must have %s's shape %s", name,
                   shape_text(t).c_str(), like_name, shape_text(like).c_str());
@@ -93,8 +95,6 @@ mha_status check_f32_or_like(const mha_tensor& t, const char* name, const mha_te
   return fail(MHA_ERR_INVALID_DTYPE, "%s has dtype %s; it must be f32 or %s's dtype (%s)", name,
               dtype_name(t.dtype), like_name, dtype_name(like.dtype));
 }
-
-}  // namespace
 
 mha_status check_dsinks(const mha_tensor* dsinks, const mha_tensor* sinks, int64_t heads) {
   if (dsinks == nullptr) return MHA_OK;

@@ -33,6 +33,13 @@ struct BackwardCall {
   const mha_tensor* mask;
 };
 
+// A gradient's (or dout's) checks against the tensor it goes with: the same
+// shape (t's rank), and F32 or `like`'s dtype; each names t.
+mha_status check_same_shape(const mha_tensor& t, const char* name, const mha_tensor& like,
+                            const char* like_name);
+mha_status check_f32_or_like(const mha_tensor& t, const char* name, const mha_tensor& like,
+                             const char* like_name);
+
 // backward->dsinks (nullptr: not wanted): only with params->sinks, F32 [heads].
 mha_status check_dsinks(const mha_tensor* dsinks, const mha_tensor* sinks, int64_t heads);
 

@@ -25,17 +25,8 @@ using ll = long long;
 mha_status check_gradient(const mha_tensor* t, const char* name, const mha_tensor& like,
                           const char* like_name) {
   if (mha_status s = check_tensor(t, name, 3, 3); s != MHA_OK) return s;
-  if (t->dtype != MHA_DTYPE_F32 && t->dtype != like.dtype) {
-    return fail(MHA_ERR_INVALID_DTYPE, "%s has dtype %s; it must be f32 or %s's dtype (%s)", name,
-                dtype_name(t->dtype), like_name, dtype_name(like.dtype));
-  }
-  for (int32_t axis = 0; axis < 3; ++axis) {
-    if (t->shape[axis] != like.shape[axis]) {
-      return fail(MHA_ERR_SHAPE_MISMATCH, "%s has shape %s; it must have %s's shape %s", name,
-                  shape_text(*t).c_str(), like_name, shape_text(like).c_str());
-    }
-  }
-  return MHA_OK;
+  if (mha_status s = check_f32_or_like(*t, name, like, like_name); s != MHA_OK) return s;
+  return check_same_shape(*t, name, like, like_name);
 }
 
 // The checks that concern the packed batch as a whole (the forward's, then
@@ -61,18 +52,10 @@ mha_status check_varlen_backward(const mha_tensor* q, const mha_tensor* k, const
   if (k->dtype == MHA_DTYPE_I8) {
     return fail(MHA_ERR_UNSUPPORTED, "k and v are I8: an int8 KV cache has no backward pass");
   }
-  // dout: out's shape, and out's dtypes (F32 or q's), whichever out has.
+  // dout: out's shape, and out's dtypes (F32 or q's), whatever out has.
   if (mha_status s = check_tensor(dout, "dout", 3, 3); s != MHA_OK) return s;
-  for (int32_t axis = 0; axis < 3; ++axis) {
-    if (dout->shape[axis] != out->shape[axis]) {
-      return fail(MHA_ERR_SHAPE_MISMATCH, "dout has shape %s; it must have out's shape %s",
-                  shape_text(*dout).c_str(), shape_text(*out).c_str());
-    }
-  }
-  if (dout->dtype != MHA_DTYPE_F32 && dout->dtype != q->dtype) {
-    return fail(MHA_ERR_INVALID_DTYPE, "dout has dtype %s; it must be f32 or q's dtype (%s)",
-                dtype_name(dout->dtype), dtype_name(q->dtype));
-  }
+  if (mha_status s = check_same_shape(*dout, "dout", *out, "out"); s != MHA_OK) return s;
+  if (mha_status s = check_f32_or_like(*dout, "dout", *q, "q"); s != MHA_OK) return s;
   if (mha_status s = check_gradient(dq, "dq", *q, "q"); s != MHA_OK) return s;
   if (mha_status s = check_gradient(dk, "dk", *k, "k"); s != MHA_OK) return s;
   if (mha_status s = check_gradient(dv, "dv", *v, "v"); s != MHA_OK) return s;
