@@ -23,6 +23,12 @@ namespace {
 // then has the same command line, and rank 0 alone says what is wrong with
 // it.  Elsewhere -- mha-run started by one rank of a user's own MPI program,
 // say -- every process reports its errors.
+//
+// Such a rank exits with status 0 on a bad command line and leaves the job's
+// status to rank 0: mpirun kills the whole job as soon as one rank exits
+// non-zero, and a quiet rank that did so first could kill rank 0 before it
+// had said what is wrong (CI saw it: tools.mpi.parse_error_once printed only
+// mpirun's abort).  mpirun's status is then rank 0's.
 bool quiet_rank(int argc, const char* const* argv) {
   if (!secondary_mpi_rank()) return false;
   for (int i = 1; i < argc; ++i) {
@@ -80,13 +86,14 @@ int run(int argc, const char* const* argv) {
 
   const bool quiet = quiet_rank(argc, argv);
   const auto usage_error = [quiet](const std::string& message) {
-    if (!quiet) print_error(message);
+    if (quiet) return kExitOk;  // rank 0 says it, with the job's status
+    print_error(message);
     return kExitUsage;
   };
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    if (quiet) return e.get_exit_code();  // rank 0 says it
+    if (quiet) return kExitOk;  // rank 0 says it, with the job's status
     return app.exit(e);
   }
   if (module->parsed()) {
