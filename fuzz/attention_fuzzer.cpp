@@ -14,6 +14,7 @@
 //   run_positional_case       mha_positional_encoding_add            case_positional.cpp
 //   run_module_forward_case   mha_module_forward                     case_module.cpp
 //   run_varlen_backward_case  mha_attention_varlen_backward          case_varlen_backward.cpp
+//   run_module_half_case      mha_module_forward in bf16 and f16     case_module_half.cpp
 //
 // Each draws a problem (the backend and the thread count first, then shapes,
 // layouts, dtypes, options and data with specials planted) and either checks
@@ -47,6 +48,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       run_positional_case,       // the positional encoding, in place
       run_module_forward_case,   // the module's forward pass
       run_varlen_backward_case,  // a packed batch's backward pass
+      run_module_half_case,      // the module's forward pass in bf16 and f16
   };
   for (const Case run : kCases) {
     if (run != kCases[0] && fdp.remaining_bytes() == 0) break;

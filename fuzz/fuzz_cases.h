@@ -16,5 +16,6 @@ int run_block_case(FuzzedDataProvider& fdp);            // case_block.cpp
 int run_positional_case(FuzzedDataProvider& fdp);       // case_positional.cpp
 int run_module_forward_case(FuzzedDataProvider& fdp);   // case_module.cpp
 int run_varlen_backward_case(FuzzedDataProvider& fdp);  // case_varlen_backward.cpp
+int run_module_half_case(FuzzedDataProvider& fdp);      // case_module_half.cpp
 
 }  // namespace mha_fuzz

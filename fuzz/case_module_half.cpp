@@ -1,0 +1,305 @@
+// mha_module_forward on bf16 and f16 tensors (run_module_half_case, the
+// tenth case, on the bytes the packed backward case left).
+//
+// The module is drawn as for the f32 module cases (ModuleSetup); then its
+// query in bf16 or f16, its key and value each in the query's dtype, f32 or
+// the other half dtype; additive masks in the query's dtype or f32; the
+// weights set again from a bf16 or f16 checkpoint, or not; out and the
+// attention weights each in the query's dtype or f32.  Widening is exact, so
+// the call must give the bits of the f32 call on the same values (a half
+// output: that result rounded once, to nearest even), and the f32 call is
+// checked against the module's float64 reference within its bounds.  Or the
+// call is broken in one way and refused with nothing written.
+#include <fuzzer/FuzzedDataProvider.h>
+#include <mha/mha.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "fuzz_cases.h"
+#include "fuzz_common.h"
+#include "fuzz_module.h"
+#include "module_reference.h"
+#include "test_util.h"
+
+namespace mha_fuzz {
+namespace {
+
+const char* name_of(mha_dtype dtype) {
+  return dtype == MHA_DTYPE_BF16 ? "bf16" : dtype == MHA_DTYPE_F16 ? "f16" : "f32";
+}
+
+// x's bits in a half dtype, rounded to nearest even (test_util.h's rounding,
+// computed from the formats' definitions, not the library's).
+uint16_t half_bits(float x, mha_dtype dtype) {
+  return dtype == MHA_DTYPE_BF16 ? mha_test::round_to_bf16_bits(x) : mha_test::round_to_f16_bits(x);
+}
+
+// x as the nearest value of `dtype` (f32: x itself).
+float representable(float x, mha_dtype dtype) {
+  if (dtype == MHA_DTYPE_F32) return x;
+  return static_cast<float>(mha_test::half_bits_value(half_bits(x, dtype), dtype));
+}
+
+// An input of `dtype` with f32 `source`'s shape and strides over `g`: the
+// source's values are first rounded to `dtype` in place (so that the f32 call
+// and the reference see the values the half tensor holds), then stored.
+mha_tensor half_input(Guarded& g, mha_tensor& source, mha_dtype dtype) {
+  float* values = static_cast<float*>(source.data);
+  mha_test::for_each_offset(source,
+                            [&](int64_t at) { values[at] = representable(values[at], dtype); });
+  if (dtype == MHA_DTYPE_F32) return source;
+  mha_tensor t = source;
+  t.data = g.base();
+  t.dtype = dtype;
+  unsigned char* bytes = reinterpret_cast<unsigned char*>(g.base());
+  mha_test::for_each_offset(source, [&](int64_t at) {
+    const uint16_t bits = half_bits(values[at], dtype);
+    std::memcpy(bytes + at * 2, &bits, 2);
+  });
+  return t;
+}
+
+// An additive mask's values rounded to `dtype` in place, and their bits.
+mha_tensor half_mask(std::vector<float>& values, std::vector<uint16_t>& bits, const mha_tensor& f32,
+                     mha_dtype dtype) {
+  bits.resize(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    values[i] = representable(values[i], dtype);
+    bits[i] = half_bits(values[i], dtype);
+  }
+  mha_tensor t = f32;
+  t.data = bits.data();
+  t.dtype = dtype;
+  return t;
+}
+
+// The module's weights set again from `dtype` arrays (a half-precision
+// checkpoint), the reference's copy rounded alike.
+void set_half_weights(ModuleSetup& m, mha_dtype dtype) {
+  const auto set = [&](const char* name, std::vector<double>& kept, int64_t rows, int64_t cols) {
+    std::vector<uint16_t> bits(kept.size());
+    for (size_t i = 0; i < kept.size(); ++i) {
+      bits[i] = half_bits(static_cast<float>(kept[i]), dtype);
+      kept[i] = mha_test::half_bits_value(bits[i], dtype);
+    }
+    const mha_tensor t = cols == 0 ? mha_test::describe(bits.data(), dtype, {rows})
+                                   : mha_test::describe(bits.data(), dtype, {rows, cols});
+    if (mha_module_set_weight(m.module, name, &t) != MHA_OK) {
+      finding(std::string("module half: set_weight in ") + name_of(dtype) +
+              " failed: " + mha_last_error());
+    }
+  };
+  set("q_proj_weight", m.w.w_q, m.E, m.Eq);
+  set("k_proj_weight", m.w.w_k, m.E, m.Ek);
+  set("v_proj_weight", m.w.w_v, m.E, m.Ev);
+  set("out_proj.weight", m.w.w_o, m.E, m.E);
+  if (m.bias) {
+    std::vector<double> in_bias(m.w.b_q);
+    in_bias.insert(in_bias.end(), m.w.b_k.begin(), m.w.b_k.end());
+    in_bias.insert(in_bias.end(), m.w.b_v.begin(), m.w.b_v.end());
+    set("in_proj_bias", in_bias, 3 * m.E, 0);
+    const auto third = [&](int n) {
+      return std::vector<double>(in_bias.begin() + n * m.E, in_bias.begin() + (n + 1) * m.E);
+    };
+    m.w.b_q = third(0);
+    m.w.b_k = third(1);
+    m.w.b_v = third(2);
+    set("out_proj.bias", m.w.b_o, m.E, 0);
+  }
+}
+
+// Elements of `got` (f32 or a half dtype) that are not `want`'s f32 bits, or
+// those bits rounded once to got's dtype (NaN matches any NaN).
+int64_t differing(const mha_tensor& got, const mha_tensor& want) {
+  int64_t count = 0;
+  const float* w = static_cast<const float*>(want.data);
+  const unsigned char* g = static_cast<const unsigned char*>(got.data);
+  mha_test::for_each_offset(want, [&](int64_t at) {
+    const float x = w[at];
+    if (got.dtype == MHA_DTYPE_F32) {
+      float y = 0;
+      std::memcpy(&y, g + at * 4, 4);
+      if (!(std::isnan(x) && std::isnan(y)) && bits_of(x) != bits_of(y)) ++count;
+      return;
+    }
+    uint16_t y = 0;
+    std::memcpy(&y, g + at * 2, 2);
+    const bool y_nan = std::isnan(mha_test::half_bits_value(y, got.dtype));
+    if (!(std::isnan(x) && y_nan) && half_bits(x, static_cast<mha_dtype>(got.dtype)) != y) ++count;
+  });
+  return count;
+}
+
+}  // namespace
+
+int run_module_half_case(FuzzedDataProvider& fdp) {
+  start_case(fdp, "module half: ");
+  ModuleSetup m(fdp, false);
+  const int64_t B = m.B, H = m.H, Lq = m.Lq, Lk = m.Lk, E = m.E;
+  const mha_dtype qdt = fdp.ConsumeBool() ? MHA_DTYPE_BF16 : MHA_DTYPE_F16;
+  const mha_dtype other = qdt == MHA_DTYPE_BF16 ? MHA_DTYPE_F16 : MHA_DTYPE_BF16;
+  const auto pick = [&] {
+    const int n = fdp.ConsumeIntegralInRange<int>(0, 2);
+    return n == 0 ? qdt : n == 1 ? MHA_DTYPE_F32 : other;
+  };
+  const mha_dtype kdt = m.inputs == 2 ? qdt : pick();
+  const mha_dtype vdt = m.inputs != 0 ? kdt : pick();
+
+  // The inputs (one tensor for self-attention, one for key = value).
+  Guarded hq(B * Lq * m.Eq), hk(B * Lk * m.Ek), hv(B * Lk * m.Ev);
+  mha_tensor query = half_input(hq, m.query, qdt);
+  mha_tensor key = m.inputs == 2 ? query : half_input(hk, m.key, kdt);
+  mha_tensor value = m.inputs != 0 ? key : half_input(hv, m.value, vdt);
+
+  // Additive masks in the query's dtype, or left in f32.
+  mha_module_forward_params params = m.params;
+  std::vector<uint16_t> kpm_bits, am_bits;
+  mha_tensor kpm_half{}, am_half{};
+  const bool kpm_half_dtype = m.kpm_kind == 2 && fdp.ConsumeBool();
+  const bool am_half_dtype = m.am_kind == 2 && fdp.ConsumeBool();
+  if (kpm_half_dtype) {
+    kpm_half = half_mask(m.kpm_f32, kpm_bits, m.tkpm, qdt);
+    params.key_padding_mask = &kpm_half;
+  }
+  if (am_half_dtype) {
+    am_half = half_mask(m.am_f32, am_bits, m.tam, qdt);
+    params.attn_mask = &am_half;
+  }
+  const int weights_from = fdp.ConsumeIntegralInRange<int>(0, 2);  // f32, bf16, f16
+  if (weights_from != 0) set_half_weights(m, weights_from == 1 ? MHA_DTYPE_BF16 : MHA_DTYPE_F16);
+
+  // The outputs, and the f32 call's.
+  const bool out_seq_first = fdp.ConsumeBool();
+  const mha_dtype out_dt = fdp.ConsumeBool() ? qdt : MHA_DTYPE_F32;
+  const int weights_kind = fdp.ConsumeIntegralInRange<int>(0, 2);  // none, per head, averaged
+  const mha_dtype aw_dt = fdp.ConsumeBool() ? qdt : MHA_DTYPE_F32;
+  Guarded out_buf(B * Lq * E), out32_buf(B * Lq * E);
+  mha_tensor out = rows3(out_buf, B, Lq, E, out_seq_first);
+  mha_tensor out32 = rows3(out32_buf, B, Lq, E, out_seq_first);
+  out.dtype = out_dt;
+  const int64_t aw_rows = weights_kind == 0 ? 0 : weights_kind == 1 ? B * H : B;
+  Guarded aw_buf(aw_rows * Lq * Lk), aw32_buf(aw_rows * Lq * Lk);
+  mha_tensor aw{}, aw32{};
+  mha_module_forward_params params32 = m.params;
+  if (weights_kind != 0) {
+    const std::vector<int64_t> shape =
+        weights_kind == 1 ? std::vector<int64_t>{B, H, Lq, Lk} : std::vector<int64_t>{B, Lq, Lk};
+    aw = mha_test::describe(aw_buf.base(), aw_dt, shape);
+    aw32 = mha_test::describe(aw32_buf.base(), MHA_DTYPE_F32, shape);
+    params.attn_weights = &aw;
+    params32.attn_weights = &aw32;
+    params.average_attn_weights = params32.average_attn_weights = weights_kind == 2 ? 1 : 0;
+  }
+  note(" q/k/v %s/%s/%s half kpm %d am %d weights from %s out %s seq %d attn_weights %d in %s",
+       name_of(qdt), name_of(kdt), name_of(vdt), kpm_half_dtype, am_half_dtype,
+       weights_from == 0   ? "f32"
+       : weights_from == 1 ? "bf16"
+                           : "f16",
+       name_of(out_dt), out_seq_first, weights_kind, name_of(aw_dt));
+
+  // At most one way of breaking the call (none when the bytes ran out).
+  bool broken = true;
+  mha_tensor wrong{};
+  const mha_tensor* q_arg = &query;
+  switch (fdp.ConsumeIntegralInRange<int>(0, 12)) {
+    case 1:
+      out.dtype = other;
+      note(" broken: out in the other half dtype");
+      break;
+    case 2:
+      if (weights_kind == 0) {
+        broken = false;
+        break;
+      }
+      aw.dtype = other;
+      note(" broken: attn_weights in the other half dtype");
+      break;
+    case 3:
+      if (!kpm_half_dtype && !am_half_dtype) {
+        broken = false;
+        break;
+      }
+      (kpm_half_dtype ? kpm_half : am_half).dtype = other;
+      note(" broken: an additive mask in the other half dtype");
+      break;
+    case 4:
+      wrong = query;
+      wrong.dtype = MHA_DTYPE_I8;
+      q_arg = &wrong;
+      note(" broken: query in int8");
+      break;
+    case 5:
+      out.data = hq.base();
+      note(" broken: out over the half query");
+      break;
+    case 6:
+      wrong = query;
+      wrong.shape[2] += 1;
+      q_arg = &wrong;
+      note(" broken: the half query's features");
+      break;
+    default:
+      broken = false;
+  }
+
+  Guarded* buffers[] = {&out_buf, &aw_buf, &hq, &hk, &hv, &m.xq, &m.xk, &m.xv};
+  std::vector<std::vector<float>> before;
+  for (Guarded* g : buffers) before.push_back(g->all);
+  const mha_status status = mha_module_forward(m.module, q_arg, &key, &value, &out, &params);
+  const std::string message = mha_last_error();
+  for (size_t n = 2; n < std::size(buffers); ++n) {
+    if (!same_bytes(buffers[n]->all, before[n])) finding("module half: an input was modified");
+  }
+  if (broken) {
+    if (status == MHA_OK) finding("module half: an invalid call was accepted");
+    if (message.empty()) finding("module half: a refused call left no message");
+    if (!same_bytes(out_buf.all, before[0]) || !same_bytes(aw_buf.all, before[1])) {
+      finding("module half: a refused call wrote its output");
+    }
+    return 0;
+  }
+  if (status != MHA_OK) finding("module half: a valid call failed: " + message);
+  if (changed_outside(out_buf, out, before[0]) != 0) finding("module half: written outside out");
+  if (weights_kind != 0 && changed_outside(aw_buf, aw, before[1]) != 0) {
+    finding("module half: written outside attn_weights");
+  }
+
+  // The f32 call on the same values, against the reference; the half call
+  // gives its bits.
+  if (mha_module_forward(m.module, &m.query, &m.key, &m.value, &out32, &params32) != MHA_OK) {
+    finding(std::string("module half: the f32 call failed: ") + mha_last_error());
+  }
+  if (const int64_t n = differing(out, out32); n != 0) {
+    note(" %lld elements differ", static_cast<long long>(n));
+    finding("module half: out is not the f32 call's result rounded once");
+  }
+  if (weights_kind != 0) {
+    if (const int64_t n = differing(aw, aw32); n != 0) {
+      note(" %lld elements differ", static_cast<long long>(n));
+      finding("module half: attn_weights are not the f32 call's rounded once");
+    }
+  }
+  const mha_test::ModuleReference ref = mha_test::reference_module(m.w, m.in);
+  const auto check = [](const mha_tensor& got, const std::vector<double>& want,
+                        const std::vector<double>& bound, const char* name) {
+    const mha_test::BoundCheck c = mha_test::check_within(got, want, bound);
+    if (c.outside != 0) {
+      note(" %lld of %lld outside, worst %.3g of the bound; first: %s",
+           static_cast<long long>(c.outside), static_cast<long long>(c.elements), c.worst_ratio,
+           c.first.c_str());
+      finding(std::string("module half: the f32 call's ") + name + " off");
+    }
+  };
+  check(out32, ref.out, ref.out_bound, "out");
+  if (weights_kind == 1) check(aw32, ref.weights, ref.weights_bound, "attn_weights");
+  if (weights_kind == 2) check(aw32, ref.average, ref.average_bound, "averaged attn_weights");
+  return 0;
+}
+
+}  // namespace mha_fuzz
