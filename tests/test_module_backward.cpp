@@ -529,7 +529,7 @@ TEST_F(ModuleBackwardBadInput, NullsAndShapes) {
   run.dkey.shape[1] = 8;
   expect_refused(MHA_ERR_SHAPE_MISMATCH, "grads->key");
   run.dkey.shape[1] = 9;
-  run.db_o.dtype = MHA_DTYPE_BF16;
+  run.db_o.dtype = MHA_DTYPE_I32;
   expect_refused(MHA_ERR_INVALID_DTYPE, "grads->out_proj_bias");
   run.db_o.dtype = MHA_DTYPE_F32;
   EXPECT_EQ(run.run(), MHA_OK) << mha_last_error();

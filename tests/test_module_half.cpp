@@ -6,20 +6,27 @@
 //     is the caller's), at the module's fp32 bound plus one rounding of a
 //     half-precision output, and
 //   - mha_module_forward on f32 copies of those values: the same bits (an f32
-//     output), or those bits rounded once (a half-precision one);
-// the backward pass refuses half-precision tensors by name.
+//     output), or those bits rounded once (a half-precision one).
+// The backward pass likewise: half-precision inputs and dout, each gradient
+// in f32, bf16 or f16, against mha_module_backward on f32 copies (the same
+// bits, rounded once for a half-precision gradient), whose gradients are
+// checked against the float64 backward reference.
 #include <gtest/gtest.h>
 #include <mha/mha.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "common/dtype.h"
 #include "module_case.h"
 #include "module_reference.h"
+#include "module_reference_backward.h"
 #include "test_util.h"
 
 namespace mha_test {
@@ -112,6 +119,23 @@ int64_t outside(const std::vector<float>& got, const std::vector<double>& want,
   return n;
 }
 
+// Elements of `got` that are not the f32 call's bits `f32`, rounded once
+// when `got` is half-precision.
+int64_t differing_from_f32(const Output& got, const Output& f32) {
+  int64_t differ = 0;
+  const std::vector<float> g = got.values();
+  for (size_t i = 0; i < g.size(); ++i) {
+    uint16_t rounded = 0;
+    float want = f32.f32[i];
+    if (got.t.dtype != MHA_DTYPE_F32) {
+      mha_types::store_float(&rounded, got.t.dtype, 0, want);
+      want = mha_types::load_float(&rounded, got.t.dtype, 0);
+    }
+    differ += bits_of(g[i]) != bits_of(want) ? 1 : 0;
+  }
+  return differ;
+}
+
 void run_half_case(const HalfCase& hc) {
   SCOPED_TRACE(hc.describe());
   ModuleCase c;
@@ -169,23 +193,10 @@ void run_half_case(const HalfCase& hc) {
 
   // The f32 call on the same values: the same bits, rounded once for a
   // half-precision output.
-  const auto same_as_f32 = [&](const Output& got, const Output& f32) {
-    int64_t differ = 0;
-    const std::vector<float> g = got.values();
-    for (size_t i = 0; i < g.size(); ++i) {
-      uint16_t rounded = 0;
-      float want = f32.f32[i];
-      if (got.t.dtype != MHA_DTYPE_F32) {
-        mha_types::store_float(&rounded, got.t.dtype, 0, want);
-        want = mha_types::load_float(&rounded, got.t.dtype, 0);
-      }
-      differ += bits_of(g[i]) != bits_of(want) ? 1 : 0;
-    }
-    return differ;
-  };
-  EXPECT_EQ(same_as_f32(out, out32), 0) << "out differs from the f32 call on the same values";
+  EXPECT_EQ(differing_from_f32(out, out32), 0)
+      << "out differs from the f32 call on the same values";
   if (hc.need_weights) {
-    EXPECT_EQ(same_as_f32(aw, aw32), 0) << "the weights differ from the f32 call's";
+    EXPECT_EQ(differing_from_f32(aw, aw32), 0) << "the weights differ from the f32 call's";
   }
 
   // The float64 reference on the stored values.
@@ -275,8 +286,8 @@ TEST_P(Module, HalfPrecisionWeights) {
   }
 }
 
-// Half-precision dtypes the module does not take, named; the backward pass
-// takes f32 only.
+// Half-precision dtypes the module does not take, named, in the forward and
+// the backward pass.
 TEST_P(Module, HalfPrecisionRefusals) {
   ModuleCase c;
   Rng rng(21);
@@ -304,17 +315,264 @@ TEST_P(Module, HalfPrecisionRefusals) {
             std::string::npos)
       << mha_last_error();
   EXPECT_TRUE(out.bits == std::vector<uint16_t>(out.bits.size(), 0x7e00)) << "written";
-  // The backward pass: f32 only.
-  Output dout({c.B, c.Lq, c.E}, MHA_DTYPE_F32);
-  std::vector<float> dq(static_cast<size_t>(c.B * c.Lq * c.E));
-  mha_tensor tdq = describe(dq.data(), MHA_DTYPE_F32, {c.B, c.Lq, c.E});
+  // The backward pass: dout in the other half dtype, a gradient in int32.
+  Output dout({c.B, c.Lq, c.E}, MHA_DTYPE_F16);
+  std::vector<uint16_t> dq(static_cast<size_t>(c.B * c.Lq * c.E), 0x7e00);
+  mha_tensor tdq = describe(dq.data(), MHA_DTYPE_BF16, {c.B, c.Lq, c.E});
   mha_module_gradients grads;
   mha_module_gradients_init(&grads);
   grads.query = &tdq;
   EXPECT_EQ(mha_module_backward(h.m, &q.half, &kv.half, &kv.half, &dout.t, nullptr, &grads),
             MHA_ERR_INVALID_DTYPE);
-  EXPECT_NE(std::string(mha_last_error()).find("mha_module_backward takes f32"), std::string::npos)
+  EXPECT_NE(std::string(mha_last_error()).find("dout has dtype f16; it must be f32 or the query's"),
+            std::string::npos)
       << mha_last_error();
+  Output dout_bf16({c.B, c.Lq, c.E}, MHA_DTYPE_BF16);
+  std::vector<int32_t> dw(static_cast<size_t>(c.E * c.E));
+  mha_tensor tdw = describe(dw.data(), MHA_DTYPE_I32, {c.E, c.E});
+  grads.out_proj_weight = &tdw;
+  EXPECT_EQ(mha_module_backward(h.m, &q.half, &kv.half, &kv.half, &dout_bf16.t, nullptr, &grads),
+            MHA_ERR_INVALID_DTYPE);
+  EXPECT_NE(std::string(mha_last_error())
+                .find("grads->out_proj_weight has dtype i32; it must be f32, bf16 or f16"),
+            std::string::npos)
+      << mha_last_error();
+  EXPECT_TRUE(dq == std::vector<uint16_t>(dq.size(), 0x7e00)) << "a refused call wrote dq";
+}
+
+// ---------------------------------------------------------------- backward
+
+struct HalfBackwardCase {
+  mha_dtype dtype = MHA_DTYPE_BF16;  // of query, key and value
+  Inputs inputs = Inputs::Separate;
+  bool dout_half = true;                   // dout in dtype, else f32
+  mha_dtype input_grads = MHA_DTYPE_BF16;  // of dquery, dkey and dvalue
+  mha_dtype weight_grads = MHA_DTYPE_F32;  // of the weights', biases' and sinks' gradients
+  bool seq_first = false;                  // inputs, dout and input gradients [L, B, F]
+  bool key_padding = false;                // an additive key_padding_mask in dtype
+  bool causal = false, sinks = false, dropout = false;
+  uint64_t seed = 1;
+  std::string describe() const {
+    const char* inputs_text = inputs == Inputs::SelfAttention    ? " self-attention"
+                              : inputs == Inputs::SharedKeyValue ? " key = value"
+                                                                 : " cross";
+    return std::string(mha_types::dtype_name(dtype)) + inputs_text +
+           (dout_half ? " dout half" : " dout f32") + " input grads " +
+           mha_types::dtype_name(input_grads) + " weight grads " +
+           mha_types::dtype_name(weight_grads) + (seq_first ? " seq-first" : "") +
+           (key_padding ? " key_padding_mask" : "") + (causal ? " causal" : "") +
+           (sinks ? " sinks" : "") + (dropout ? " dropout" : "");
+  }
+};
+
+// Strides {F, B·F, 1}: a [B, L, F] tensor stored [L, B, F] (sequence-first).
+void make_seq_first(mha_tensor& t) {
+  t.strides[0] = t.shape[2];
+  t.strides[1] = t.shape[0] * t.shape[2];
+  t.strides[2] = 1;
+}
+
+// One gradient: in the case's dtype for the half call, in f32 for the f32
+// call on the same values.
+struct GradPair {
+  Output half, f32;
+  GradPair(const std::vector<int64_t>& shape, mha_dtype dtype, bool seq_first)
+      : half(shape, dtype), f32(shape, MHA_DTYPE_F32) {
+    if (seq_first) {
+      make_seq_first(half.t);
+      make_seq_first(f32.t);
+    }
+  }
+};
+
+// max |got - want| over an f32 gradient's elements in C order.
+double worst_difference(const mha_tensor& got, const std::vector<double>& want) {
+  double worst = 0;
+  size_t n = 0;
+  for_each_offset(got, [&](int64_t at) {
+    const double diff =
+        std::fabs(static_cast<double>(static_cast<const float*>(got.data)[at]) - want[n++]);
+    worst = std::isnan(diff) ? std::numeric_limits<double>::infinity() : std::max(worst, diff);
+  });
+  return worst;
+}
+
+void run_half_backward_case(const HalfBackwardCase& hc) {
+  SCOPED_TRACE(hc.describe());
+  const bool self = hc.inputs == Inputs::SelfAttention;
+  const bool shared = hc.inputs == Inputs::SharedKeyValue;
+  ModuleCase c;
+  c.B = 2;
+  c.Lq = 6;
+  c.Lk = self ? 6 : 9;
+  c.E = 16;
+  c.H = 4;
+  if (!self) c.Ek = c.Ev = 12;
+  if (hc.inputs == Inputs::Separate) c.Ev = 20;
+  c.inputs = hc.inputs;
+  c.dropout = hc.dropout ? 0.25f : 0.0f;
+  Rng rng(hc.seed);
+  const WeightSet weights = make_weights(c, rng);
+  ModuleHandle h;
+  ASSERT_TRUE(create_module(c, h));
+  ASSERT_TRUE(load_weights(h.m, c, weights)) << mha_last_error();
+
+  const mha_dtype dt = hc.dtype;
+  HalfTensor query(rng, {c.B, c.Lq, c.eq()}, dt, -2.0f, 2.0f);
+  HalfTensor key(rng, {c.B, c.Lk, c.ek()}, dt, -2.0f, 2.0f);
+  HalfTensor value(rng, {c.B, c.Lk, c.ev()}, dt, -1.0f, 1.0f);
+  HalfTensor dout(rng, {c.B, c.Lq, c.E}, dt, -1.0f, 1.0f);
+  if (hc.seq_first) {
+    for (HalfTensor* t : {&query, &key, &value, &dout}) {
+      make_seq_first(t->f32);
+      make_seq_first(t->half);
+    }
+  }
+  HalfTensor& k_in = self ? query : key;
+  HalfTensor& v_in = self ? query : (shared ? key : value);
+  HalfTensor kpm(rng, {c.B, c.Lk}, dt, -3.0f, 0.5f);
+  mha_types::store_float(kpm.bits.data(), dt, c.Lk, -INFINITY);
+  kpm.values[static_cast<size_t>(c.Lk)] = -INFINITY;
+  std::vector<float> sinks(static_cast<size_t>(c.H));
+  for (float& x : sinks) x = rng.uniform(-1.0f, 2.0f);
+  const mha_tensor tsinks = describe(sinks.data(), MHA_DTYPE_F32, {c.H});
+  constexpr uint64_t kDropoutSeed = 99;
+
+  const auto params_for = [&](bool half) {
+    mha_module_forward_params p;
+    mha_module_forward_params_init(&p);
+    if (hc.key_padding) p.key_padding_mask = half ? &kpm.half : &kpm.f32;
+    p.causal = hc.causal ? MHA_CAUSAL_TOP_LEFT : MHA_CAUSAL_NONE;
+    if (hc.sinks) p.sinks = &tsinks;
+    if (hc.dropout) {
+      p.training = 1;
+      p.dropout_seed = kDropoutSeed;
+    }
+    return p;
+  };
+  const int64_t e = c.E;
+  const mha_dtype wg = hc.weight_grads;
+  GradPair dq({c.B, c.Lq, c.eq()}, hc.input_grads, hc.seq_first);
+  GradPair dk({c.B, c.Lk, c.ek()}, hc.input_grads, hc.seq_first);
+  GradPair dv({c.B, c.Lk, c.ev()}, hc.input_grads, hc.seq_first);
+  GradPair dwq({e, c.eq()}, wg, false), dwk({e, c.ek()}, wg, false), dwv({e, c.ev()}, wg, false);
+  GradPair dwo({e, e}, wg, false), dbq({e}, wg, false), dbk({e}, wg, false), dbv({e}, wg, false);
+  GradPair dbo({e}, wg, false), ds({c.H}, wg, false);
+  const auto grads_for = [&](bool half) {
+    const auto pick = [half](GradPair& g) { return half ? &g.half.t : &g.f32.t; };
+    mha_module_gradients g;
+    mha_module_gradients_init(&g);
+    g.query = pick(dq);
+    g.key = self ? g.query : pick(dk);
+    g.value = self ? g.query : (shared ? g.key : pick(dv));
+    g.q_proj_weight = pick(dwq);
+    g.k_proj_weight = pick(dwk);
+    g.v_proj_weight = pick(dwv);
+    g.out_proj_weight = pick(dwo);
+    g.q_proj_bias = pick(dbq);
+    g.k_proj_bias = pick(dbk);
+    g.v_proj_bias = pick(dbv);
+    g.out_proj_bias = pick(dbo);
+    if (hc.sinks) g.sinks = pick(ds);
+    return g;
+  };
+  const mha_module_forward_params p_half = params_for(true), p_f32 = params_for(false);
+  const mha_module_gradients g_half = grads_for(true), g_f32 = grads_for(false);
+  ASSERT_EQ(mha_module_backward(h.m, &query.half, &k_in.half, &v_in.half,
+                                hc.dout_half ? &dout.half : &dout.f32, &p_half, &g_half),
+            MHA_OK)
+      << mha_last_error();
+  ASSERT_EQ(mha_module_backward(h.m, &query.f32, &k_in.f32, &v_in.f32, &dout.f32, &p_f32, &g_f32),
+            MHA_OK)
+      << mha_last_error();
+
+  // The f32 call's bits, rounded once for a half-precision gradient.
+  struct Named {
+    const char* name;
+    const GradPair* g;
+  };
+  std::vector<Named> compared = {
+      {"dquery", &dq},         {"q_proj_weight", &dwq},   {"k_proj_weight", &dwk},
+      {"v_proj_weight", &dwv}, {"out_proj_weight", &dwo}, {"q_proj_bias", &dbq},
+      {"k_proj_bias", &dbk},   {"v_proj_bias", &dbv},     {"out_proj_bias", &dbo}};
+  if (!self) compared.push_back({"dkey", &dk});
+  if (hc.inputs == Inputs::Separate) compared.push_back({"dvalue", &dv});
+  if (hc.sinks) compared.push_back({"sinks", &ds});
+  for (const Named& n : compared) {
+    EXPECT_EQ(differing_from_f32(n.g->half, n.g->f32), 0)
+        << n.name << " differs from the f32 call's on the same values";
+  }
+
+  // The f32 call against the float64 reference on the stored values.
+  ModuleInputs in;
+  in.query = &query.f32;
+  in.key = &k_in.f32;
+  in.value = &v_in.f32;
+  if (hc.key_padding) in.key_padding_mask = &kpm.f32;
+  in.causal = hc.causal ? MHA_CAUSAL_TOP_LEFT : MHA_CAUSAL_NONE;
+  if (hc.sinks) in.sinks = &tsinks;
+  if (hc.dropout) {
+    in.dropout_p = 0.25;
+    in.dropout_seed = kDropoutSeed;
+  }
+  const ModuleBackwardReference ref = reference_module_backward(weights.ref, in, dout.f32);
+  const auto expect_close = [](const char* name, const GradPair& got, ReferenceGradient want,
+                               std::initializer_list<const ReferenceGradient*> more) {
+    for (const ReferenceGradient* m : more) {
+      for (size_t i = 0; i < want.value.size(); ++i) want.value[i] += m->value[i];
+      want.tolerance += m->tolerance;
+    }
+    const double diff = worst_difference(got.f32.t, want.value);
+    EXPECT_LE(diff, want.tolerance) << name << ": the f32 call off the reference";
+  };
+  if (self) {
+    expect_close("dquery (= dkey = dvalue)", dq, ref.query, {&ref.key, &ref.value});
+  } else {
+    expect_close("dquery", dq, ref.query, {});
+    if (shared) {
+      expect_close("dkey (= dvalue)", dk, ref.key, {&ref.value});
+    } else {
+      expect_close("dkey", dk, ref.key, {});
+      expect_close("dvalue", dv, ref.value, {});
+    }
+  }
+  expect_close("q_proj_weight", dwq, ref.w_q, {});
+  expect_close("v_proj_weight", dwv, ref.w_v, {});
+  expect_close("out_proj_weight", dwo, ref.w_o, {});
+  expect_close("out_proj_bias", dbo, ref.b_o, {});
+  if (hc.sinks) expect_close("sinks", ds, ref.sinks, {});
+}
+
+// Half-precision inputs and gradients in the backward pass: each gradient in
+// f32, bf16 or f16 gives the f32 call's bits on the same values, rounded once.
+TEST_P(Module, HalfPrecisionBackward) {
+  for (const mha_dtype dt : {MHA_DTYPE_BF16, MHA_DTYPE_F16}) {
+    const mha_dtype other = dt == MHA_DTYPE_BF16 ? MHA_DTYPE_F16 : MHA_DTYPE_BF16;
+    run_half_backward_case({.dtype = dt, .input_grads = dt, .weight_grads = dt, .seed = 41});
+    run_half_backward_case({.dtype = dt,
+                            .inputs = Inputs::SelfAttention,
+                            .dout_half = false,
+                            .input_grads = dt,
+                            .key_padding = true,
+                            .causal = true,
+                            .seed = 42});
+    run_half_backward_case({.dtype = dt,
+                            .inputs = Inputs::SharedKeyValue,
+                            .input_grads = MHA_DTYPE_F32,
+                            .weight_grads = other,
+                            .seq_first = true,
+                            .sinks = true,
+                            .seed = 43});
+    run_half_backward_case({.dtype = dt,
+                            .inputs = Inputs::SelfAttention,
+                            .input_grads = dt,
+                            .weight_grads = dt,
+                            .seq_first = true,
+                            .key_padding = true,
+                            .sinks = true,
+                            .dropout = true,
+                            .seed = 44});
+  }
 }
 
 }  // namespace

@@ -540,16 +540,20 @@ MHA_API mha_status mha_module_forward(mha_module* module, const mha_tensor* quer
  * query, key, value and params are the forward call's (the same masks, causal
  * rule, variants, and for dropout the same training flag and dropout_seed:
  * the counter-based mask is regenerated, never stored); params->attn_weights
- * must be NULL.  query, key, value and dout are F32 (a half-precision
- * module trains on f32 copies); dout [B, Lq, E] is dL/d(out).  The backward recomputes
+ * must be NULL.  query, key and value are F32, BF16 or F16 (as in the
+ * forward call); dout [B, Lq, E] is dL/d(out), F32 or the query's dtype.
+ * Every product is fp32, on the module's fp32 weights: a half-precision
+ * call gives the bits of the F32 call on the same values, its half-precision
+ * gradients those rounded once (to nearest, ties to even).  The backward recomputes
  * the forward (the projections and the attention with its LSE) -- activation
  * checkpointing: nothing is kept between the two calls, and the memory is
  * O((Lq + Lk)·E), never O(Lq·Lk).  Deterministic: the same bits for any thread
  * count (mha_attention_backward's rule; BLIS never splits a product's inner
  * dimension).
  *
- * Every gradient is optional (NULL: not wanted), F32, any strides, and
- * OVERWRITTEN (not accumulated into).  The weights' gradients are named as in
+ * Every gradient is optional (NULL: not wanted), F32, BF16 or F16 (each
+ * its own: say bf16 input gradients beside f32 weight gradients), any
+ * strides, and OVERWRITTEN (not accumulated into).  The weights' gradients are named as in
  * PyTorch's state_dict; for in_proj_weight [3E, E] and in_proj_bias [3E] pass
  * views of its rows (q: rows 0..E-1, k: E..2E-1, v: 2E..3E-1).  When grads->
  * query, key and value are the same tensor (same data, shape and strides --

@@ -14,6 +14,7 @@
 #include "blis.h"
 #include "common/dtype.h"
 #include "error.h"
+#include "f32_standins.h"
 #include "module.h"
 #include "projections.h"
 #include "registry.h"
@@ -184,9 +185,9 @@ mha_status check_mask_dtype(const mha_tensor* t, const char* name, int32_t query
               name, dtype_name(t->dtype), dtype_name(query_dtype));
 }
 
-// An input of the forward pass: f32, bf16 or f16 (widened to fp32 as the
-// projections read it).
-mha_status check_input_dtype(const mha_tensor* t, const char* name) {
+// An input (widened to fp32 as it is read) or a gradient of the backward
+// (rounded once from fp32): f32, bf16 or f16.
+mha_status check_f32_or_half(const mha_tensor* t, const char* name) {
   if (t->dtype == MHA_DTYPE_F32 || t->dtype == MHA_DTYPE_BF16 || t->dtype == MHA_DTYPE_F16) {
     return MHA_OK;
   }
@@ -228,23 +229,12 @@ mha_status check_forward(mha_module* module, const mha_tensor* query, const mha_
   for (int i = 0; i < 4; ++i) {
     if (mha_status s = check_tensor(tensors[i], names[i], 3, 3); s != MHA_OK) return s;
   }
-  if (out_role == OutRole::kRead) {
-    // The backward pass computes and returns f32 (a half-precision module
-    // is trained through f32 copies, as mha.torch does).
-    for (int i = 0; i < 4; ++i) {
-      if (tensors[i]->dtype != MHA_DTYPE_F32) {
-        return fail(MHA_ERR_INVALID_DTYPE,
-                    "%s has dtype %s; mha_module_backward takes f32 (mha_module_forward takes "
-                    "bf16 and f16 as well)",
-                    names[i], dtype_name(tensors[i]->dtype));
-      }
-    }
-  } else {
-    for (int i = 0; i < 3; ++i) {
-      if (mha_status s = check_input_dtype(tensors[i], names[i]); s != MHA_OK) return s;
-    }
-    if (mha_status s = check_output_dtype(out, out_name, query->dtype); s != MHA_OK) return s;
+  // The inputs, f32 or half; out (or the backward's dout, which has out's
+  // dtype) f32 or the query's dtype.
+  for (int i = 0; i < 3; ++i) {
+    if (mha_status s = check_f32_or_half(tensors[i], names[i]); s != MHA_OK) return s;
   }
+  if (mha_status s = check_output_dtype(out, out_name, query->dtype); s != MHA_OK) return s;
 
   const mha_module& m = *module;
   const int64_t batch = query->shape[0], lq = query->shape[1], lk = key->shape[1];
@@ -415,8 +405,8 @@ mha_status check_forward(mha_module* module, const mha_tensor* query, const mha_
 // ---------------------------------------------------------------- backward checks
 
 // The gradients of a backward call: each shaped like what it differentiates,
-// F32, and written only where no input or other gradient is -- except that
-// identical query, key and value gradients (self-attention) receive a sum.
+// F32, BF16 or F16 (rounded once from fp32), and written only where no input or other gradient is
+// -- except that identical query, key and value gradients (self-attention) receive a sum.
 mha_status check_gradients(const mha_module& m, const ModuleCall& call, const mha_tensor* dout,
                            const mha_module_gradients& g) {
   const int64_t e = m.embed_dim;
@@ -445,7 +435,7 @@ mha_status check_gradients(const mha_module& m, const ModuleCall& call, const mh
     if (grad.t == nullptr) continue;
     const int32_t rank = grad.like != nullptr ? 3 : (grad.cols == 0 ? 1 : 2);
     if (mha_status s = check_tensor(grad.t, grad.name, rank, rank); s != MHA_OK) return s;
-    if (mha_status s = check_f32(grad.t, grad.name); s != MHA_OK) return s;
+    if (mha_status s = check_f32_or_half(grad.t, grad.name); s != MHA_OK) return s;
     if (grad.bias && !m.bias) {
       return fail(MHA_ERR_INVALID_VALUE,
                   "%s is given but this module has no biases (config.bias = 0)", grad.name);
@@ -696,7 +686,27 @@ mha_status mha_module_backward(mha_module* module, const mha_tensor* query, cons
       return fail(MHA_ERR_BACKEND_UNAVAILABLE, "%s", why);
     }
     if (mha_status s = check_blis_kernel_set(); s != MHA_OK) return s;
-    return run_module_backward(call, dout, given);
+    // A half-precision input or gradient takes an fp32 stand-in; the
+    // gradients are rounded into the caller's tensors only when the whole
+    // backward has succeeded.
+    F32Standins standins;
+    ModuleCall f32_call = call;
+    f32_call.query = standins.input(call.query);
+    f32_call.key = standins.input(call.key);
+    f32_call.value = standins.input(call.value);
+    const mha_tensor* f32_dout = standins.input(dout);
+    f32_call.out = f32_dout;
+    mha_module_gradients f32_grads = given;
+    for (mha_tensor** g :
+         {&f32_grads.query, &f32_grads.key, &f32_grads.value, &f32_grads.q_proj_weight,
+          &f32_grads.k_proj_weight, &f32_grads.v_proj_weight, &f32_grads.q_proj_bias,
+          &f32_grads.k_proj_bias, &f32_grads.v_proj_bias, &f32_grads.out_proj_weight,
+          &f32_grads.out_proj_bias, &f32_grads.sinks}) {
+      *g = standins.gradient(*g);
+    }
+    if (mha_status s = run_module_backward(f32_call, f32_dout, f32_grads); s != MHA_OK) return s;
+    standins.round_gradients();
+    return MHA_OK;
   });
 }
 
