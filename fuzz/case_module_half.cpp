@@ -10,6 +10,12 @@
 // output: that result rounded once, to nearest even), and the f32 call is
 // checked against the module's float64 reference within its bounds.  Or the
 // call is broken in one way and refused with nothing written.
+//
+// Then, when the bytes ask for it, mha_module_backward on the same tensors:
+// dout in the query's dtype or f32, the input gradients and the weights'
+// (biases', sinks') gradients each in f32, bf16 or f16 -- the f32 backward's
+// bits on the same values, rounded once, nothing written outside them; or
+// dout in the other half dtype, refused with every gradient untouched.
 #include <fuzzer/FuzzedDataProvider.h>
 #include <mha/mha.h>
 
@@ -134,6 +140,140 @@ int64_t differing(const mha_tensor& got, const mha_tensor& want) {
     if (!(std::isnan(x) && y_nan) && half_bits(x, static_cast<mha_dtype>(got.dtype)) != y) ++count;
   });
   return count;
+}
+
+// The backward on the forward's tensors (params without attention weights):
+// half-precision gradients must be the f32 backward's, rounded once.
+void check_half_backward(FuzzedDataProvider& fdp, ModuleSetup& m, const mha_tensor& query,
+                         const mha_tensor& key, const mha_tensor& value,
+                         mha_module_forward_params params, mha_dtype qdt, mha_dtype other) {
+  params.attn_weights = nullptr;
+  mha_module_forward_params params32 = m.params;
+  params32.attn_weights = nullptr;
+  const int64_t B = m.B, Lq = m.Lq, Lk = m.Lk, E = m.E;
+  const auto any_dtype = [&] {
+    const int n = fdp.ConsumeIntegralInRange<int>(0, 2);
+    return n == 0 ? MHA_DTYPE_F32 : n == 1 ? MHA_DTYPE_BF16 : MHA_DTYPE_F16;
+  };
+  const mha_dtype dout_dt = fdp.ConsumeBool() ? qdt : MHA_DTYPE_F32;
+  const mha_dtype in_dt = any_dtype(), w_dt = any_dtype();
+  const bool broken = fdp.ConsumeProbability<float>() < 0.1f;
+  note(" | backward: dout %s grads %s/%s%s", name_of(dout_dt), name_of(in_dt), name_of(w_dt),
+       broken ? " broken: dout in the other half dtype" : "");
+
+  // dout: random values that its dtype holds, f32 for the f32 call.
+  Guarded dout32_buf(B * Lq * E), dout_buf(B * Lq * E);
+  mha_tensor dout32 = rows3(dout32_buf, B, Lq, E, m.seq_first);
+  mha_test::for_each_offset(
+      dout32, [&](int64_t at) { dout32_buf.base()[at] = m.rng.uniform(-1.0f, 1.0f); });
+  mha_tensor dout = half_input(dout_buf, dout32, dout_dt);
+  if (broken) dout.dtype = other;
+
+  // Each gradient twice: in its drawn dtype and in f32; shared inputs share
+  // their gradient (a sum).
+  struct Grad {
+    Guarded buf, buf32;
+    mha_tensor t, t32;
+  };
+  const auto make = [](Grad& g, const mha_tensor& shape_of, mha_dtype dtype) {
+    g.t32 = shape_of;
+    g.t32.data = g.buf32.base();
+    g.t = g.t32;
+    g.t.data = g.buf.base();
+    g.t.dtype = dtype;
+  };
+  const auto vector_of = [](int64_t n) { return mha_test::describe(nullptr, MHA_DTYPE_F32, {n}); };
+  const auto matrix_of = [](int64_t r, int64_t c) {
+    return mha_test::describe(nullptr, MHA_DTYPE_F32, {r, c});
+  };
+  Grad g[12] = {{Guarded(B * Lq * m.Eq), Guarded(B * Lq * m.Eq), {}, {}},
+                {Guarded(B * Lk * m.Ek), Guarded(B * Lk * m.Ek), {}, {}},
+                {Guarded(B * Lk * m.Ev), Guarded(B * Lk * m.Ev), {}, {}},
+                {Guarded(E * m.Eq), Guarded(E * m.Eq), {}, {}},
+                {Guarded(E * m.Ek), Guarded(E * m.Ek), {}, {}},
+                {Guarded(E * m.Ev), Guarded(E * m.Ev), {}, {}},
+                {Guarded(E * E), Guarded(E * E), {}, {}},
+                {Guarded(E), Guarded(E), {}, {}},
+                {Guarded(E), Guarded(E), {}, {}},
+                {Guarded(E), Guarded(E), {}, {}},
+                {Guarded(E), Guarded(E), {}, {}},
+                {Guarded(m.H), Guarded(m.H), {}, {}}};
+  make(g[0], rows3(g[0].buf32, B, Lq, m.Eq, m.seq_first), in_dt);
+  make(g[1], rows3(g[1].buf32, B, Lk, m.Ek, m.seq_first), in_dt);
+  make(g[2], rows3(g[2].buf32, B, Lk, m.Ev, m.seq_first), in_dt);
+  make(g[3], matrix_of(E, m.Eq), w_dt);
+  make(g[4], matrix_of(E, m.Ek), w_dt);
+  make(g[5], matrix_of(E, m.Ev), w_dt);
+  make(g[6], matrix_of(E, E), w_dt);
+  for (int n = 7; n < 11; ++n) make(g[n], vector_of(E), w_dt);
+  make(g[11], vector_of(m.H), w_dt);
+  const auto grads_of = [&](bool half) {
+    const auto pick = [half](Grad& x) { return half ? &x.t : &x.t32; };
+    mha_module_gradients r;
+    mha_module_gradients_init(&r);
+    r.query = pick(g[0]);
+    r.key = m.inputs == 2 ? r.query : pick(g[1]);
+    r.value = m.inputs != 0 ? r.key : pick(g[2]);
+    r.q_proj_weight = pick(g[3]);
+    r.k_proj_weight = pick(g[4]);
+    r.v_proj_weight = pick(g[5]);
+    r.out_proj_weight = pick(g[6]);
+    if (m.bias) {
+      r.q_proj_bias = pick(g[7]);
+      r.k_proj_bias = pick(g[8]);
+      r.v_proj_bias = pick(g[9]);
+      r.out_proj_bias = pick(g[10]);
+    }
+    if (m.with_sinks) r.sinks = pick(g[11]);
+    return r;
+  };
+  const mha_module_gradients grads = grads_of(true), grads32 = grads_of(false);
+  std::vector<std::vector<float>> before;
+  for (const Grad& x : g) before.push_back(x.buf.all);
+
+  const mha_status status =
+      mha_module_backward(m.module, &query, &key, &value, &dout, &params, &grads);
+  const std::string message = mha_last_error();
+  if (broken) {
+    if (status == MHA_OK) finding("module half backward: an invalid call was accepted");
+    if (message.empty()) finding("module half backward: a refused call left no message");
+    for (size_t n = 0; n < std::size(g); ++n) {
+      if (!same_bytes(g[n].buf.all, before[n])) {
+        finding("module half backward: a refused call wrote a gradient");
+      }
+    }
+    return;
+  }
+  if (status != MHA_OK) finding("module half backward: a valid call failed: " + message);
+  if (mha_module_backward(m.module, &m.query, &m.key, &m.value, &dout32, &params32, &grads32) !=
+      MHA_OK) {
+    finding(std::string("module half backward: the f32 call failed: ") + mha_last_error());
+  }
+  const mha_tensor* given[12] = {grads.query,           grads.key,           grads.value,
+                                 grads.q_proj_weight,   grads.k_proj_weight, grads.v_proj_weight,
+                                 grads.out_proj_weight, grads.q_proj_bias,   grads.k_proj_bias,
+                                 grads.v_proj_bias,     grads.out_proj_bias, grads.sinks};
+  const char* names[12] = {"dquery",        "dkey",          "dvalue",          "q_proj_weight",
+                           "k_proj_weight", "v_proj_weight", "out_proj_weight", "q_proj_bias",
+                           "k_proj_bias",   "v_proj_bias",   "out_proj_bias",   "sinks"};
+  for (size_t n = 0; n < std::size(g); ++n) {
+    // A shared input's gradient lives in the first of its buffers.
+    const bool owned = given[n] == &g[n].t;
+    if (!owned) {
+      if (!same_bytes(g[n].buf.all, before[n])) {
+        finding(std::string("module half backward: ") + names[n] + " written but not asked for");
+      }
+      continue;
+    }
+    if (changed_outside(g[n].buf, g[n].t, before[n]) != 0) {
+      finding(std::string("module half backward: written outside ") + names[n]);
+    }
+    if (const int64_t d = differing(g[n].t, g[n].t32); d != 0) {
+      note(" %lld elements differ", static_cast<long long>(d));
+      finding(std::string("module half backward: ") + names[n] +
+              " is not the f32 call's rounded once");
+    }
+  }
 }
 
 }  // namespace
@@ -299,6 +439,7 @@ int run_module_half_case(FuzzedDataProvider& fdp) {
   check(out32, ref.out, ref.out_bound, "out");
   if (weights_kind == 1) check(aw32, ref.weights, ref.weights_bound, "attn_weights");
   if (weights_kind == 2) check(aw32, ref.average, ref.average_bound, "averaged attn_weights");
+  if (fdp.ConsumeBool()) check_half_backward(fdp, m, query, key, value, params, qdt, other);
   return 0;
 }
 
