@@ -351,6 +351,7 @@ struct HalfBackwardCase {
   bool seq_first = false;                  // inputs, dout and input gradients [L, B, F]
   bool key_padding = false;                // an additive key_padding_mask in dtype
   bool causal = false, sinks = false, dropout = false;
+  bool large = false;  // L 600, E 128: tensors the stand-ins convert in several blocks
   uint64_t seed = 1;
   std::string describe() const {
     const char* inputs_text = inputs == Inputs::SelfAttention    ? " self-attention"
@@ -361,7 +362,7 @@ struct HalfBackwardCase {
            mha_types::dtype_name(input_grads) + " weight grads " +
            mha_types::dtype_name(weight_grads) + (seq_first ? " seq-first" : "") +
            (key_padding ? " key_padding_mask" : "") + (causal ? " causal" : "") +
-           (sinks ? " sinks" : "") + (dropout ? " dropout" : "");
+           (sinks ? " sinks" : "") + (dropout ? " dropout" : "") + (large ? " large" : "");
   }
 };
 
@@ -407,6 +408,10 @@ void run_half_backward_case(const HalfBackwardCase& hc) {
   c.Lk = self ? 6 : 9;
   c.E = 16;
   c.H = 4;
+  if (hc.large) {
+    c.Lq = c.Lk = 600;
+    c.E = 128;
+  }
   if (!self) c.Ek = c.Ev = 12;
   if (hc.inputs == Inputs::Separate) c.Ev = 20;
   c.inputs = hc.inputs;
@@ -573,6 +578,13 @@ TEST_P(Module, HalfPrecisionBackward) {
                             .dropout = true,
                             .seed = 44});
   }
+  run_half_backward_case({.dtype = MHA_DTYPE_BF16,
+                          .inputs = Inputs::SelfAttention,
+                          .input_grads = MHA_DTYPE_BF16,
+                          .weight_grads = MHA_DTYPE_F16,
+                          .causal = true,
+                          .large = true,
+                          .seed = 45});
 }
 
 }  // namespace
