@@ -323,20 +323,7 @@ int run_module_forward_case(FuzzedDataProvider& fdp) {
   if (weights_kind != 0 && changed_outside(weights_buf, weights, before[1]) != 0) {
     finding("module forward: written outside attn_weights");
   }
-  const mha_test::ModuleReference ref = mha_test::reference_module(m.w, m.in);
-  const auto check = [](const mha_tensor& got, const std::vector<double>& want,
-                        const std::vector<double>& bound, const char* name) {
-    const mha_test::BoundCheck c = mha_test::check_within(got, want, bound);
-    if (c.outside != 0) {
-      note(" %lld of %lld outside, worst %.3g of the bound; first: %s",
-           static_cast<long long>(c.outside), static_cast<long long>(c.elements), c.worst_ratio,
-           c.first.c_str());
-      finding(std::string("module forward: ") + name + " off");
-    }
-  };
-  check(out, ref.out, ref.out_bound, "out");
-  if (weights_kind == 1) check(weights, ref.weights, ref.weights_bound, "attn_weights");
-  if (weights_kind == 2) check(weights, ref.average, ref.average_bound, "averaged attn_weights");
+  check_against_reference("module forward: ", m, out, weights_kind, weights);
   return 0;
 }
 

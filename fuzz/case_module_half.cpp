@@ -425,20 +425,7 @@ int run_module_half_case(FuzzedDataProvider& fdp) {
       finding("module half: attn_weights are not the f32 call's rounded once");
     }
   }
-  const mha_test::ModuleReference ref = mha_test::reference_module(m.w, m.in);
-  const auto check = [](const mha_tensor& got, const std::vector<double>& want,
-                        const std::vector<double>& bound, const char* name) {
-    const mha_test::BoundCheck c = mha_test::check_within(got, want, bound);
-    if (c.outside != 0) {
-      note(" %lld of %lld outside, worst %.3g of the bound; first: %s",
-           static_cast<long long>(c.outside), static_cast<long long>(c.elements), c.worst_ratio,
-           c.first.c_str());
-      finding(std::string("module half: the f32 call's ") + name + " off");
-    }
-  };
-  check(out32, ref.out, ref.out_bound, "out");
-  if (weights_kind == 1) check(aw32, ref.weights, ref.weights_bound, "attn_weights");
-  if (weights_kind == 2) check(aw32, ref.average, ref.average_bound, "averaged attn_weights");
+  check_against_reference("module half: the f32 call's ", m, out32, weights_kind, aw32);
   if (fdp.ConsumeBool()) check_half_backward(fdp, m, query, key, value, params, qdt, other);
   return 0;
 }

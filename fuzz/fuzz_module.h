@@ -54,4 +54,10 @@ struct ModuleSetup {
   void draw_params(FuzzedDataProvider& fdp);
 };
 
+// A forward call's out and attention weights (weights_kind: 0 none, 1 per
+// head, 2 averaged over the heads) against the module's float64 reference
+// on m's inputs, within its bounds; otherwise a finding named by `prefix`.
+void check_against_reference(const char* prefix, const ModuleSetup& m, const mha_tensor& out,
+                             int weights_kind, const mha_tensor& weights);
+
 }  // namespace mha_fuzz

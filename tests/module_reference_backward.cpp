@@ -288,4 +288,15 @@ ModuleBackwardReference reference_module_backward(const ModuleWeights& w, const 
   return ref;
 }
 
+double worst_difference(const mha_tensor& got, const std::vector<double>& want) {
+  double worst = 0;
+  size_t n = 0;
+  for_each_offset(got, [&](int64_t offset) {
+    const double diff =
+        std::fabs(static_cast<double>(static_cast<const float*>(got.data)[offset]) - want[n++]);
+    worst = std::isnan(diff) ? std::numeric_limits<double>::infinity() : std::max(worst, diff);
+  });
+  return worst;
+}
+
 }  // namespace mha_test

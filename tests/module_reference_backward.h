@@ -52,6 +52,10 @@ struct ModuleBackwardReference {
   ReferenceGradient sinks;              // [H] (empty without sinks)
 };
 
+// max |got - want| over an F32 gradient's elements in C order (infinite
+// where got holds a NaN).
+double worst_difference(const mha_tensor& got, const std::vector<double>& want);
+
 // The gradients of L = Σ dout ∘ module(inputs), dout F32 [B, Lq, E].
 ModuleBackwardReference reference_module_backward(const ModuleWeights& weights,
                                                   const ModuleInputs& inputs,

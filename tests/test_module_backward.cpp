@@ -256,18 +256,6 @@ struct ModuleBackwardRun {
   }
 };
 
-// max |got - want| over a descriptor's elements in C order.
-double worst_difference(const mha_tensor& got, const std::vector<double>& want) {
-  double worst = 0;
-  size_t n = 0;
-  for_each_offset(got, [&](int64_t offset) {
-    const double diff =
-        std::fabs(static_cast<double>(static_cast<const float*>(got.data)[offset]) - want[n++]);
-    worst = std::isnan(diff) ? std::numeric_limits<double>::infinity() : std::max(worst, diff);
-  });
-  return worst;
-}
-
 ReferenceGradient sum_of(const ReferenceGradient& a, const ReferenceGradient& b) {
   ReferenceGradient s = a;
   for (size_t n = 0; n < s.value.size(); ++n) s.value[n] += b.value[n];

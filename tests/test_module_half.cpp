@@ -386,18 +386,6 @@ struct GradPair {
   }
 };
 
-// max |got - want| over an f32 gradient's elements in C order.
-double worst_difference(const mha_tensor& got, const std::vector<double>& want) {
-  double worst = 0;
-  size_t n = 0;
-  for_each_offset(got, [&](int64_t at) {
-    const double diff =
-        std::fabs(static_cast<double>(static_cast<const float*>(got.data)[at]) - want[n++]);
-    worst = std::isnan(diff) ? std::numeric_limits<double>::infinity() : std::max(worst, diff);
-  });
-  return worst;
-}
-
 void run_half_backward_case(const HalfBackwardCase& hc) {
   SCOPED_TRACE(hc.describe());
   const bool self = hc.inputs == Inputs::SelfAttention;
