@@ -119,25 +119,9 @@ def output_dtype(query):
 
 
 def widened(x):
-    """A half-precision array (half_dtype) as float32: torch's conversion, which autograd
-    records (the gradient comes back in x's dtype), or a NumPy copy."""
+    """A half-precision array (half_dtype) as a float32 copy: torch's conversion (which autograd
+    records) or NumPy's."""
     return x.astype(np.float32) if isinstance(x, np.ndarray) else x.float()
-
-
-def widened_all(arrays):
-    """The arrays with each half-precision one (half_dtype) widened once, for the module's
-    backward (mha_module_backward takes float32): one array given twice (self-attention)
-    stays one array, so the library still sees them as the same."""
-    made = {}
-    for x in arrays:
-        if half_dtype(x) is not None and id(x) not in made:
-            made[id(x)] = widened(x)
-    return [made.get(id(x), x) for x in arrays]
-
-
-def narrowed(x, dtype):
-    """A float32 result in `dtype` (a half_dtype), rounded once."""
-    return x.astype(dtype) if isinstance(x, np.ndarray) else x.to(dtype)
 
 
 def zeros_like_array(x):

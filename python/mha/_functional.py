@@ -16,8 +16,7 @@ from . import _mha
 from ._arguments import flag, integer, real
 from ._attention import _NO_WINDOW, _dropout_seed, _grad_wanted, _window_argument
 from ._arrays import (Array, array_argument, empty_like_framework, half_dtype, is_torch_tensor,
-                      narrowed, optional_array_argument, output_dtype, shape_of, torch_module,
-                      widened, widened_all)
+                      optional_array_argument, output_dtype, shape_of, torch_module, widened)
 from ._module import _ForwardShapes
 from ._state_dict import float32_copy
 
@@ -47,8 +46,8 @@ def multi_head_attention_forward(
     vdim], or unbatched [L, E], [S, kdim], [S, vdim]); NumPy arrays or
     PyTorch tensors (any strides, read in place), float32, bfloat16 or
     float16 (half-precision values computed in float32: widened as the
-    library's projections read them, or under autograd by torch's
-    conversion; see Returns):
+    library's projections read them, with or without autograd; see
+    Returns):
 
     embed_dim_to_check: E, query's features; num_heads: H, dividing E.
     in_proj_weight [3E, E], in_proj_bias [3E] or None: the stacked
@@ -159,9 +158,7 @@ def multi_head_attention_backward(
     flag(average_attn_weights, "average_attn_weights")
     call.backward_seed(dropout_seed)
     grad_output = array_argument(grad_output, "grad_output")
-    call.widen_half_inputs()  # the gradients are float32 (as below) whatever the inputs
-    if half_dtype(grad_output) is not None:
-        grad_output = widened(grad_output)
+    grad_output = _dout(grad_output, call.query)
     if shape_of(grad_output) != call.shapes.out:
         raise ValueError(f"grad_output has shape {list(shape_of(grad_output))}; it must be the "
                          f"output's, {list(call.shapes.out)}")
@@ -174,6 +171,14 @@ def multi_head_attention_backward(
     return gradients.results
 
 
+def _dout(grad_output, query):
+    """grad_output as mha_module_backward takes its dout (float32 or query's dtype, a
+    half-precision one widened as it is read): as it is, or widened when it has another
+    half-precision dtype than query's (which that call refuses)."""
+    dtype = half_dtype(grad_output)
+    return grad_output if dtype is None or dtype == half_dtype(query) else widened(grad_output)
+
+
 def forward(call, cache):
     """The forward of a checked call, through mha's autograd.Function when a tensor requires
     grad; with the library module `cache` holds (a ModuleCache), or a new one when None."""
@@ -181,16 +186,9 @@ def forward(call, cache):
     if _grad_wanted(*call.inputs.values(), *call.weights.values(), call.sinks,
                     call.key_padding_mask, call.attn_mask, call.alibi_slopes):
         from ._module_autograd import forward_with_grad
-        # The backward takes float32: the Function computes on widened inputs, and autograd
-        # records the conversions (the gradients come back in the inputs' dtypes).
-        result_dtype = call.widen_half_inputs()
-        out, weights = forward_with_grad(call, library)
-        if result_dtype is not None:  # a half-precision query's results in its dtype
-            out = narrowed(out, result_dtype)
-            weights = None if weights is None else narrowed(weights, result_dtype)
-        return out, weights
-    # Without autograd, half-precision inputs are read in place and the results written in
-    # query's dtype (mha_module_forward widens and rounds once, as the path above does).
+        return forward_with_grad(call, library)
+    # Half-precision inputs are read in place and the results written in query's dtype
+    # (mha_module_forward widens and rounds once), as the autograd.Function does too.
     dtype = output_dtype(call.query)
     out = empty_like_framework(call.query, call.shapes.out, dtype)
     weights = None
@@ -291,23 +289,6 @@ class _Call:
         self.need_weights = False
         self.average_attn_weights = True
         self.dropout_seed = 0
-
-    def widen_half_inputs(self):
-        """Makes bfloat16 and float16 torch tensors and float16 NumPy arrays among query, key
-        and value float32, for the paths with a backward (mha_module_backward takes float32;
-        autograd records the conversion, so their gradients come back in their dtypes), one
-        array given twice staying one; float masks in query's half-precision dtype too (the
-        dtype the forward without autograd takes them in).  Returns query's half-precision
-        dtype, which the results take, or None."""
-        self.inputs = dict(zip(self.inputs, widened_all(list(self.inputs.values()))))
-        result = half_dtype(self.query)
-        self.query = self.inputs["query"]
-        if result is not None:
-            if half_dtype(self.key_padding_mask) == result:
-                self.key_padding_mask = widened(self.key_padding_mask)
-            if half_dtype(self.attn_mask) == result:
-                self.attn_mask = widened(self.attn_mask)
-        return result
 
     @property
     def dropout(self):

@@ -1,6 +1,8 @@
 """multi_head_attention_forward under torch's autograd: a torch.autograd.Function whose
 forward is mha_module_forward and whose backward is mha_module_backward (which recomputes the
-forward from the saved inputs and weights).
+forward from the saved inputs and weights).  Both take float32, bfloat16 and float16 tensors
+as they are (widened as they are read): the output comes in query's dtype and each gradient
+in its tensor's, written by the library (rounded once), so autograd converts nothing.
 
 Imported by mha._functional only when a tensor that requires grad reaches it while autograd
 is on, so torch is imported only where the caller already has.
@@ -16,8 +18,9 @@ from ._saved import save_inputs, saved_inputs
 # Arguments that never have a gradient: a tensor of them that requires grad is refused.
 _NO_GRADIENT = ("key_padding_mask", "attn_mask", "alibi_slopes")
 
-# The dtypes of weights that take part in autograd.
-_HALF_WEIGHTS = ("float32", "bfloat16", "float16")
+# The dtypes of query, key, value and the weights that take part in autograd (sinks:
+# float32 only, as mha_module_forward_params takes them).
+_GRADIENT_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def forward_with_grad(call, library):
@@ -41,10 +44,9 @@ def forward_with_grad(call, library):
         if x is None:
             continue
         dtype = str(getattr(x, "dtype", "")).replace("torch.", "")
-        # Half-precision query, key and value arrive widened (mha._functional); weights are
-        # read into the library's float32 copy, and autograd rounds their float32
-        # gradients to their dtype.  float64 would lose its precision: refused.
-        allowed = _HALF_WEIGHTS if name in call.weights else ("float32",)
+        # The library computes in float32 on these values and rounds each gradient once
+        # into its tensor's dtype; float64 would lose its precision: refused.
+        allowed = ("float32",) if name == "sinks" else _GRADIENT_DTYPES
         if dtype not in allowed:
             because = "requires grad" if name == culprit else f"{culprit} requires grad"
             raise TypeError(
@@ -89,12 +91,13 @@ class _ModuleAttention(torch.autograd.Function):
     def forward(ctx, plan, *arrays):
         call = plan.call
         # The output in query's layout (query has E features too): a batch-first module's
-        # transposed view gives a batch-first output.
-        out = torch.empty_like(call.query, dtype=torch.float32)
+        # transposed view gives a batch-first output.  The results in query's dtype (float32,
+        # bfloat16 or float16: forward_with_grad checked it), which the library writes
+        # rounded once.
+        out = torch.empty_like(call.query)
         weights = None
         if call.need_weights:
-            weights = call.query.new_empty(call.shapes.weights(call.average_attn_weights),
-                                           dtype=torch.float32)
+            weights = call.query.new_empty(call.shapes.weights(call.average_attn_weights))
         inputs = dict(zip(plan.names, arrays))
         library = plan.library()
         call.load(library, _weights_of(call, inputs))
@@ -131,10 +134,13 @@ class _ModuleAttention(torch.autograd.Function):
         wanted = {name for name, want in wants.items() if want}
 
         def allocate(like, shape):
-            if tuple(shape) == tuple(like.shape) and isinstance(like, torch.Tensor):
-                return torch.empty_like(like, dtype=torch.float32,
-                                        memory_format=torch.preserve_format)
-            return torch.empty(shape, dtype=torch.float32)
+            # Each gradient in its tensor's dtype, as autograd wants it: the library rounds
+            # a half-precision one once (a self-attention input's, the sum).
+            if not isinstance(like, torch.Tensor):
+                return torch.empty(shape, dtype=torch.float32)
+            if tuple(shape) == tuple(like.shape):
+                return torch.empty_like(like, memory_format=torch.preserve_format)
+            return torch.empty(shape, dtype=like.dtype)
 
         gradients = call.allocate_gradients(wanted, allocate, inputs, arrays["sinks"])
         library = plan.library()

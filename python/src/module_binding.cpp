@@ -3,7 +3,8 @@
 // Python types, ranks and PyTorch's shape rules, with the outputs allocated
 // (mha/_module.py, mha/_functional.py); the library checks the rest and its
 // message names the argument (the dtypes too: float32, bfloat16 or float16
-// inputs and weights, outputs in float32 or the query's dtype).  forward and
+// inputs, weights and gradients, each its own; out, the attention weights and
+// the backward's grad_out in float32 or the query's dtype).  forward and
 // backward run without the GIL; the weights are set while no forward or
 // backward of the same module runs (the C API's rule for
 // mha_module_set_weight).
@@ -169,8 +170,9 @@ class Module {
 
   // The gradients of forward's call with the same arguments, from grad_out
   // (its `out`'s place), into the arrays of `gradients` {mha_module_gradients
-  // field: array}: the inputs' arrive in the inputs' layout (sequence_first
-  // swaps them as it swaps the inputs).
+  // field: array}, each in its own dtype (the library rounds a half-precision
+  // one once): the inputs' arrive in the inputs' layout (sequence_first swaps
+  // them as it swaps the inputs).
   void backward(nb::handle query, nb::handle key, nb::handle value, nb::handle grad_out,
                 nb::handle key_padding_mask, nb::handle attn_mask, bool is_causal,
                 bool sequence_first, bool training, uint64_t dropout_seed, int64_t window_left,
@@ -273,9 +275,9 @@ void register_module(nb::module_& module) {
            "mha_module_backward: the gradients of forward's call with the same arguments, from "
            "grad_out, written into the arrays of `gradients`, a dict {mha_module_gradients "
            "field: array} (query, key, value, q_proj_weight, ..., out_proj_bias, sinks; one "
-           "array under several of query, key and value receives their sum); the inputs' "
-           "gradients in the inputs' layout.  Runs without the GIL.  Internal: use "
-           "mha.multi_head_attention_backward.");
+           "array under several of query, key and value receives their sum), each float32, "
+           "bfloat16 or float16 (rounded once); the inputs' gradients in the inputs' layout.  "
+           "Runs without the GIL.  Internal: use mha.multi_head_attention_backward.");
 }
 
 }  // namespace mha_python

@@ -5,6 +5,8 @@ and every gradient come back in their tensors' dtypes, rounded once.
 Against test_module_backward.py's reference -- torch's nn.MultiheadAttention in float64 on
 the same rounded weights and inputs -- with its float32 tolerances plus one rounding of
 each element to its dtype (UNIT_ROUNDOFF of its own |value|)."""
+import copy
+
 import numpy as np
 import pytest
 
@@ -300,7 +302,7 @@ def test_inference_allocates_no_float32_copy_of_a_numpy_query(rng):
 def test_masks_in_query_dtype(rng, dtype):
     """Additive key_padding_mask and attn_mask in query's half-precision dtype (PyTorch's rule
     for a float mask): the bits of the same masks in float32, without autograd and with it
-    (which widens them as it widens the inputs)."""
+    (which passes them to the library as they are too)."""
     module, _ = half_pair(dtype, seed=11, batch_first=True)
     q, k, v = (torch.from_numpy(x).to(dtype) for x in random_inputs(rng, module))
     padding = torch.from_numpy(rng.standard_normal((2, 9)).astype(np.float32)).to(dtype)
@@ -346,3 +348,126 @@ def test_half_weights_written_through_data_are_used(rng):
     module.out_proj.weight.data.mul_(0.5)
     after = out()
     assert not torch.equal(after, before) and torch.equal(after, fresh())
+
+
+def twin_leaves(arrays, dtype):
+    """A leaf tensor of `dtype` holding each distinct array's values (NumPy's or torch's), one
+    array given twice getting one leaf (self-attention stays self-attention)."""
+    made = {}
+    for x in arrays:
+        if id(x) not in made:
+            made[id(x)] = torch.as_tensor(x).detach().to(dtype).requires_grad_()
+    return [made[id(x)] for x in arrays]
+
+
+def forward_backward(module, inputs, grad_out, sinks, **options):
+    """(out, attention weights, {name: gradient}) of module(*inputs) under autograd: the
+    parameters', the inputs' ("query", "key", "value"; a tensor given again only under its
+    first name) and the sinks'."""
+    module.zero_grad(set_to_none=True)
+    sinks = sinks.clone().requires_grad_()
+    out, weights = module(*inputs, sinks=sinks, **options)
+    out.backward(grad_out)
+    grads = {name: x.grad for name, x in module.named_parameters()}
+    for i, name in enumerate(("query", "key", "value")):
+        if all(inputs[i] is not x for x in inputs[:i]):
+            grads[name] = inputs[i].grad
+    grads["sinks"] = sinks.grad
+    return out, weights, grads
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shared, kwargs", [
+    ("qkv", {"batch_first": True}),   # self-attention: one tensor, the summed gradient
+    ("kv", {}),                       # key is value
+    (None, {"kdim": 8, "vdim": 12}),  # separate projections
+])
+def test_autograd_gives_the_float32_bits_rounded_once(rng, backend, dtype, shared, kwargs):
+    """Under autograd a half-precision module on half-precision inputs and masks gives the
+    bits of its float32 twin on the same values: the output and the attention weights in
+    query's dtype, every gradient in its tensor's, rounded once -- self-attention's one
+    tensor gets the float32 sum, rounded once -- and the sinks' float32 gradient.  (The
+    library widens the half-precision tensors and rounds the results; the package widened
+    them itself before: the same bits.)"""
+    module, _ = half_pair(dtype, seed=13, **kwargs)
+    twin = copy.deepcopy(module).float()
+    half = twin_leaves(random_inputs(rng, module, shared=shared), dtype)
+    widened = twin_leaves(half, torch.float32)
+    batch, length, keys = 2, 6, 6 if shared == "qkv" else 9
+    masks = {"key_padding_mask": torch.randn(batch, keys).to(dtype),
+             "attn_mask": torch.randn(length, keys).to(dtype)}
+    grad_out = torch.randn(half[0].shape).to(dtype)
+    sinks = torch.tensor([0.5, -1.0, 0.0, 2.0])
+    options = {"is_causal": shared == "qkv", "average_attn_weights": False}
+    out, weights, grads = forward_backward(module, half, grad_out, sinks, **masks, **options)
+    want_out, want_weights, want = forward_backward(
+        twin, widened, grad_out.float(), sinks,
+        **{name: mask.float() for name, mask in masks.items()}, **options)
+
+    assert out.dtype == weights.dtype == dtype
+    assert torch.equal(out.detach(), want_out.detach().to(dtype))
+    assert torch.equal(weights, want_weights.to(dtype))
+    assert set(grads) == set(want)
+    for name, grad in grads.items():
+        like = dict(module.named_parameters()).get(name, half[0])
+        assert grad.dtype == (torch.float32 if name == "sinks" else like.dtype), name
+        assert torch.equal(grad, want[name].to(grad.dtype)), name
+
+
+def test_autograd_float32_query_beside_half_keys_and_values(rng):
+    """Each tensor its own dtype: a float32 query with bfloat16 key and value (and module)
+    gives the float32 twin's output and query gradient bit for bit, and the key's, value's
+    and parameters' rounded once to bfloat16."""
+    module, _ = half_pair(torch.bfloat16, seed=14)
+    twin = copy.deepcopy(module).float()
+    q, k, v = random_inputs(rng, module)
+    inputs = twin_leaves([q], torch.float32) + twin_leaves([k, v], torch.bfloat16)
+    widened = twin_leaves(inputs, torch.float32)
+    grad_out = torch.randn(q.shape)
+    sinks = torch.zeros(4)
+    out, _, grads = forward_backward(module, inputs, grad_out, sinks, need_weights=False)
+    want_out, _, want = forward_backward(twin, widened, grad_out, sinks, need_weights=False)
+    assert out.dtype == grads["query"].dtype == torch.float32
+    assert torch.equal(out.detach(), want_out.detach())
+    for name, grad in grads.items():
+        assert torch.equal(grad, want[name].to(grad.dtype)), name
+    assert grads["key"].dtype == module.in_proj_weight.grad.dtype == torch.bfloat16
+
+
+def _dispatch_mode():
+    try:
+        from torch.utils._python_dispatch import TorchDispatchMode
+    except ImportError:  # a torch without it: nothing to observe the operators with
+        pytest.skip("torch has no TorchDispatchMode")
+    return TorchDispatchMode
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shared", [None, "qkv"])
+def test_autograd_makes_no_float32_tensor(rng, dtype, shared):
+    """A half-precision module's forward and backward under autograd hand its half-precision
+    tensors to the C calls as they are and take the results in their dtypes: no torch
+    operator of the two (autograd's own conversions of a gradient to its tensor's dtype
+    included, which run as operators) makes a float32 tensor, and the output's graph goes
+    from mha's Function straight to the leaves."""
+    module, _ = half_pair(dtype, seed=15)
+    inputs = twin_leaves(random_inputs(rng, module, shared=shared), dtype)
+    grad_out = torch.randn(inputs[0].shape).to(dtype)
+    made = []
+
+    class Record(_dispatch_mode()):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            result = func(*args, **(kwargs or {}))
+            results = result if isinstance(result, (tuple, list)) else (result,)
+            made.extend((str(func), x.dtype) for x in results if isinstance(x, torch.Tensor))
+            return result
+
+    with Record():
+        out, weights = module(*inputs)
+        out.backward(grad_out)
+    assert made, "the operators were not recorded"
+    assert [op for op, made_dtype in made if made_dtype == torch.float32] == []
+    assert out.dtype == weights.dtype == dtype
+    assert all(x.grad.dtype == dtype for x in (*inputs, *module.parameters()))
+    nodes = [node for node, _ in out.grad_fn.next_functions if node is not None]
+    assert nodes and all(type(node).__name__ == "AccumulateGrad" for node in nodes)
