@@ -32,6 +32,8 @@ bool ranges_overlap(const mha_tensor& a, const mha_tensor& b) {
   return ra.begin < rb.end && rb.begin < ra.end;
 }
 
+}  // namespace
+
 // True when no two index tuples address the same element: with the dimensions
 // sorted by stride, each stride must step over everything the smaller ones span.
 bool elements_distinct(const mha_tensor& t) {
@@ -50,8 +52,6 @@ bool elements_distinct(const mha_tensor& t) {
   }
   return true;
 }
-
-}  // namespace
 
 mha_status check_shape_equal(const char* what, const char* a, int64_t va, const char* b,
                              int64_t vb) {

@@ -98,6 +98,8 @@ mha_status check_window(int64_t window_left, int64_t window_right);
 // module's.
 mha_status check_variants(const mha_tensor* sinks, float softcap, const mha_tensor* alibi_slopes,
                           int64_t batch, int64_t heads, const char* prefix);
+// True when no two index tuples of t address the same element.
+bool elements_distinct(const mha_tensor& t);
 // An output must not overlap itself (two indices, one address) or any of the
 // `count` other tensors (nullptr entries are skipped).
 mha_status check_no_overlap(const mha_tensor& output, const char* output_name,

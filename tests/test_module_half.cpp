@@ -351,7 +351,8 @@ struct HalfBackwardCase {
   bool seq_first = false;                  // inputs, dout and input gradients [L, B, F]
   bool key_padding = false;                // an additive key_padding_mask in dtype
   bool causal = false, sinks = false, dropout = false;
-  bool large = false;  // L 600, E 128: tensors the stand-ins convert in several blocks
+  bool large = false;         // L 600, E 128: tensors the stand-ins convert in several blocks
+  bool kv_broadcast = false;  // key and value with batch stride 0 (one index, one element)
   uint64_t seed = 1;
   std::string describe() const {
     const char* inputs_text = inputs == Inputs::SelfAttention    ? " self-attention"
@@ -362,7 +363,8 @@ struct HalfBackwardCase {
            mha_types::dtype_name(input_grads) + " weight grads " +
            mha_types::dtype_name(weight_grads) + (seq_first ? " seq-first" : "") +
            (key_padding ? " key_padding_mask" : "") + (causal ? " causal" : "") +
-           (sinks ? " sinks" : "") + (dropout ? " dropout" : "") + (large ? " large" : "");
+           (sinks ? " sinks" : "") + (dropout ? " dropout" : "") + (large ? " large" : "") +
+           (kv_broadcast ? " key/value batch-broadcast" : "");
   }
 };
 
@@ -400,8 +402,8 @@ void run_half_backward_case(const HalfBackwardCase& hc) {
     c.Lq = c.Lk = 600;
     c.E = 128;
   }
-  if (!self) c.Ek = c.Ev = 12;
-  if (hc.inputs == Inputs::Separate) c.Ev = 20;
+  if (!self) c.Ek = c.Ev = hc.large ? 128 : 12;
+  if (hc.inputs == Inputs::Separate) c.Ev = hc.large ? 136 : 20;
   c.inputs = hc.inputs;
   c.dropout = hc.dropout ? 0.25f : 0.0f;
   Rng rng(hc.seed);
@@ -420,6 +422,9 @@ void run_half_backward_case(const HalfBackwardCase& hc) {
       make_seq_first(t->f32);
       make_seq_first(t->half);
     }
+  }
+  if (hc.kv_broadcast) {
+    for (HalfTensor* t : {&key, &value}) t->f32.strides[0] = t->half.strides[0] = 0;
   }
   HalfTensor& k_in = self ? query : key;
   HalfTensor& v_in = self ? query : (shared ? key : value);
@@ -573,6 +578,12 @@ TEST_P(Module, HalfPrecisionBackward) {
                           .causal = true,
                           .large = true,
                           .seed = 45});
+  run_half_backward_case({.dtype = MHA_DTYPE_F16,
+                          .input_grads = MHA_DTYPE_F16,
+                          .weight_grads = MHA_DTYPE_BF16,
+                          .large = true,
+                          .kv_broadcast = true,
+                          .seed = 46});
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "common/dtype.h"
 #include "projections.h"
 #include "threads.h"
+#include "validate.h"
 
 namespace mha::rt {
 namespace {
@@ -28,8 +29,12 @@ void for_each_element(const mha_tensor& t, int32_t threads, F&& f) {
   constexpr int64_t kBlockElements = 1 << 16;
   const int64_t block_rows = std::max<int64_t>(1, kBlockElements / std::max<int64_t>(shape[2], 1));
   const int64_t blocks = (rows + block_rows - 1) / block_rows;
+  // An input may address one element from several indices (a broadcast
+  // batch, stride 0): it is then converted on one thread, so that no two
+  // threads write the same stand-in element.
+  const int32_t team = blocks > 1 && elements_distinct(t) ? threads : 1;
   const auto no_preparation = [](int32_t /*thread*/) { return true; };
-  run_team(blocks, blocks > 1 ? threads : 1, no_preparation, [&](int64_t block, int32_t) {
+  run_team(blocks, team, no_preparation, [&](int64_t block, int32_t) {
     const int64_t end = std::min(rows, (block + 1) * block_rows);
     for (int64_t r = block * block_rows; r < end; ++r) {
       const int64_t base = (r / shape[1]) * strides[0] + (r % shape[1]) * strides[1];
