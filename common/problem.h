@@ -147,14 +147,8 @@ inline void widen_row(const void* data, int32_t dtype, int64_t row, int64_t stri
       for (int64_t x = 0; x < n; ++x) dst[x] = scale * static_cast<float>(src[x * stride]);
       break;
     }
-    case MHA_DTYPE_BF16:
-    case MHA_DTYPE_F16:
-      for (int64_t x = 0; x < n; ++x) dst[x] = mha_types::load_float(data, dtype, row + x * stride);
-      break;
-    default: {
-      const float* src = static_cast<const float*>(data) + row;
-      for (int64_t x = 0; x < n; ++x) dst[x] = src[x * stride];
-    }
+    default:  // F32, BF16, F16
+      mha_types::widen_row(data, dtype, row, stride, n, dst);
   }
 }
 

@@ -229,25 +229,6 @@ int64_t row_offset(const mha_tensor& t, int64_t b, int64_t h, int64_t i) {
   return b * t.strides[0] + h * t.strides[1] + i * t.strides[2];
 }
 
-// n elements of a row of floating data (F32, BF16, F16), `stride` apart
-// from element `at`, as fp32 in `dst`: the dtype decided once per row, not
-// once per element as load_float does.  With round_rows below, a bf16 S1
-// backward on Zen 5 spends 4.9 % of its `perf` samples in the runtime
-// instead of 10.2 %; f16's own scalar conversions keep its share (about 13 %).
-void widen_row(const void* data, int32_t dtype, int64_t at, int64_t stride, int64_t n, float* dst) {
-  if (dtype == MHA_DTYPE_F32) {
-    const float* src = static_cast<const float*>(data) + at;
-    for (int64_t x = 0; x < n; ++x) dst[x] = src[x * stride];
-    return;
-  }
-  const uint16_t* src = static_cast<const uint16_t*>(data) + at;
-  if (dtype == MHA_DTYPE_BF16) {
-    for (int64_t x = 0; x < n; ++x) dst[x] = mha_types::bf16_to_f32(src[x * stride]);
-  } else {
-    for (int64_t x = 0; x < n; ++x) dst[x] = mha_types::f16_to_f32(src[x * stride]);
-  }
-}
-
 // delta[b, h, i] = Σ_x dO[b, h, i, x] · O[b, h, i, x], in fp32 from the
 // widened values (exact: a half is an fp32), x ascending; the rows widened
 // kRun elements at a time.
@@ -263,8 +244,8 @@ void compute_delta(const BackwardCall& call, float* delta, int64_t row) {
   float sum = 0.0f;
   for (int64_t x0 = 0; x0 < p.dv; x0 += kRun) {
     const int64_t n = std::min(kRun, p.dv - x0);
-    widen_row(out.data, out.dtype, o + x0 * out.strides[3], out.strides[3], n, a);
-    widen_row(dout.data, dout.dtype, g + x0 * dout.strides[3], dout.strides[3], n, c);
+    mha_types::widen_row(out.data, out.dtype, o + x0 * out.strides[3], out.strides[3], n, a);
+    mha_types::widen_row(dout.data, dout.dtype, g + x0 * dout.strides[3], dout.strides[3], n, c);
     for (int64_t x = 0; x < n; ++x) sum += a[x] * c[x];
   }
   delta[row] = sum;
@@ -289,16 +270,9 @@ F32View f32_view(const mha_tensor& t, float* buffer) {
 // dst.strides[3] apart.
 void round_rows(const float* src, int64_t rows, int64_t cols, const mha_tensor& dst, int64_t at,
                 int64_t row_stride) {
-  // The dtype decided once, not once per element (load_float's switch).
-  const int64_t s = dst.strides[3];
   for (int64_t r = 0; r < rows; ++r) {
-    uint16_t* out = static_cast<uint16_t*>(dst.data) + at + r * row_stride;
-    const float* in = src + r * cols;
-    if (dst.dtype == MHA_DTYPE_BF16) {
-      for (int64_t x = 0; x < cols; ++x) out[x * s] = mha_types::f32_to_bf16(in[x]);
-    } else {
-      for (int64_t x = 0; x < cols; ++x) out[x * s] = mha_types::f32_to_f16(in[x]);
-    }
+    mha_types::narrow_row(src + r * cols, cols, dst.data, dst.dtype, at + r * row_stride,
+                          dst.strides[3]);
   }
 }
 

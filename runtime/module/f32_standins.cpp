@@ -66,9 +66,9 @@ F32Standins::Copy& F32Standins::add(const mha_tensor& t, mha_tensor* written) {
   Copy& c = copies_.emplace_back();
   c.original = &t;
   c.written = written;
-  c.values.resize(static_cast<size_t>(extent_of(t)));
+  c.values.reset(new float[static_cast<size_t>(extent_of(t))]);
   c.f32 = t;
-  c.f32.data = c.values.data();
+  c.f32.data = c.values.get();
   c.f32.dtype = MHA_DTYPE_F32;
   return c;
 }

@@ -12,8 +12,9 @@
 
 #include <mha/mha.h>
 
+#include <cstdint>
 #include <deque>
-#include <vector>
+#include <memory>
 
 namespace mha::rt {
 
@@ -33,7 +34,7 @@ class F32Standins {
     const mha_tensor* original;
     mha_tensor* written;  // the caller's gradient, or nullptr for an input
     mha_tensor f32;
-    std::vector<float> values;
+    std::unique_ptr<float[]> values;  // the extent, uninitialised: only elements are read
   };
   Copy* find(const mha_tensor& t);
   Copy& add(const mha_tensor& t, mha_tensor* written);

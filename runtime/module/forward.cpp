@@ -254,15 +254,9 @@ mha_status run_module_forward(const ModuleCall& call) {
                const int64_t end = std::min(q_rows, (block + 1) * kBlockRows);
                for (int64_t r = block * kBlockRows; r < end; ++r) {
                  const int64_t g = r / out_order.rows, i = r % out_order.rows;
-                 auto* dst = static_cast<uint16_t*>(out.data) + g * out_order.gemm_stride +
-                             i * out_order.row_stride;
-                 const float* src = rows + r * e;
-                 const int64_t s = out.strides[2];
-                 if (out.dtype == MHA_DTYPE_BF16) {
-                   for (int64_t c = 0; c < e; ++c) dst[c * s] = mha_types::f32_to_bf16(src[c]);
-                 } else {
-                   for (int64_t c = 0; c < e; ++c) dst[c * s] = mha_types::f32_to_f16(src[c]);
-                 }
+                 mha_types::narrow_row(rows + r * e, e, out.data, out.dtype,
+                                       g * out_order.gemm_stride + i * out_order.row_stride,
+                                       out.strides[2]);
                }
              });
   }

@@ -14,18 +14,6 @@
 namespace mha::rt {
 namespace {
 
-// k elements of a bf16 or f16 x from element `from` (its feature stride
-// apart) into fp32, the dtype decided once per row rather than per element.
-void widen_row(const mha_tensor& x, int64_t from, int64_t k, float* row) {
-  const auto* src = static_cast<const uint16_t*>(x.data) + from;
-  const int64_t s = x.strides[2];
-  if (x.dtype == MHA_DTYPE_BF16) {
-    for (int64_t c = 0; c < k; ++c) row[c] = mha_types::bf16_to_f32(src[c * s]);
-  } else {
-    for (int64_t c = 0; c < k; ++c) row[c] = mha_types::f16_to_f32(src[c * s]);
-  }
-}
-
 // dst rows (in `order`, `width` wide, columns [0, n)) = x · wt (+ the biases),
 // with wt the transposed weights [K, n] (row stride ld) and x [B, L, K].
 // With biases (in the row below wt: module.h), x's rows are copied beside a
@@ -62,7 +50,7 @@ void project(const mha_tensor& x, const RowOrder& order, const float* wt, int64_
                const int64_t from = g * order.gemm_stride + i * order.row_stride;
                float* row = staging + r * lda;
                if (widen) {
-                 widen_row(x, from, k, row);
+                 mha_types::widen_row(x.data, x.dtype, from, x.strides[2], k, row);
                } else if (x.strides[2] == 1) {
                  std::memcpy(row, static_cast<const float*>(x.data) + from, float_bytes(k));
                } else {
