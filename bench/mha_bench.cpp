@@ -522,16 +522,32 @@ double read_bw(int n) {
 
 // ------------------------------------------------------------------ attention
 
+// Whether the backend computes bf16 products by its bf16 dot-product
+// instructions on this CPU (mha_backend_get_bf16_dot; the runtime widens bf16
+// where they run below the FMA's rate).
+bool takes_bf16_dot(const std::string& backend) {
+  const int32_t count = mha_backend_count();
+  for (int32_t i = 0; i < count; ++i) {
+    mha_backend_info info{};
+    int32_t dot = 0;
+    if (mha_backend_get_info(i, &info) == MHA_OK && info.name != nullptr && backend == info.name) {
+      return mha_backend_get_bf16_dot(i, &dot) == MHA_OK && dot != 0;
+    }
+  }
+  return false;
+}
+
 // The counters every attention-like benchmark reports, from seconds per call.
-// pct_peak: against the bf16 dot-product peak where the backend has one and
-// the call takes that path (bf16 Q with bf16 K and V, prefill), the FMA peak
-// otherwise.
+// pct_peak: against the bf16 dot-product peak where the backend takes that
+// path on this CPU and the call is one it takes (bf16 Q with bf16 K and V,
+// prefill), the FMA peak otherwise.
 void report(benchmark::State& st, const Shape& s, double sec_per_call, const std::string& isa,
             int n) {
   const double gflops = useful_flops(s) / sec_per_call * 1e-9;
   st.counters["GFLOPS"] = gflops;
   const bool bf16_dot = s.q_dtype == MHA_DTYPE_BF16 && s.kv_dtype == MHA_DTYPE_BF16 &&
-                        !is_decode(s) && g_loops.count("bf16dot/" + isa) != 0;
+                        !is_decode(s) && g_loops.count("bf16dot/" + isa) != 0 &&
+                        takes_bf16_dot(isa);
   if (const double peak = bf16_dot ? peak_of("bf16dot/" + isa, n) : fma_peak(isa, n); peak > 0.0)
     st.counters["pct_peak"] = gflops / peak * 100;
   if (is_decode(s)) {

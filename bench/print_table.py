@@ -200,7 +200,8 @@ def main():
     print("speed: GFLOP/s of useful work (causal: only the pairs that take part); S3: GB/s of K and "
           "V read; S5: microseconds per call.")
     print("% of peak: of the FMA peak of the backend's ISA at the same thread count (bf16 Q with "
-          "bf16 K/V on a backend with the bf16 dot-product path: of its bf16dot peak); "
+          "bf16 K/V on a backend that takes its bf16 dot-product path on this CPU: of its bf16dot "
+          "peak; mha-info says which do); "
           f"blis_unfused against the peak of {ctx.get('blis_peak_isa', 'the widest ISA')}.")
     print("vs f32: a dtype variant's speed relative to the fp32 shape -- or a variant shape's "
           "(S2:softcap, S2:alibi, S3:sinks, S1:blhd) relative to the plain one, and S9pad's (S9's batch "

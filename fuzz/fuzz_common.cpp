@@ -34,7 +34,8 @@ const std::vector<std::string>& usable_backends() {
     std::vector<std::string> list;
     // The backend queries take an index only: each index, in range or not,
     // once per process (mha_backend_get_decode_streams: >= 1 for a usable
-    // backend, 0 otherwise; mha_backend_get_tiles: positive prefill tiles for
+    // backend, 0 otherwise; mha_backend_get_bf16_dot: 0 or 1, 0 for a backend
+    // that is not usable; mha_backend_get_tiles: positive prefill tiles for
     // a usable backend, all 0 otherwise; both an error naming the index
     // outside the range, their output untouched).
     const int32_t count = mha_backend_count();
@@ -48,6 +49,13 @@ const std::vector<std::string>& usable_backends() {
                    : status != MHA_ERR_INVALID_VALUE || streams != -7) {
         finding("mha_backend_get_decode_streams(" + std::to_string(i) + ") gave status " +
                 std::to_string(status) + ", streams " + std::to_string(streams));
+      }
+      int32_t bf16_dot = -7;
+      const mha_status dot_status = mha_backend_get_bf16_dot(i, &bf16_dot);
+      if (in_range ? dot_status != MHA_OK || bf16_dot < 0 || bf16_dot > 1 || (!usable && bf16_dot)
+                   : dot_status != MHA_ERR_INVALID_VALUE || bf16_dot != -7) {
+        finding("mha_backend_get_bf16_dot(" + std::to_string(i) + ") gave status " +
+                std::to_string(dot_status) + ", bf16_dot " + std::to_string(bf16_dot));
       }
       mha_backend_tiles tiles{-7, -7, -7};
       const mha_status tiles_status = mha_backend_get_tiles(i, &tiles);

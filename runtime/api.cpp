@@ -195,6 +195,15 @@ mha_status mha_backend_get_decode_streams(int32_t index, int32_t* streams) {
   return MHA_OK;
 }
 
+mha_status mha_backend_get_bf16_dot(int32_t index, int32_t* bf16_dot) {
+  clear_error();
+  if (bf16_dot == nullptr) return fail(MHA_ERR_NULL_POINTER, "bf16_dot is NULL");
+  BackendInfo b{};
+  if (const mha_status status = backend_at(index, &b); status != MHA_OK) return status;
+  *bf16_dot = b.tiles.bf16_dot;
+  return MHA_OK;
+}
+
 mha_status mha_cpu_caches(mha_cache_info* caches) {
   clear_error();
   if (caches == nullptr) return fail(MHA_ERR_NULL_POINTER, "caches is NULL");

@@ -3,6 +3,7 @@
 #include <mha/plugin_abi.h>
 
 #include <cstdio>
+#include <cstring>
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -70,6 +71,27 @@ uint32_t detect() {
 uint32_t cpu_features() {
   static const uint32_t features = detect();
   return features;
+}
+
+const CpuIdentity& cpu_identity() {
+  static const CpuIdentity identity = [] {
+    CpuIdentity id{};
+#if defined(__x86_64__)
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return id;
+    std::memcpy(id.vendor, &ebx, 4);
+    std::memcpy(id.vendor + 4, &edx, 4);
+    std::memcpy(id.vendor + 8, &ecx, 4);
+    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return id;
+    const unsigned base_family = (eax >> 8) & 0xfu;
+    const unsigned base_model = (eax >> 4) & 0xfu;
+    id.family = base_family == 0xfu ? base_family + ((eax >> 20) & 0xffu) : base_family;
+    id.model = base_family == 0x6u || base_family == 0xfu ? (((eax >> 16) & 0xfu) << 4) | base_model
+                                                          : base_model;
+#endif
+    return id;
+  }();
+  return identity;
 }
 
 std::string feature_names(uint32_t features) {

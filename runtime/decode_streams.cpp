@@ -8,10 +8,6 @@
 #include "cpu_features.h"
 #include "env.h"
 
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
-
 namespace mha::rt {
 namespace {
 
@@ -31,25 +27,14 @@ namespace {
 // stream elsewhere, where the earlier sessions' Intel and Zen 4 / Zen 5
 // figures were taken.
 int32_t detect() {
-#if defined(__x86_64__)
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return 1;
-  char vendor[13] = {};
-  std::memcpy(vendor, &ebx, 4);
-  std::memcpy(vendor + 4, &edx, 4);
-  std::memcpy(vendor + 8, &ecx, 4);
-  const bool amd = std::strcmp(vendor, "AuthenticAMD") == 0;
-  const bool hygon = std::strcmp(vendor, "HygonGenuine") == 0;
+  const CpuIdentity& cpu = cpu_identity();
+  const bool amd = std::strcmp(cpu.vendor, "AuthenticAMD") == 0;
+  const bool hygon = std::strcmp(cpu.vendor, "HygonGenuine") == 0;
   if (!amd && !hygon) return 1;
-  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return 1;
-  const unsigned base_family = (eax >> 8) & 0xfu;
-  const unsigned family = base_family == 0xfu ? base_family + ((eax >> 20) & 0xffu) : base_family;
+  const unsigned family = cpu.family;
   const bool zen_1_to_3 =
       family == 23 || family == 24 || (family == 25 && (cpu_features() & MHA_CPU_AVX512F) == 0);
   return zen_1_to_3 ? 4 : 1;
-#else
-  return 1;
-#endif
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "bf16_dot.h"
 #include "cpu_caches.h"
 #include "cpu_features.h"
 #include "decode_streams.h"
@@ -212,28 +213,33 @@ void Registry::probe_locked(Backend& backend) {
   }
   // The tiles for this machine's caches: the runtime plans work items with
   // them, and the plugin's kernels use the same.
-  // The decode's key streams are the CPU's matter (decode_streams.cpp): the
-  // plugin answers with what its kernels do.
-  mha_tile_sizes tiles{plugin->query_tile, plugin->key_tile, 0, decode_key_streams()};
+  // The decode's key streams and the bf16 dot products are the CPU's matter
+  // (decode_streams.cpp, bf16_dot.cpp): the plugin answers with what its
+  // kernels do.
+  mha_tile_sizes tiles{plugin->query_tile, plugin->key_tile, 0, decode_key_streams(),
+                       bf16_dot_products()};
   if (plugin->choose_tiles != nullptr) {
     plugin->choose_tiles(&cpu_caches(), &tiles);
   } else {
     tiles.decode_key_streams = 1;
+    tiles.bf16_dot = 0;
   }
   if (tiles.query_tile <= 0 || tiles.key_tile <= 0 || tiles.decode_key_tile < 0 ||
-      tiles.decode_key_streams <= 0) {
+      tiles.decode_key_streams <= 0 || (tiles.bf16_dot != 0 && tiles.bf16_dot != 1)) {
     backend.reason =
         intern("its chosen tile sizes are not positive (query " + std::to_string(tiles.query_tile) +
                ", key " + std::to_string(tiles.key_tile) + ", decode streams " +
-               std::to_string(tiles.decode_key_streams) + ")");
+               std::to_string(tiles.decode_key_streams) + ") or its bf16 dot answer (" +
+               std::to_string(tiles.bf16_dot) + ") is not 0 or 1");
     return;
   }
   if (verbose_level() >= 1) {
     std::fprintf(stderr,
                  "mha: backend %s: tiles of %d queries x %d keys, decode %d keys in %d "
-                 "stream%s\n",
+                 "stream%s, bf16 products %s\n",
                  backend.name.c_str(), tiles.query_tile, tiles.key_tile, tiles.decode_key_tile,
-                 tiles.decode_key_streams, tiles.decode_key_streams == 1 ? "" : "s");
+                 tiles.decode_key_streams, tiles.decode_key_streams == 1 ? "" : "s",
+                 tiles.bf16_dot != 0 ? "by bf16 dot products" : "widened to fp32");
   }
   backend.tiles = tiles;
   backend.plugin = plugin;

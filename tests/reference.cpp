@@ -298,16 +298,6 @@ double bf16_dot_tolerance(const Reference& ref, int32_t out_dtype) {
   return tolerance(ref, out_dtype) + 4.0 * std::ldexp(1.0, -9) * ref.max_abs_value;
 }
 
-bool rounds_p_to_bf16(const std::string& backend, int32_t q_dtype, int32_t kv_dtype) {
-  return backend == "avx512bf16" && q_dtype == MHA_DTYPE_BF16 && kv_dtype == MHA_DTYPE_BF16;
-}
-
-double tolerance_for(const std::string& backend, int32_t q_dtype, int32_t kv_dtype,
-                     const Reference& ref, int32_t out_dtype) {
-  return rounds_p_to_bf16(backend, q_dtype, kv_dtype) ? bf16_dot_tolerance(ref, out_dtype)
-                                                      : tolerance(ref, out_dtype);
-}
-
 double max_abs_error(const mha_tensor& out, const Reference& ref) {
   if (out.data == nullptr || !floating(out.dtype) || out.ndim != 4 || out.shape[0] != ref.batch ||
       out.shape[1] != ref.heads || out.shape[2] != ref.lq || out.shape[3] != ref.dv) {

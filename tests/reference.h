@@ -60,17 +60,36 @@ double tolerance(const Reference& ref, int32_t out_dtype);
 // the output by at most 2^-8 · max|V|, half this allowance).
 double bf16_dot_tolerance(const Reference& ref, int32_t out_dtype);
 
-// Whether `backend` rounds P to bf16 for these input dtypes: avx512bf16 with
-// bf16 Q and bf16 K and V (its prefill layout runs Q·Kᵀ and P·V on
-// vdpbf16ps; its decode layout, which widens to fp32, is held to the same
-// allowance here unless a test says otherwise).
-bool rounds_p_to_bf16(const std::string& backend, int32_t q_dtype, int32_t kv_dtype);
+// Whether `backend` rounds P to bf16 for these input dtypes: a backend that
+// takes bf16 dot products on this CPU (mha_backend_get_bf16_dot: avx512bf16
+// unless the runtime widens bf16 here) with bf16 Q and bf16 K and V (its
+// prefill layout runs Q·Kᵀ and P·V on vdpbf16ps; its decode layout, which
+// widens to fp32, is held to the same allowance here unless a test says
+// otherwise).
+// Inline (and so emitted only where used): the reference library itself does
+// not link libmha.
+inline bool rounds_p_to_bf16(const std::string& backend, int32_t q_dtype, int32_t kv_dtype) {
+  if (q_dtype != MHA_DTYPE_BF16 || kv_dtype != MHA_DTYPE_BF16) return false;
+  const int32_t count = mha_backend_count();
+  for (int32_t i = 0; i < count; ++i) {
+    mha_backend_info info{};
+    int32_t dot = 0;
+    if (mha_backend_get_info(i, &info) == MHA_OK && info.name != nullptr && backend == info.name &&
+        mha_backend_get_bf16_dot(i, &dot) == MHA_OK) {
+      return dot != 0;
+    }
+  }
+  return false;
+}
 
 // The tolerance `backend`'s result must meet for these dtypes:
 // bf16_dot_tolerance where it rounds P to bf16, tolerance(ref, out_dtype)
 // otherwise.
-double tolerance_for(const std::string& backend, int32_t q_dtype, int32_t kv_dtype,
-                     const Reference& ref, int32_t out_dtype);
+inline double tolerance_for(const std::string& backend, int32_t q_dtype, int32_t kv_dtype,
+                            const Reference& ref, int32_t out_dtype) {
+  return rounds_p_to_bf16(backend, q_dtype, kv_dtype) ? bf16_dot_tolerance(ref, out_dtype)
+                                                      : tolerance(ref, out_dtype);
+}
 
 // Largest |out - ref| over all elements; out is an F32, BF16 or F16
 // [B, H, Lq, Dv] descriptor.

@@ -13,6 +13,12 @@
 // the bf16 path agrees with avx512's within the P-rounding allowance, and
 // MHA_VERBOSE=2 names the path of each call (a ctest entry's regular
 // expression checks the lines).
+//
+// Whether avx512bf16 takes the path is the runtime's choice from the CPU
+// (runtime/bf16_dot.cpp: not on Intel's, where vdpbf16ps runs at half the
+// FMA's rate).  ctest runs this suite with MHA_BF16_DOT=1, so that the path
+// is tested on every CPU that has the instructions, and the choice's own test
+// (Bf16DotAgainstAvx512.Bf16CallsFollowTheRuntimesChoice) both ways.
 #include <gtest/gtest.h>
 #include <mha/mha.h>
 
@@ -428,6 +434,36 @@ TEST(Bf16DotAgainstAvx512, EveryOtherCallIsBitIdentical) {
     const std::vector<unsigned char> a = run_on("avx512", c), b = run_on("avx512bf16", c);
     ASSERT_EQ(a.size(), b.size());
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size()), 0) << "outputs or LSE differ";
+  }
+  mha_select_backend("auto");
+}
+
+// bf16 prefill on avx512bf16 takes the dot products exactly when the runtime
+// says so (mha_backend_get_bf16_dot): otherwise it is avx512's widened
+// computation, bit for bit; with them, P's rounding to bf16 shows.
+TEST(Bf16DotAgainstAvx512, Bf16CallsFollowTheRuntimesChoice) {
+  if (const std::string why = both_usable(); !why.empty()) GTEST_SKIP() << why;
+  const BackendEntry* entry = find_backend(list_backends(), "avx512bf16");
+  ASSERT_NE(entry, nullptr);
+  const bool dot = entry->bf16_dot;
+  if (const std::string forced = env("MHA_BF16_DOT"); forced == "0" || forced == "1") {
+    EXPECT_EQ(dot, forced == "1") << "MHA_BF16_DOT=" << forced << " was not followed";
+  }
+  const int32_t f32 = MHA_DTYPE_F32, bf16 = MHA_DTYPE_BF16;
+  const Call calls[] = {
+      {bf16, bf16, f32, 2, 4, 2, 100, 300, 64, 64, MHA_CAUSAL_NONE, false, false, 0.0f, false},
+      {bf16, bf16, bf16, 1, 4, 4, 130, 130, 32, 48, MHA_CAUSAL_TOP_LEFT, true, true, 0.0f, false},
+      {bf16, bf16, f32, 1, 2, 1, 70, 150, 64, 64, MHA_CAUSAL_BOTTOM_RIGHT, false, false, 0.25f,
+       false},
+  };
+  int index = 0;
+  for (const Call& c : calls) {
+    SCOPED_TRACE("call " + std::to_string(index++) + (dot ? ", dot products" : ", widened"));
+    const std::vector<unsigned char> a = run_on("avx512", c), b = run_on("avx512bf16", c);
+    ASSERT_EQ(a.size(), b.size());
+    const bool same = std::memcmp(a.data(), b.data(), a.size()) == 0;
+    EXPECT_EQ(same, !dot) << (dot ? "the dot products left no trace of P's rounding"
+                                  : "widened bf16 differs from avx512's");
   }
   mha_select_backend("auto");
 }

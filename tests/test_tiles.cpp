@@ -9,22 +9,30 @@
 // The decode's key streams (mha_backend_get_decode_streams) are the runtime's
 // choice from the CPU, which MHA_DECODE_STREAMS overrides: only the avx2
 // backend has streams (four), every other usable backend reads in address
-// order.
+// order.  So are the bf16 dot products (mha_backend_get_bf16_dot), which
+// MHA_BF16_DOT overrides: only avx512bf16 has them, off on Intel's CPUs.
 //
 // Environment read by these tests (set by tests/CMakeLists.txt):
 //   MHA_TEST_EXPECT_L1D, MHA_TEST_EXPECT_L2   the bytes the entry's override gives
 //   MHA_TEST_EXPECT_AVX2_STREAMS              the avx2 backend's streams under the
 //                                             entry's MHA_DECODE_STREAMS
+//   MHA_TEST_EXPECT_BF16_DOT                  avx512bf16's bf16_dot under the
+//                                             entry's MHA_BF16_DOT
 #include <gtest/gtest.h>
 #include <mha/mha.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <string>
 
 #include "small_call.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 namespace mha_test {
 namespace {
@@ -44,6 +52,22 @@ int32_t expected_key_tile(int64_t lanes, int64_t l1d) {
   const int64_t step = std::lcm<int64_t>(6, lanes);
   return static_cast<int32_t>(
       std::clamp<int64_t>(l1d * 3 / 4 / (64 * 4) / step * step, 2 * step, 576 / step * step));
+}
+
+// The runtime's rule for the bf16 dot products (runtime/bf16_dot.cpp): on
+// everywhere but on Intel's CPUs, where vdpbf16ps runs below the FMA's rate.
+int32_t expected_bf16_dot_by_default() {
+#if defined(__x86_64__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) != 0) {
+    char vendor[13] = {};
+    std::memcpy(vendor, &ebx, 4);
+    std::memcpy(vendor + 4, &edx, 4);
+    std::memcpy(vendor + 8, &ecx, 4);
+    return std::string(vendor) == "GenuineIntel" ? 0 : 1;
+  }
+#endif
+  return 1;
 }
 
 TEST(Tiles, CachesAreWhatTheEntryGives) {
@@ -70,9 +94,11 @@ TEST(Tiles, FollowTheRule) {
     mha_backend_info info{};
     mha_backend_tiles tiles{};
     int32_t streams = -1;
+    int32_t bf16_dot = -1;
     ASSERT_EQ(mha_backend_get_info(i, &info), MHA_OK) << mha_last_error();
     ASSERT_EQ(mha_backend_get_tiles(i, &tiles), MHA_OK) << mha_last_error();
     ASSERT_EQ(mha_backend_get_decode_streams(i, &streams), MHA_OK) << mha_last_error();
+    ASSERT_EQ(mha_backend_get_bf16_dot(i, &bf16_dot), MHA_OK) << mha_last_error();
     const std::string name = info.name;
     SCOPED_TRACE(name);
     if (info.usable == 0) {
@@ -80,9 +106,17 @@ TEST(Tiles, FollowTheRule) {
       EXPECT_EQ(tiles.key_tile, 0);
       EXPECT_EQ(tiles.decode_key_tile, 0);
       EXPECT_EQ(streams, 0);
+      EXPECT_EQ(bf16_dot, 0);
       continue;
     }
     ++usable;
+    if (name != "avx512bf16") {
+      EXPECT_EQ(bf16_dot, 0) << "only avx512bf16 has bf16 dot products";
+    } else if (const std::string want = env("MHA_TEST_EXPECT_BF16_DOT"); !want.empty()) {
+      EXPECT_EQ(bf16_dot, std::stoi(want));
+    } else if (env("MHA_BF16_DOT").empty()) {
+      EXPECT_EQ(bf16_dot, expected_bf16_dot_by_default());
+    }
     const std::string avx2_streams = env("MHA_TEST_EXPECT_AVX2_STREAMS");
     if (name != "avx2") {
       EXPECT_EQ(streams, 1);
@@ -130,6 +164,15 @@ TEST(Tiles, BadArgumentsAreNamed) {
         << mha_last_error();
   }
   EXPECT_EQ(streams, 7) << "a refused call wrote its output";
+  EXPECT_EQ(mha_backend_get_bf16_dot(0, nullptr), MHA_ERR_NULL_POINTER);
+  EXPECT_NE(std::string(mha_last_error()).find("bf16_dot"), std::string::npos) << mha_last_error();
+  int32_t bf16_dot = 7;
+  for (int32_t index : {-1, mha_backend_count()}) {
+    EXPECT_EQ(mha_backend_get_bf16_dot(index, &bf16_dot), MHA_ERR_INVALID_VALUE);
+    EXPECT_NE(std::string(mha_last_error()).find("backend index"), std::string::npos)
+        << mha_last_error();
+  }
+  EXPECT_EQ(bf16_dot, 7) << "a refused call wrote its output";
 }
 
 }  // namespace

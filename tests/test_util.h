@@ -313,6 +313,7 @@ struct BackendEntry {
   bool usable = false;
   int32_t priority = 0;
   std::string reason;
+  bool bf16_dot = false;  // mha_backend_get_bf16_dot: bf16 products by bf16 dot products
 };
 
 // Every backend the runtime knows, usable or not, in the runtime's order.
@@ -322,8 +323,10 @@ inline std::vector<BackendEntry> list_backends() {
   for (int32_t i = 0; i < count; ++i) {
     mha_backend_info info{};
     if (mha_backend_get_info(i, &info) != MHA_OK || info.name == nullptr) continue;
-    list.push_back(
-        {info.name, info.usable != 0, info.priority, info.reason != nullptr ? info.reason : ""});
+    int32_t bf16_dot = 0;
+    if (mha_backend_get_bf16_dot(i, &bf16_dot) != MHA_OK) bf16_dot = 0;
+    list.push_back({info.name, info.usable != 0, info.priority,
+                    info.reason != nullptr ? info.reason : "", bf16_dot != 0});
   }
   return list;
 }

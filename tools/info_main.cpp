@@ -39,6 +39,7 @@ struct BackendEntry {
   std::string reason;
   mha_backend_tiles tiles{};   // zero when not usable
   int32_t decode_streams = 0;  // mha_backend_get_decode_streams: 0 when not usable
+  int32_t bf16_dot = 0;        // mha_backend_get_bf16_dot: 0 when not usable
 };
 
 struct Info {
@@ -74,8 +75,10 @@ Info gather_info() {
     (void)mha_backend_get_tiles(i, &tiles);
     int32_t decode_streams = 0;
     (void)mha_backend_get_decode_streams(i, &decode_streams);
+    int32_t bf16_dot = 0;
+    (void)mha_backend_get_bf16_dot(i, &bf16_dot);
     info.backends.push_back({b.name != nullptr ? b.name : "", b.usable != 0, b.priority,
-                             b.reason != nullptr ? b.reason : "", tiles, decode_streams});
+                             b.reason != nullptr ? b.reason : "", tiles, decode_streams, bf16_dot});
   }
   if (const char* selected = mha_selected_backend(); selected != nullptr) {
     info.selected = selected;
@@ -109,6 +112,9 @@ std::string to_json(const Info& info) {
     } else {
       entry["tiles"] = nullptr;
     }
+    // bf16 x bf16 products by the backend's bf16 dot-product instructions on
+    // this CPU (false: widened to fp32, or not usable).
+    entry["bf16_dot"] = b.bf16_dot != 0;
     j["backends"].push_back(entry);
   }
   if (info.selected) {
@@ -164,6 +170,7 @@ std::string to_text(const Info& info) {
         out << ", decode tiles of " << b.tiles.decode_key_tile << " keys";
         if (b.decode_streams > 1) out << " in " << b.decode_streams << " streams";
       }
+      if (b.bf16_dot != 0) out << ", bf16 by dot products";
       out << "\n";
     } else {
       out << ": not usable: " << b.reason << "\n";

@@ -7,6 +7,8 @@
 #include <mha/mha.h>
 #include <mha/plugin_abi.h>
 
+#include "simd/kernel_entry.hpp"
+
 namespace mha_simd {
 
 // bf16 Q with bf16 K and V in the prefill layout: the bf16 dot-product path
@@ -17,10 +19,18 @@ inline bool bf16_dot_applies(const mha_kernel_problem& p) {
          p.kv_dtype == MHA_DTYPE_BF16;
 }
 
+// Whether a problem takes that path: the plugin has it (kBf16Dot), the runtime
+// wants it on this CPU (mha_simd_tiles::bf16_dot; runtime/bf16_dot.cpp: not
+// where vdpbf16ps runs below the FMA's rate), and the problem is one it takes.
+template <bool kBf16Dot>
+bool bf16_dot_taken(const mha_kernel_problem& p) {
+  return kBf16Dot && mha_simd_chosen_tiles().bf16_dot && bf16_dot_applies(p);
+}
+
 // The name of the path (mha_plugin.path).
 template <bool kBf16Dot>
 const char* kernel_path(const mha_kernel_problem* p) {
-  if (kBf16Dot && bf16_dot_applies(*p)) return "bf16-dot";
+  if (bf16_dot_taken<kBf16Dot>(*p)) return "bf16-dot";
   return p->q_dtype == MHA_DTYPE_F32 && p->kv_dtype == MHA_DTYPE_F32 ? "fp32" : "widened-to-fp32";
 }
 

@@ -18,11 +18,11 @@ namespace mha_simd {
 // until the runtime calls choose_tiles.
 template <class Arch>
 mha_simd_tiles& tiles_of_this_plugin() {
-  static mha_simd_tiles tiles{Blocking<Arch>::kKeyTile, 0, 0, 1};
+  static mha_simd_tiles tiles{Blocking<Arch>::kKeyTile, 0, 0, 1, false};
   return tiles;
 }
 
-template <class Arch>
+template <class Arch, bool kBf16Dot>
 void choose_tiles(const mha_cache_sizes* caches, mha_tile_sizes* tiles) {
   mha_simd_tiles& chosen = tiles_of_this_plugin<Arch>();
   chosen.key_tile = prefill_key_tile<Arch>(caches->l1d);
@@ -34,6 +34,10 @@ void choose_tiles(const mha_cache_sizes* caches, mha_tile_sizes* tiles) {
   // Streams where the runtime asks for them and this ISA's kernels have them.
   chosen.decode_key_streams = tiles->decode_key_streams > 1 ? Blocking<Arch>::kDecodeKeyStreams : 1;
   tiles->decode_key_streams = chosen.decode_key_streams;
+  // The bf16 dot-product path where this plugin has it and the runtime wants
+  // it on this CPU (runtime/bf16_dot.cpp).
+  chosen.bf16_dot = kBf16Dot && tiles->bf16_dot != 0;
+  tiles->bf16_dot = chosen.bf16_dot ? 1 : 0;
 }
 
 // The module's matrix-product micro-kernel, where this ISA has one
@@ -72,7 +76,7 @@ constexpr mha_plugin plugin_table(const char* name, const char* description, uin
       kernel_path<kBf16Dot>,
       mha_simd_backward_scratch_bytes,
       mha_simd_backward,
-      choose_tiles<Arch>,
+      choose_tiles<Arch, kBf16Dot>,
       packed_gemm_of<Arch>(),
   };
 }

@@ -159,7 +159,7 @@ class PrefillKernel {
   // What an item caches: fp32 K and V rows, or (bf16 path) V as pairs of
   // keys.  A query tile the bf16 path hands over to fp32 then packs its tiles.
   static bool pairs_cache(const mha_kernel_problem& p) {
-    return kBf16Dot && bf16_dot_applies(p) && widened_cache(p);
+    return bf16_dot_taken<kBf16Dot>(p) && widened_cache(p);
   }
   static bool fp32_cache(const mha_kernel_problem& p) {
     return widened_cache(p) && !pairs_cache(p);
@@ -257,7 +257,9 @@ class PrefillKernel {
     ScoreUnits units = ScoreUnits::base2(p.scale);
     bool done = false;
     if constexpr (kBf16Dot) {
-      if (bf16_dot_applies(p)) done = accumulate_tile<true>(p, item, t, h, q0, nq, units, false);
+      if (bf16_dot_taken<kBf16Dot>(p)) {
+        done = accumulate_tile<true>(p, item, t, h, q0, nq, units, false);
+      }
     }
     bool written = false;
     if (!done) {

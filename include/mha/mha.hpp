@@ -1024,6 +1024,9 @@ struct BackendInfo {
   int32_t query_tile = 0, key_tile = 0, decode_key_tile = 0;
   // How its decode reads a tile's rows on this CPU (mha_backend_get_decode_streams).
   int32_t decode_streams = 0;
+  // Whether it computes bf16 products by bf16 dot products on this CPU
+  // (mha_backend_get_bf16_dot).
+  bool bf16_dot = false;
 };
 
 // Every backend the runtime knows, installed or not.
@@ -1035,13 +1038,15 @@ inline std::vector<BackendInfo> backends() {
     mha_backend_info info{};
     mha_backend_tiles tiles{};
     int32_t decode_streams = 0;
+    int32_t bf16_dot = 0;
     check(mha_backend_get_info(i, &info));
     check(mha_backend_get_tiles(i, &tiles));
     check(mha_backend_get_decode_streams(i, &decode_streams));
+    check(mha_backend_get_bf16_dot(i, &bf16_dot));
     result.push_back(BackendInfo{info.name != nullptr ? info.name : "", info.usable != 0,
                                  info.priority, info.reason != nullptr ? info.reason : "",
                                  tiles.query_tile, tiles.key_tile, tiles.decode_key_tile,
-                                 decode_streams});
+                                 decode_streams, bf16_dot != 0});
   }
   return result;
 }

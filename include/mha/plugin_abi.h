@@ -49,8 +49,11 @@ extern "C" {
  *    for the module's matrix products, run inside BLIS's framework.
  * 15: mha_tile_sizes ends with decode_key_streams: whether the decode reads
  *    a tile's rows as several streams, which the runtime decides from the
- *    CPU. */
-#define MHA_PLUGIN_ABI_VERSION 15
+ *    CPU.
+ * 16: mha_tile_sizes ends with bf16_dot: whether bf16 products use the
+ *    plugin's bf16 dot-product instructions, which the runtime decides from
+ *    the CPU. */
+#define MHA_PLUGIN_ABI_VERSION 16
 #define MHA_PLUGIN_ENTRY_SYMBOL "mha_plugin_entry"
 
 /* CPU features, as the runtime detects them (OS support included). */
@@ -289,12 +292,18 @@ typedef struct mha_cache_sizes {
  * on this CPU -- 1: a decode tile's rows read in address order; more: as
  * that many streams at once, for CPUs whose hardware prefetchers bring one
  * stream of rows at well below the memory's rate -- and on the way out what
- * the kernels do (1 where the plugin has no streams). */
+ * the kernels do (1 where the plugin has no streams).
+ * ABI 16: bf16_dot is, on the way in, whether the runtime wants bf16 x bf16
+ * products computed by the plugin's bf16 dot-product instructions on this
+ * CPU (1) or on values widened to fp32 (0: where those instructions run
+ * below the rate of fp32 FMAs), and on the way out what the kernels do (0
+ * where the plugin has no such path). */
 typedef struct mha_tile_sizes {
   int32_t query_tile;
   int32_t key_tile;
   int32_t decode_key_tile;
   int32_t decode_key_streams;
+  int32_t bf16_dot;
 } mha_tile_sizes;
 
 /* ABI 14: a micro-kernel for the module's matrix products.  The runtime runs

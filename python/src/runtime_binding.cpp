@@ -60,6 +60,7 @@ nb::dict info() {
     } else {
       entry["tiles"] = nb::none();
     }
+    entry["bf16_dot"] = b.bf16_dot;  // mha-info --json's field
     backends.append(entry);
   }
   report["backends"] = backends;

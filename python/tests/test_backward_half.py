@@ -68,8 +68,10 @@ def check_half(rng, backend, *, q_dtype, kv_dtype, B=2, H=4, Hkv=None, L=21, S=2
     ref_out, _ = reference_forward(*(torch.from_numpy(to_float64(x)) for x in (tq, tk, tv)),
                                    None if mask is None else torch.from_numpy(mask64),
                                    **options)
-    bf16_dot = (mha.info()["selected"] == "avx512bf16" if backend is None else
-                backend == "avx512bf16") and q_dtype == kv_dtype == "bfloat16"
+    info = mha.info()
+    name = info["selected"] if backend is None else backend
+    bf16_dot = (next(b for b in info["backends"] if b["name"] == name)["bf16_dot"]
+                and q_dtype == kv_dtype == "bfloat16")
     assert_close(out, ref_out.numpy(), 30.0, out_dtype=q_dtype,
                  max_v=np.abs(to_float64(tv)).max(), bf16_dot=bf16_dot)
 

@@ -758,12 +758,13 @@ int check_info(const std::string& file, const std::string& expected_selected) {
   std::vector<std::string> usable;
   if (j.contains("backends") && j["backends"].is_array()) {
     for (const auto& b : j["backends"]) {
-      const bool shaped = b.is_object() && b.contains("name") && b["name"].is_string() &&
-                          b.contains("usable") && b["usable"].is_boolean() &&
-                          b.contains("reason") && b["reason"].is_string() &&
-                          b.contains("priority") && b["priority"].is_number_integer() &&
-                          b.size() == 5 && b.contains("tiles");
-      expect(shaped, "a backend is not {name, usable, reason, priority, tiles}: " + b.dump());
+      const bool shaped =
+          b.is_object() && b.contains("name") && b["name"].is_string() && b.contains("usable") &&
+          b["usable"].is_boolean() && b.contains("reason") && b["reason"].is_string() &&
+          b.contains("priority") && b["priority"].is_number_integer() && b.contains("bf16_dot") &&
+          b["bf16_dot"].is_boolean() && b.size() == 6 && b.contains("tiles");
+      expect(shaped,
+             "a backend is not {name, usable, reason, priority, tiles, bf16_dot}: " + b.dump());
       if (!shaped) continue;
       const bool is_usable = b["usable"].get<bool>();
       expect(is_usable == b["reason"].get<std::string>().empty(),
@@ -776,6 +777,11 @@ int check_info(const std::string& file, const std::string& expected_selected) {
       expect(mha_backend_get_tiles(index, &tiles) == MHA_OK, "mha_backend_get_tiles failed");
       expect(mha_backend_get_decode_streams(index, &streams) == MHA_OK,
              "mha_backend_get_decode_streams failed");
+      int32_t bf16_dot = -1;
+      expect(mha_backend_get_bf16_dot(index, &bf16_dot) == MHA_OK,
+             "mha_backend_get_bf16_dot failed");
+      expect(b["bf16_dot"].get<bool>() == (bf16_dot == 1) && (bf16_dot == 0 || is_usable),
+             "bf16_dot is not mha_backend_get_bf16_dot's: " + b.dump());
       const auto& t = b["tiles"];
       if (is_usable) {
         expect(t.is_object() && t.size() == 4 && t.value("query", -1) == tiles.query_tile &&
