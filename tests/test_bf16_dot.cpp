@@ -443,7 +443,8 @@ TEST(Bf16DotAgainstAvx512, EveryOtherCallIsBitIdentical) {
 // computation, bit for bit; with them, P's rounding to bf16 shows.
 TEST(Bf16DotAgainstAvx512, Bf16CallsFollowTheRuntimesChoice) {
   if (const std::string why = both_usable(); !why.empty()) GTEST_SKIP() << why;
-  const BackendEntry* entry = find_backend(list_backends(), "avx512bf16");
+  const auto backends = list_backends();
+  const BackendEntry* entry = find_backend(backends, "avx512bf16");
   ASSERT_NE(entry, nullptr);
   const bool dot = entry->bf16_dot;
   if (const std::string forced = env("MHA_BF16_DOT"); forced == "0" || forced == "1") {
