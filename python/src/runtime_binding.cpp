@@ -108,9 +108,11 @@ void register_runtime(nb::module_& module) {
   module.def("version", &mha_version, "The mha library's version, \"major.minor.patch\".");
   module.def("info", &info,
              "What mha sees on this machine, as `mha-info --json` prints it: a dict with\n"
-             "'version', 'cpu_features' (list of str), 'backends' (one dict per backend mha\n"
-             "knows: 'name', 'usable', 'reason' why not, 'priority'), 'selected' (the backend\n"
-             "calls use, or None with 'selection_error' saying why) and 'threads'.");
+             "'version', 'cpu_features' (list of str), 'caches', 'backends' (one dict per\n"
+             "backend mha knows: 'name', 'usable', 'reason' why not, 'priority', 'tiles' and\n"
+             "'bf16_dot': whether it computes bf16 products by bf16 dot products on this\n"
+             "CPU), 'selected' (the backend calls use, or None with 'selection_error' saying\n"
+             "why) and 'threads'.");
   module.def("backends", &usable_backends,
              "The names of the backends usable on this machine, the preferred first (auto\n"
              "picks the first).  mha.info() has every backend, with why it is not usable.");
