@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "test_util.h"
+
 namespace mha_test {
 
 struct Reference {
@@ -67,19 +69,13 @@ double bf16_dot_tolerance(const Reference& ref, int32_t out_dtype);
 // widens to fp32, is held to the same allowance here unless a test says
 // otherwise).
 // Inline (and so emitted only where used): the reference library itself does
-// not link libmha.
+// not link libmha.  The reference's arithmetic shares no code with the
+// runtime; only this question goes to the library.
 inline bool rounds_p_to_bf16(const std::string& backend, int32_t q_dtype, int32_t kv_dtype) {
   if (q_dtype != MHA_DTYPE_BF16 || kv_dtype != MHA_DTYPE_BF16) return false;
-  const int32_t count = mha_backend_count();
-  for (int32_t i = 0; i < count; ++i) {
-    mha_backend_info info{};
-    int32_t dot = 0;
-    if (mha_backend_get_info(i, &info) == MHA_OK && info.name != nullptr && backend == info.name &&
-        mha_backend_get_bf16_dot(i, &dot) == MHA_OK) {
-      return dot != 0;
-    }
-  }
-  return false;
+  const std::vector<BackendEntry> backends = list_backends();
+  const BackendEntry* entry = find_backend(backends, backend);
+  return entry != nullptr && entry->bf16_dot;
 }
 
 // The tolerance `backend`'s result must meet for these dtypes:
