@@ -7,9 +7,11 @@
 
 namespace mha::rt {
 
-// Decided once from the CPU (vendor), unless MHA_BF16_DOT is 0 or 1: 1 lets a
-// plugin with a bf16 dot-product path (avx512bf16) take it for bf16 Q with
-// bf16 K and V, 0 has it widen them to fp32 as the other plugins do.
+// Decided once from the CPU (AMX, vendor), unless MHA_BF16_DOT is 0, 1 or 2:
+// 1 lets a plugin with a bf16 dot-product path (avx512bf16) take it for bf16
+// Q with bf16 K and V, 2 the same path on AMX tiles (only where
+// MHA_CPU_AMX_BF16 is detected), 0 has it widen them to fp32 as the other
+// plugins do.
 int32_t bf16_dot_products();
 
 }  // namespace mha::rt

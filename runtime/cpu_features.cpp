@@ -7,6 +7,10 @@
 
 #if defined(__x86_64__)
 #include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #elif defined(__aarch64__)
 #include <asm/hwcap.h>
 #include <sys/auxv.h>
@@ -21,6 +25,25 @@ uint64_t read_xcr0() {
   uint32_t eax = 0, edx = 0;
   __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
   return (uint64_t{edx} << 32) | eax;
+}
+
+// Whether this process may use AMX tiles: the CPU has them with bf16 products
+// (CPUID 7.0 EDX bits 24 and 22), the OS saves their state (XCR0 bits 17 and
+// 18), and Linux granted the permission a process must ask for before its
+// first tile instruction (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, since
+// Linux 5.16; without it the first one raises SIGILL).  Asked once, for the
+// whole process: the tile state is then allocated for each thread that uses it.
+bool amx_bf16_usable(unsigned leaf7_edx, uint64_t xcr0) {
+  const bool cpu = ((leaf7_edx >> 24) & 1u) && ((leaf7_edx >> 22) & 1u);
+  const bool os = (xcr0 & 0x60000) == 0x60000;
+  if (!cpu || !os) return false;
+#if defined(__linux__)
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtileData = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtileData) == 0;
+#else
+  return false;
+#endif
 }
 
 uint32_t detect() {
@@ -40,6 +63,9 @@ uint32_t detect() {
   if (max_leaf < 7) return features;
   __cpuid_count(7, 0, eax, ebx, ecx, edx);
   if (avx && ((ebx >> 5) & 1u)) features |= MHA_CPU_AVX2;
+  if (zmm_state && ((ebx >> 16) & 1u) && amx_bf16_usable(edx, xcr0)) {
+    features |= MHA_CPU_AMX_BF16;
+  }
   if (zmm_state && ((ebx >> 16) & 1u)) {
     features |= MHA_CPU_AVX512F;
     if ((ebx >> 28) & 1u) features |= MHA_CPU_AVX512CD;
@@ -112,6 +138,7 @@ std::string feature_names(uint32_t features) {
       {MHA_CPU_AVX512VL, "avx512vl"},
       {MHA_CPU_AVX512BF16, "avx512bf16"},
       {MHA_CPU_F16C, "f16c"},
+      {MHA_CPU_AMX_BF16, "amx-bf16"},
       {MHA_CPU_NEON, "neon"},
   };
   std::string names;

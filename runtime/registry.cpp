@@ -225,12 +225,13 @@ void Registry::probe_locked(Backend& backend) {
     tiles.bf16_dot = 0;
   }
   if (tiles.query_tile <= 0 || tiles.key_tile <= 0 || tiles.decode_key_tile < 0 ||
-      tiles.decode_key_streams <= 0 || (tiles.bf16_dot != 0 && tiles.bf16_dot != 1)) {
+      tiles.decode_key_streams <= 0 || tiles.bf16_dot < 0 || tiles.bf16_dot > 2 ||
+      (tiles.bf16_dot == 2 && !(cpu_features() & MHA_CPU_AMX_BF16))) {
     backend.reason =
         intern("its chosen tile sizes are not positive (query " + std::to_string(tiles.query_tile) +
                ", key " + std::to_string(tiles.key_tile) + ", decode streams " +
                std::to_string(tiles.decode_key_streams) + ") or its bf16 dot answer (" +
-               std::to_string(tiles.bf16_dot) + ") is not 0 or 1");
+               std::to_string(tiles.bf16_dot) + ") is not 0, 1 or 2 (2 only with AMX)");
     return;
   }
   if (verbose_level() >= 1) {
@@ -239,7 +240,9 @@ void Registry::probe_locked(Backend& backend) {
                  "stream%s, bf16 products %s\n",
                  backend.name.c_str(), tiles.query_tile, tiles.key_tile, tiles.decode_key_tile,
                  tiles.decode_key_streams, tiles.decode_key_streams == 1 ? "" : "s",
-                 tiles.bf16_dot != 0 ? "by bf16 dot products" : "widened to fp32");
+                 tiles.bf16_dot == 2   ? "by bf16 dot products on AMX tiles"
+                 : tiles.bf16_dot != 0 ? "by bf16 dot products"
+                                       : "widened to fp32");
   }
   backend.tiles = tiles;
   backend.plugin = plugin;

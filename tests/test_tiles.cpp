@@ -54,9 +54,30 @@ int32_t expected_key_tile(int64_t lanes, int64_t l1d) {
       std::clamp<int64_t>(l1d * 3 / 4 / (64 * 4) / step * step, 2 * step, 576 / step * step));
 }
 
+// Whether the CPU has AMX tiles with bf16 products (CPUID 7.0 EDX bits 24
+// and 22) and the OS saves their state (XCR0 bits 17 and 18).  The runtime
+// must then also have asked Linux for the permission to use them.
+bool amx_bf16_expected() {
+#if defined(__x86_64__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid_max(0, nullptr) < 7) return false;
+  __cpuid_count(7, 0, eax, ebx, ecx, edx);
+  if (!((edx >> 24) & 1u) || !((edx >> 22) & 1u) || !((ebx >> 16) & 1u)) return false;
+  uint32_t lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (lo & 0x600e6u) == 0x600e6u;  // AVX-512's state and the tiles'
+#else
+  return false;
+#endif
+}
+
 // The runtime's rule for the bf16 dot products (runtime/bf16_dot.cpp): on
-// everywhere but on Intel's CPUs, where vdpbf16ps runs below the FMA's rate.
-int32_t expected_bf16_dot_by_default() {
+// AMX tiles where they are usable (2); otherwise everywhere but on Intel's
+// CPUs, where vdpbf16ps runs below the FMA's rate.  MHA_BF16_DOT 0 and 1
+// override it, and 2 where AMX tiles are usable.
+int32_t expected_bf16_dot(const std::string& given) {
+  if (given == "0" || given == "1") return given == "1" ? 1 : 0;
+  if (amx_bf16_expected()) return 2;
 #if defined(__x86_64__)
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) != 0) {
@@ -114,8 +135,8 @@ TEST(Tiles, FollowTheRule) {
       EXPECT_EQ(bf16_dot, 0) << "only avx512bf16 has bf16 dot products";
     } else if (const std::string want = env("MHA_TEST_EXPECT_BF16_DOT"); !want.empty()) {
       EXPECT_EQ(bf16_dot, std::stoi(want));
-    } else if (env("MHA_BF16_DOT").empty()) {
-      EXPECT_EQ(bf16_dot, expected_bf16_dot_by_default());
+    } else {
+      EXPECT_EQ(bf16_dot, expected_bf16_dot(env("MHA_BF16_DOT")));
     }
     const std::string avx2_streams = env("MHA_TEST_EXPECT_AVX2_STREAMS");
     if (name != "avx2") {

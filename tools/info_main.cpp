@@ -39,7 +39,7 @@ struct BackendEntry {
   std::string reason;
   mha_backend_tiles tiles{};   // zero when not usable
   int32_t decode_streams = 0;  // mha_backend_get_decode_streams: 0 when not usable
-  int32_t bf16_dot = 0;        // mha_backend_get_bf16_dot: 0 when not usable
+  int32_t bf16_dot = 0;        // mha_backend_get_bf16_dot: 0 when not usable (2: AMX tiles)
 };
 
 struct Info {
@@ -113,8 +113,10 @@ std::string to_json(const Info& info) {
       entry["tiles"] = nullptr;
     }
     // bf16 x bf16 products by the backend's bf16 dot-product instructions on
-    // this CPU (false: widened to fp32, or not usable).
+    // this CPU (false: widened to fp32, or not usable), and whether those are
+    // AMX tiles' (mha_backend_get_bf16_dot 2).
     entry["bf16_dot"] = b.bf16_dot != 0;
+    entry["bf16_amx"] = b.bf16_dot == 2;
     j["backends"].push_back(entry);
   }
   if (info.selected) {
@@ -171,6 +173,7 @@ std::string to_text(const Info& info) {
         if (b.decode_streams > 1) out << " in " << b.decode_streams << " streams";
       }
       if (b.bf16_dot != 0) out << ", bf16 by dot products";
+      if (b.bf16_dot == 2) out << " on AMX tiles";
       out << "\n";
     } else {
       out << ": not usable: " << b.reason << "\n";

@@ -30,6 +30,7 @@ struct mha_simd_tiles {
   int64_t l2_bytes;            // the L2 the decode's token-major tiles fill (0: unknown)
   int64_t pv_run_bytes;        // prefill: V rows one P·V run keeps in the L1 (0: whole key tiles)
   int32_t decode_key_streams;  // 1, or Blocking's kDecodeKeyStreams (row_kernels.hpp)
-  bool bf16_dot;               // bf16 x bf16 products by the bf16 dot-product path (paths.hpp)
+  int32_t bf16_dot;            // bf16 x bf16 products: 0 widened, 1 the bf16 dot-product
+                               // path, 2 the same on AMX tiles (paths.hpp)
 };
 const mha_simd_tiles& mha_simd_chosen_tiles();

@@ -24,12 +24,20 @@ inline bool bf16_dot_applies(const mha_kernel_problem& p) {
 // where vdpbf16ps runs below the FMA's rate), and the problem is one it takes.
 template <bool kBf16Dot>
 bool bf16_dot_taken(const mha_kernel_problem& p) {
-  return kBf16Dot && mha_simd_chosen_tiles().bf16_dot && bf16_dot_applies(p);
+  return kBf16Dot && mha_simd_chosen_tiles().bf16_dot != 0 && bf16_dot_applies(p);
+}
+
+// Whether that path's two products run on AMX tiles (amx.hpp): the runtime
+// asked for them (bf16_dot 2), which it does only where they are usable.
+template <bool kBf16Dot>
+bool amx_taken(const mha_kernel_problem& p) {
+  return bf16_dot_taken<kBf16Dot>(p) && mha_simd_chosen_tiles().bf16_dot == 2;
 }
 
 // The name of the path (mha_plugin.path).
 template <bool kBf16Dot>
 const char* kernel_path(const mha_kernel_problem* p) {
+  if (amx_taken<kBf16Dot>(*p)) return "bf16-amx";
   if (bf16_dot_taken<kBf16Dot>(*p)) return "bf16-dot";
   return p->q_dtype == MHA_DTYPE_F32 && p->kv_dtype == MHA_DTYPE_F32 ? "fp32" : "widened-to-fp32";
 }

@@ -2,6 +2,8 @@
 // instruction the weakest CPU lacks (the table is a constant, nothing runs).
 #pragma once
 
+#include <algorithm>
+
 #include <mha/plugin_abi.h>
 
 #include "simd/blocking.hpp"
@@ -18,7 +20,7 @@ namespace mha_simd {
 // until the runtime calls choose_tiles.
 template <class Arch>
 mha_simd_tiles& tiles_of_this_plugin() {
-  static mha_simd_tiles tiles{Blocking<Arch>::kKeyTile, 0, 0, 1, false};
+  static mha_simd_tiles tiles{Blocking<Arch>::kKeyTile, 0, 0, 1, 0};
   return tiles;
 }
 
@@ -35,9 +37,11 @@ void choose_tiles(const mha_cache_sizes* caches, mha_tile_sizes* tiles) {
   chosen.decode_key_streams = tiles->decode_key_streams > 1 ? Blocking<Arch>::kDecodeKeyStreams : 1;
   tiles->decode_key_streams = chosen.decode_key_streams;
   // The bf16 dot-product path where this plugin has it and the runtime wants
-  // it on this CPU (runtime/bf16_dot.cpp).
-  chosen.bf16_dot = kBf16Dot && tiles->bf16_dot != 0;
-  tiles->bf16_dot = chosen.bf16_dot ? 1 : 0;
+  // it on this CPU (runtime/bf16_dot.cpp), on AMX tiles (2) only where the
+  // runtime asks for them: it does so only where the CPU, the OS and the
+  // process's permission allow them.
+  chosen.bf16_dot = kBf16Dot ? std::clamp(tiles->bf16_dot, 0, 2) : 0;
+  tiles->bf16_dot = chosen.bf16_dot;
 }
 
 // The module's matrix-product micro-kernel, where this ISA has one

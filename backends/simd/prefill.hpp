@@ -13,6 +13,8 @@
 // the bf16 dot-product path of bf16_dot.hpp for both products -- same tiles,
 // same softmax, Q and V packed as bf16 pairs, P rounded to bf16 once.  Every
 // other call, and the careful pass, runs exactly the code of kBf16Dot = false.
+// Where the runtime asks for AMX tiles (bf16_dot 2), that path's two
+// products run on them (amx.hpp) and everything else stays the same.
 //
 // This file composes the pieces: micro-kernels (microkernels.hpp and
 // bf16_dot.hpp), the tile softmax (softmax.hpp), masks and dropout
@@ -24,6 +26,7 @@
 #include <xsimd/xsimd.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <limits>
 #include <tuple>
@@ -32,6 +35,7 @@
 
 #include "common/dropout.h"
 #include "common/problem.h"
+#include "simd/amx.hpp"
 #include "simd/bf16_dot.hpp"
 #include "simd/blocking.hpp"
 #include "simd/convert.hpp"
@@ -52,13 +56,22 @@ namespace mha_simd {
 template <class Arch, bool kBf16Dot = false>
 class PrefillKernel {
   using B = xsimd::batch<float, Arch>;
-  using Dot = Bf16Dot<Arch>;  // named only when kBf16Dot
+  using Dot = Bf16Dot<Arch>;   // named only when kBf16Dot
+  using Amx = AmxTiles<Arch>;  // named only when kBf16Dot and AMX tiles are taken
+  // Whether this plugin has the AMX kernels (an AVX512_BF16 build on x86-64).
+#if defined(MHA_HAVE_AMX_TILES)
+  static constexpr bool kAmxBuilt = kBf16Dot;
+#else
+  static constexpr bool kAmxBuilt = false;
+#endif
   static constexpr int W = static_cast<int>(B::size);
   using Blk = Blocking<Arch>;
   static constexpr int QT = Blk::kQueryTile;
   // Keys per tile: chosen from the L1d when the plugin was loaded
   // (tile_choice.hpp), a multiple of kScoreKeys and of W.
-  static int64_t chosen_key_tile() { return mha_simd_chosen_tiles().key_tile; }
+  static int64_t chosen_key_tile() {
+    return mha_simd_chosen_tiles().key_tile;
+  }
   // Keys per P·V run: the key tile cut into equal runs, each within the
   // chosen budget of V rows (tile_choice.hpp) and at least two key groups of
   // the score micro-kernel.
@@ -100,6 +113,13 @@ class PrefillKernel {
     float* v_pack;       // [kt][Dvp] when V rows are strided or Dv % W != 0;
                          // bf16 path: [kt/2][Dvp] pairs of keys, always
     uint32_t* p_pairs;   // bf16 path: [kt/2][QT] probabilities as pairs of keys
+    // AMX tiles (amx.hpp; kt' = kt rounded up to whole steps of 32 keys,
+    // D' = D rounded up to 32): K rows [kt'][D'] bf16, the P·V's A operand
+    // [32][kt'/2] pairs, V's last partial step [16][Dvp] pairs.
+    bool amx;
+    uint16_t* k_amx;
+    uint32_t* p_rows;
+    uint32_t* v_stage;
     // Half-precision or int8 K and V, or fp32 rows that are not back to
     // back, widened (copied) once per item for all its query tiles
     // (fp32_cache): [keys of the item][D] and [..][Dvp], the first
@@ -178,12 +198,29 @@ class PrefillKernel {
   }
 
  public:
+  // Rows of the score tile and its probability pairs: the key tile, rounded
+  // up to the AMX tiles' steps in the bf16 plugin; the Q tile's (pairs on
+  // the bf16 path, rounded up to whole steps there).
+  static int64_t score_rows(int64_t kt) {
+    return kBf16Dot ? round_up(kt, 32) : kt;
+  }
+  static int64_t qt_rows(const mha_kernel_problem& p) {
+    return kBf16Dot ? std::max(p.d, round_up(p.d, 32) / 2) : p.d;
+  }
+  // Floats of the AMX buffers (Tile::k_amx, p_rows, v_stage).
+  static std::array<int64_t, 3> amx_floats(const mha_kernel_problem& p, int64_t kt) {
+    if (!kAmxBuilt) return {0, 0, 0};
+    return {round_up(kt, 32) * round_up(p.d, 32) / 2, 32 * round_up(kt, 32) / 2,
+            W * round_up(p.dv, W)};
+  }
+
   static size_t scratch_bytes(const mha_kernel_problem& p) {
     const int64_t dvp = round_up(p.dv, W);
     const int64_t k_cached = k_cached_rows(p), v_cached = widened_cache(p) ? p.lk : 0;
     const int64_t kt = chosen_key_tile();
-    return ScratchCarver::bytes({p.d * QT,
-                                 kt * QT,
+    const auto amx = amx_floats(p, kt);
+    return ScratchCarver::bytes({qt_rows(p) * QT,
+                                 score_rows(kt) * QT,
                                  QT * dvp,
                                  QT,
                                  QT,
@@ -200,9 +237,12 @@ class PrefillKernel {
                                  k_cached * p.d,
                                  v_cached * dvp,
                                  2,
-                                 kBf16Dot ? kt * QT / 2 : 0,
+                                 kBf16Dot ? score_rows(kt) * QT / 2 : 0,
                                  2 * QT / W,
-                                 W});
+                                 W,
+                                 amx[0],
+                                 amx[1],
+                                 amx[2]});
   }
 
   static void run(const mha_kernel_problem& p, const mha_work_item& item, void* scratch) {
@@ -211,8 +251,8 @@ class PrefillKernel {
     Tile t{};
     t.kt = chosen_key_tile();
     t.pv_run = pv_run_keys(dvp, t.kt);
-    t.qt = carve.floats(p.d * QT);
-    t.scores = carve.floats(t.kt * QT);
+    t.qt = carve.floats(qt_rows(p) * QT);
+    t.scores = carve.floats(score_rows(t.kt) * QT);
     t.acc = carve.floats(QT * dvp);
     t.row_max = carve.floats(QT);
     t.row_sum = carve.floats(QT);
@@ -233,13 +273,26 @@ class PrefillKernel {
     t.widened[0] = 0;
     t.widened[1] = -1;
     t.use_cache = fp32_cache(p) && (p.kv_dtype != MHA_DTYPE_F32 || item.q_end - item.q_begin > QT);
-    if constexpr (kBf16Dot) t.p_pairs = reinterpret_cast<uint32_t*>(carve.floats(t.kt * QT / 2));
+    if constexpr (kBf16Dot) {
+      t.p_pairs = reinterpret_cast<uint32_t*>(carve.floats(score_rows(t.kt) * QT / 2));
+    }
     t.band = reinterpret_cast<int32_t*>(carve.floats(2 * QT / W));
     t.poison = carve.floats(W);
+    const auto amx = amx_floats(p, t.kt);
+    t.k_amx = reinterpret_cast<uint16_t*>(carve.floats(amx[0]));
+    t.p_rows = reinterpret_cast<uint32_t*>(carve.floats(amx[1]));
+    t.v_stage = reinterpret_cast<uint32_t*>(carve.floats(amx[2]));
+    t.amx = kAmxBuilt && amx_taken<kBf16Dot>(p);
+    if constexpr (kAmxBuilt) {
+      if (t.amx) Amx::configure();  // this thread's tiles
+    }
     for (int64_t h = item.h_begin; h < item.h_end; ++h) {
       for (int64_t q0 = item.q_begin; q0 < item.q_end; q0 += QT) {
         query_tile(p, item, t, h, q0, std::min<int64_t>(QT, item.q_end - q0));
       }
+    }
+    if constexpr (kAmxBuilt) {
+      if (t.amx) Amx::release();
     }
   }
 
@@ -364,6 +417,9 @@ class PrefillKernel {
     if constexpr (kDot) {
       Dot::template pack_queries<QT>(mha_kernel::q_row<uint16_t>(p, b, h, q0), p.q_strides[2],
                                      p.q_strides[3], nq, p.d, reinterpret_cast<uint32_t*>(t.qt));
+      if constexpr (kAmxBuilt) {
+        if (t.amx) Amx::template pad_query_pairs<QT>(reinterpret_cast<uint32_t*>(t.qt), p.d);
+      }
     } else {
       pack_queries(p, t, b, h, q0, nq, units.q_factor);
     }
@@ -590,7 +646,9 @@ class PrefillKernel {
   }
 
   // A paged cache's rows are packed (a tile's rows are not evenly spaced).
-  static bool paged(const mha_kernel_problem& p) { return p.block_table != nullptr; }
+  static bool paged(const mha_kernel_problem& p) {
+    return p.block_table != nullptr;
+  }
 
   // V's rows from key j0 of (b, kvh): evenly spaced, or looked up in a paged
   // cache.
@@ -808,6 +866,9 @@ class PrefillKernel {
     if constexpr (kFused) {
       for (int v = 0; v < nqv; ++v) B(0.0f).store_aligned(t.tile_sum + v * W);
     }
+    if constexpr (kDot && kAmxBuilt) {
+      if (t.amx) return amx_scores<kFused, kSetMax>(t, kv, d, units, nqv, keys);
+    }
     const float* first_bound = t.tile_bounds;
     const float* last_bound = t.tile_bounds + int64_t{nqv} * W;
     // Zero probabilities for vectors [v_begin, v_end) of keys j .. j + nk.
@@ -873,20 +934,41 @@ class PrefillKernel {
         });
       }
     }
-    if constexpr (kFused) {
-      // The tile's probabilities against the stale maximum: within bounds
-      // when their sums are (NaN is not: the two-pass path sees it).
-      const B bound(std::exp2(kMaxGrowth));
-      for (int v = 0; v < nqv; ++v)
-        within = within && xsimd::all(B::load_aligned(t.tile_sum + v * W) <= bound);
-      if (!within) return false;
-      for (int v = 0; v < nqv; ++v) {
-        (B::load_aligned(t.row_sum + v * W) + B::load_aligned(t.tile_sum + v * W))
-            .store_aligned(t.row_sum + v * W);
-        B(1.0f).store_aligned(t.alpha + v * W);
-      }
-    }
+    if constexpr (kFused) within = take_fused_sums(t, nqv);
     return within;
+  }
+
+  // A fused tile's probabilities against the stale maximum: within bounds
+  // when their sums are (NaN is not: the two-pass path sees it); then they
+  // join the row sums, and the accumulators are not rescaled.
+  static bool take_fused_sums(const Tile& t, int nqv) {
+    const B bound(std::exp2(kMaxGrowth));
+    for (int v = 0; v < nqv; ++v) {
+      if (!xsimd::all(B::load_aligned(t.tile_sum + v * W) <= bound)) return false;
+    }
+    for (int v = 0; v < nqv; ++v) {
+      (B::load_aligned(t.row_sum + v * W) + B::load_aligned(t.tile_sum + v * W))
+          .store_aligned(t.row_sum + v * W);
+      B(1.0f).store_aligned(t.alpha + v * W);
+    }
+    return true;
+  }
+
+  // compute_scores on AMX tiles: the tile's K rows packed into whole tiles,
+  // every key against every query vector (a banded tile's hidden keys are
+  // masked afterwards, as they are for the dot products), then the dot
+  // products' epilogue over the stored scores.
+  template <bool kFused, bool kSetMax>
+  static bool amx_scores(const Tile& t, const KeyTile<true>& kv, int64_t d, const ScoreUnits& units,
+                         int nqv, int keys) {
+    if constexpr (kAmxBuilt) {
+      Amx::pack_keys(kv.k, kv.k_stride, keys, d, t.k_amx);
+      Amx::template scores<QT>(t.k_amx, keys, d, reinterpret_cast<const uint32_t*>(t.qt), nqv,
+                               t.scores);
+      Amx::template score_epilogue<QT, kFused, kSetMax>(t.scores, nqv, keys, units.q_factor,
+                                                        t.p_pairs, t.row_max, t.tile_sum);
+    }
+    return !kFused || take_fused_sums(t, nqv);
   }
 
   // The keys [lo, hi) of a banded tile (starting at key j_rel0 of the item)
@@ -952,6 +1034,12 @@ class PrefillKernel {
   static void accumulate_pv(const Tile& t, const KeyTile<kDot>& kv, int64_t dvp, int64_t nq,
                             int keys, PrefetchQueue& prefetch, bool banded = false,
                             int64_t j_rel0 = 0, bool overwrite = false) {
+    if constexpr (kDot && kAmxBuilt) {
+      if (t.amx) {
+        amx_pv(t, kv, dvp, nq, keys);
+        return;
+      }
+    }
     constexpr int R = Blk::kPvRows, C = Blk::kPvVectors;
     const int vectors = static_cast<int>(dvp / W);
     const int run = banded || kDot ? keys : t.pv_run;
@@ -998,6 +1086,29 @@ class PrefillKernel {
             });
           });
         }
+      }
+    }
+  }
+
+  // accumulate_pv on AMX tiles: the accumulators rescaled, then the tile's
+  // probability pairs, 32 rows at a time, transposed into the product's A
+  // operand and multiplied with V's pairs of keys into them.  Every key of
+  // the tile (a banded tile's hidden keys weigh 0, and their V is finite:
+  // the bf16 path checked it).  Rows from nq to the block's end hold
+  // whatever the padding lanes give, and are never read.
+  static void amx_pv(const Tile& t, const KeyTile<true>& kv, int64_t dvp, int64_t nq, int keys) {
+    if constexpr (kAmxBuilt) {
+      for (int64_t r = 0; r < nq; ++r) {
+        const B a(t.alpha[r]);
+        for (int64_t c = 0; c < dvp; c += W) {
+          float* out = t.acc + r * dvp + c;
+          (B::load_aligned(out) * a).store_aligned(out);
+        }
+      }
+      const int n_pairs = (keys + 1) / 2, row_pairs = Amx::padded_keys(keys) / 2;
+      for (int64_t r0 = 0; r0 < nq; r0 += 2 * W) {
+        Amx::template transpose_pairs<QT>(t.p_pairs, r0, n_pairs, row_pairs, t.p_rows);
+        Amx::pv(t.p_rows, row_pairs, kv.v, kv.v_stride, n_pairs, t.acc + r0 * dvp, dvp, t.v_stage);
       }
     }
   }

@@ -1025,8 +1025,9 @@ struct BackendInfo {
   // How its decode reads a tile's rows on this CPU (mha_backend_get_decode_streams).
   int32_t decode_streams = 0;
   // Whether it computes bf16 products by bf16 dot products on this CPU
-  // (mha_backend_get_bf16_dot).
+  // (mha_backend_get_bf16_dot), and whether on AMX tiles (its answer 2).
   bool bf16_dot = false;
+  bool bf16_amx = false;
 };
 
 // Every backend the runtime knows, installed or not.
@@ -1046,7 +1047,7 @@ inline std::vector<BackendInfo> backends() {
     result.push_back(BackendInfo{info.name != nullptr ? info.name : "", info.usable != 0,
                                  info.priority, info.reason != nullptr ? info.reason : "",
                                  tiles.query_tile, tiles.key_tile, tiles.decode_key_tile,
-                                 decode_streams, bf16_dot != 0});
+                                 decode_streams, bf16_dot != 0, bf16_dot == 2});
   }
   return result;
 }

@@ -52,8 +52,9 @@ extern "C" {
  *    CPU.
  * 16: mha_tile_sizes ends with bf16_dot: whether bf16 products use the
  *    plugin's bf16 dot-product instructions, which the runtime decides from
- *    the CPU. */
-#define MHA_PLUGIN_ABI_VERSION 16
+ *    the CPU.
+ * 17: bf16_dot 2: the bf16 products on AMX tiles (MHA_CPU_AMX_BF16). */
+#define MHA_PLUGIN_ABI_VERSION 17
 #define MHA_PLUGIN_ENTRY_SYMBOL "mha_plugin_entry"
 
 /* CPU features, as the runtime detects them (OS support included). */
@@ -68,8 +69,10 @@ enum mha_cpu_feature {
   MHA_CPU_AVX512BW = 1u << 7,
   MHA_CPU_AVX512VL = 1u << 8,
   MHA_CPU_AVX512BF16 = 1u << 9,
-  MHA_CPU_F16C = 1u << 10, /* vcvtph2ps / vcvtps2ph (with AVX state) */
-  MHA_CPU_NEON = 1u << 16, /* aarch64 Advanced SIMD */
+  MHA_CPU_F16C = 1u << 10,     /* vcvtph2ps / vcvtps2ph (with AVX state) */
+  MHA_CPU_AMX_BF16 = 1u << 11, /* AMX tiles with bf16 products: CPU, OS (XCR0 tile
+                                  state) and this process's permission (Linux) */
+  MHA_CPU_NEON = 1u << 16,     /* aarch64 Advanced SIMD */
   MHA_CPU_ARCH_X86_64 = 1u << 30,
   MHA_CPU_ARCH_AARCH64 = 1u << 31
 };
@@ -297,7 +300,11 @@ typedef struct mha_cache_sizes {
  * products computed by the plugin's bf16 dot-product instructions on this
  * CPU (1) or on values widened to fp32 (0: where those instructions run
  * below the rate of fp32 FMAs), and on the way out what the kernels do (0
- * where the plugin has no such path). */
+ * where the plugin has no such path).
+ * ABI 17: bf16_dot 2 asks for (and answers) the same products on AMX tiles
+ * (tdpbf16ps), which the runtime asks for only where the CPU, the OS and
+ * the process's permission allow them (MHA_CPU_AMX_BF16): a plugin never
+ * enters AMX code on its own. */
 typedef struct mha_tile_sizes {
   int32_t query_tile;
   int32_t key_tile;

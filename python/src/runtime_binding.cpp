@@ -60,7 +60,8 @@ nb::dict info() {
     } else {
       entry["tiles"] = nb::none();
     }
-    entry["bf16_dot"] = b.bf16_dot;  // mha-info --json's field
+    entry["bf16_dot"] = b.bf16_dot;  // mha-info --json's fields
+    entry["bf16_amx"] = b.bf16_amx;
     backends.append(entry);
   }
   report["backends"] = backends;
@@ -111,8 +112,8 @@ void register_runtime(nb::module_& module) {
              "'version', 'cpu_features' (list of str), 'caches', 'backends' (one dict per\n"
              "backend mha knows: 'name', 'usable', 'reason' why not, 'priority', 'tiles' and\n"
              "'bf16_dot': whether it computes bf16 products by bf16 dot products on this\n"
-             "CPU), 'selected' (the backend calls use, or None with 'selection_error' saying\n"
-             "why) and 'threads'.");
+             "CPU, 'bf16_amx': whether those run on AMX tiles), 'selected' (the backend\n"
+             "calls use, or None with 'selection_error' saying why) and 'threads'.");
   module.def("backends", &usable_backends,
              "The names of the backends usable on this machine, the preferred first (auto\n"
              "picks the first).  mha.info() has every backend, with why it is not usable.");

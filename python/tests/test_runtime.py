@@ -31,10 +31,13 @@ def test_info_has_mha_info_json_keys():
     names = [b["name"] for b in info["backends"]]
     assert "scalar" in names
     for b in info["backends"]:
-        assert list(b) == ["name", "usable", "reason", "priority", "tiles", "bf16_dot"]
+        assert list(b) == ["name", "usable", "reason", "priority", "tiles", "bf16_dot",
+                           "bf16_amx"]
         assert b["usable"] == (b["reason"] == "")
         assert isinstance(b["bf16_dot"], bool)
         assert not b["bf16_dot"] or b["usable"]
+        assert isinstance(b["bf16_amx"], bool)
+        assert not b["bf16_amx"] or b["bf16_dot"]
         if b["usable"]:
             assert list(b["tiles"]) == ["query", "key", "decode_key", "decode_streams"]
             assert b["tiles"]["query"] > 0 and b["tiles"]["key"] > 0

@@ -762,9 +762,11 @@ int check_info(const std::string& file, const std::string& expected_selected) {
           b.is_object() && b.contains("name") && b["name"].is_string() && b.contains("usable") &&
           b["usable"].is_boolean() && b.contains("reason") && b["reason"].is_string() &&
           b.contains("priority") && b["priority"].is_number_integer() && b.contains("bf16_dot") &&
-          b["bf16_dot"].is_boolean() && b.size() == 6 && b.contains("tiles");
+          b["bf16_dot"].is_boolean() && b.contains("bf16_amx") && b["bf16_amx"].is_boolean() &&
+          b.size() == 7 && b.contains("tiles");
       expect(shaped,
-             "a backend is not {name, usable, reason, priority, tiles, bf16_dot}: " + b.dump());
+             "a backend is not {name, usable, reason, priority, tiles, bf16_dot, bf16_amx}: " +
+                 b.dump());
       if (!shaped) continue;
       const bool is_usable = b["usable"].get<bool>();
       expect(is_usable == b["reason"].get<std::string>().empty(),
@@ -780,8 +782,11 @@ int check_info(const std::string& file, const std::string& expected_selected) {
       int32_t bf16_dot = -1;
       expect(mha_backend_get_bf16_dot(index, &bf16_dot) == MHA_OK,
              "mha_backend_get_bf16_dot failed");
-      expect(b["bf16_dot"].get<bool>() == (bf16_dot == 1) && (bf16_dot == 0 || is_usable),
-             "bf16_dot is not mha_backend_get_bf16_dot's: " + b.dump());
+      // Where the report's process loaded the backend (this one may have
+      // loaded more: the report may have been written under MHA_BACKEND).
+      const bool dot = b["bf16_dot"].get<bool>(), amx = b["bf16_amx"].get<bool>();
+      expect(is_usable ? dot == (bf16_dot != 0) && amx == (bf16_dot == 2) : !dot && !amx,
+             "bf16_dot and bf16_amx are not mha_backend_get_bf16_dot's: " + b.dump());
       const auto& t = b["tiles"];
       if (is_usable) {
         expect(t.is_object() && t.size() == 4 && t.value("query", -1) == tiles.query_tile &&

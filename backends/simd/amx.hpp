@@ -1,0 +1,290 @@
+// The bf16 path's two products on AMX tiles (tdpbf16ps), where the runtime
+// asks for them (mha_simd_tiles::bf16_dot 2: CPU, OS and the process's
+// permission checked by runtime/cpu_features.cpp).  Everything around the
+// products -- Q packed as pairs along the head dimension, V as pairs of
+// keys, the softmax in fp32 with the query tile's lanes along the queries,
+// P rounded to bf16 once -- is the bf16 dot-product path's (bf16_dot.hpp).
+//
+// A tile is 16 rows of 64 bytes; tdpbf16ps C += A · B takes A as 16 rows of
+// 16 bf16 pairs and B as 16 rows of pairs (row i: pair i of each of 16
+// columns), exact products summed in fp32.  Both products are laid so that
+// the operands the prefill layout already has are B, and C lands where the
+// layout wants it:
+//   scores, transposed: S[key][query] = K[key][·] · Qᵀ -- A is 16 bf16 K rows
+//     (packed per key tile, zero-padded to whole tiles), B is 16 pairs of Q
+//     (qp, as packed for the dot products), C is 16 keys x 16 query lanes,
+//     stored as the layout's score rows;
+//   P·V: O[query][·] = P[query][keys] · V -- A is 16 query rows of pairs of
+//     probabilities (the probability pairs, transposed 16 x 16 per step), B
+//     is V as pairs of keys, C is 16 accumulator rows x 16 columns, loaded
+//     from and stored to the accumulators (after their rescale).
+// Every tile is a square of 16 x 16; the kernels work in 2 x 2 blocks of
+// them (four C, two A, two B: the eight tiles).  Operands are padded with
+// zeros to whole tiles, never read past their buffers: a product's padding
+// must be finite (0 · NaN would be NaN), so the last partial step's V rows
+// are staged with zeros.
+//
+// Tile numbers are immediates of the instructions (GCC's intrinsics are
+// macros that paste them into assembly), so each kernel names its tiles.
+#pragma once
+
+#include <xsimd/xsimd.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "simd/bf16_dot.hpp"
+#include "simd/exp2.hpp"
+#include "simd/transpose.hpp"
+
+#if defined(__AVX512BF16__) && defined(__x86_64__)
+#include <immintrin.h>
+#define MHA_HAVE_AMX_TILES 1
+#define MHA_AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
+#endif
+
+namespace mha_simd {
+
+template <class Arch>
+struct AmxTiles;
+
+#if defined(MHA_HAVE_AMX_TILES)
+
+template <class Arch>
+struct AmxTiles {
+  using B = xsimd::batch<float, Arch>;
+  using Dot = Bf16Dot<Arch>;
+  static constexpr int W = 16;         // lanes of a vector; rows and pair columns of a tile
+  static constexpr int kStep = 2 * W;  // bf16 values (keys, head indices) a product step takes
+  static constexpr int64_t kRowBytes = 64;
+
+  // The head dimension as the score tiles take it: whole steps of 32.
+  static int64_t padded_d(int64_t d) { return (d + kStep - 1) / kStep * kStep; }
+  // Keys of a key tile as the tiles take them: whole pairs of 16-key blocks.
+  static int padded_keys(int keys) { return (keys + kStep - 1) / kStep * kStep; }
+
+  // Every tile 16 rows of 64 bytes (palette 1).  Each thread configures its
+  // own tiles before its first tile instruction.
+  MHA_AMX_TARGET static void configure() {
+    struct alignas(64) Config {
+      uint8_t palette;
+      uint8_t start_row;
+      uint8_t reserved[14];
+      uint16_t columns[16];  // bytes per row
+      uint8_t rows[16];
+      uint8_t unused[16];
+    } config{};
+    config.palette = 1;
+    for (int i = 0; i < 8; ++i) {
+      config.columns[i] = kRowBytes;
+      config.rows[i] = W;
+    }
+    // The whole configuration as the operand: GCC's _tile_loadconfig names
+    // only its first 8 bytes, so the stores of the rest could be dropped.
+    __asm__ volatile("ldtilecfg %0" ::"m"(config));
+  }
+
+  // Gives the tiles back (their state then costs no context switch).
+  MHA_AMX_TARGET static void release() { _tile_release(); }
+
+  // The tile loads read memory the compiler does not see them read (GCC's
+  // tileloadd is an asm without a memory operand): stores before them must
+  // not be moved past.
+  static void memory_barrier() { __asm__ volatile("" ::: "memory"); }
+
+  // ------------------------------------------------------------ packing
+
+  // The keys' bf16 rows (k: row j at k + j · k_stride, d values) as
+  // padded_keys(keys) rows of padded_d(d) values, zeros around them.
+  static void pack_keys(const uint16_t* k, int64_t k_stride, int keys, int64_t d, uint16_t* out) {
+    const int64_t dp = padded_d(d);
+    for (int j = 0; j < keys; ++j) {
+      std::memcpy(out + j * dp, k + j * k_stride, static_cast<size_t>(d) * 2);
+      std::memset(out + j * dp + d, 0, static_cast<size_t>(dp - d) * 2);
+    }
+    const int rows = padded_keys(keys);
+    std::memset(out + int64_t{keys} * dp, 0, static_cast<size_t>((rows - keys) * dp) * 2);
+  }
+
+  // Pairs of Q (as Dot::pack_queries left them: d2 rows of kStride lanes)
+  // padded with zero rows to whole steps.
+  template <int kStride>
+  static void pad_query_pairs(uint32_t* qp, int64_t d) {
+    const int64_t d2 = (d + 1) / 2, rows = padded_d(d) / 2;
+    for (int64_t x2 = d2; x2 < rows; ++x2) std::memset(qp + x2 * kStride, 0, kStride * 4);
+  }
+
+  // ------------------------------------------------------------ scores
+
+  // scores[n][lane] = Σ_x K[n][x] · Q[lane][x] (unscaled) for the keys of
+  // k_packed (pack_keys: padded_keys(keys) rows of padded_d(d) values) and
+  // the query vectors 0 .. nqv rounded up to an even count (pairs of Q:
+  // qp rows kStride pairs apart, padded by pad_query_pairs; the lanes of a
+  // vector past nqv come out as whatever their pairs hold, and are not read).
+  template <int kStride>
+  MHA_AMX_TARGET static void scores(const uint16_t* k_packed, int keys, int64_t d,
+                                    const uint32_t* qp, int nqv, float* scores) {
+    memory_barrier();
+    const int64_t dp = padded_d(d), k_bytes = dp * 2, q_bytes = kStride * 4, s_bytes = kStride * 4;
+    const int rows = padded_keys(keys);
+    for (int n0 = 0; n0 < rows; n0 += kStep) {
+      const uint16_t* k0 = k_packed + n0 * dp;
+      const uint16_t* k1 = k0 + W * dp;
+      for (int v = 0; v < nqv; v += 2) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t x = 0; x < dp; x += kStep) {
+          const uint32_t* q = qp + x / 2 * kStride + v * W;
+          _tile_loadd(4, k0 + x, k_bytes);
+          _tile_loadd(5, k1 + x, k_bytes);
+          _tile_loadd(6, q, q_bytes);
+          _tile_loadd(7, q + W, q_bytes);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 4, 7);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+        float* s = scores + int64_t{n0} * kStride + v * W;
+        _tile_stored(0, s, s_bytes);
+        _tile_stored(1, s + W, s_bytes);
+        _tile_stored(2, s + W * kStride, s_bytes);
+        _tile_stored(3, s + W * kStride + W, s_bytes);
+      }
+    }
+  }
+
+  // What Dot::score_block does after its products, on the tile's unscaled
+  // scores in memory (rows kStride floats apart, nqv vectors, `keys` rows):
+  // kFused: p = 2^(c · score - row_max), added to tile_sum and stored as
+  // bf16 pairs of keys in `pairs` (an odd last key paired with 0); kSetMax
+  // takes row_max as each lane's maximum over the whole tile first.
+  // Otherwise the scores times c, in place.
+  template <int kStride, bool kFused, bool kSetMax>
+  static void score_epilogue(float* scores, int nqv, int keys, float c, uint32_t* pairs,
+                             float* row_max, float* tile_sum) {
+    const B factor(c);
+    for (int v = 0; v < nqv; ++v) {
+      float* s = scores + v * W;
+      if constexpr (!kFused) {
+        for (int n = 0; n < keys; ++n)
+          (B::load_aligned(s + n * kStride) * factor).store_aligned(s + n * kStride);
+        continue;
+      }
+      B shift(0.0f);
+      if constexpr (kSetMax) {
+        shift = B::load_aligned(s) * factor;
+        for (int n = 1; n < keys; ++n)
+          shift = xsimd::max(shift, B::load_aligned(s + n * kStride) * factor);
+        shift.store_aligned(row_max + v * W);
+      } else {
+        shift = B::load_aligned(row_max + v * W);
+      }
+      B sum = B::load_aligned(tile_sum + v * W);
+      for (int n = 0; n < keys; n += 2) {
+        const B e0 = fast_exp2<Arch>(xsimd::fms(B::load_aligned(s + n * kStride), factor, shift));
+        sum += e0;
+        B e1(0.0f);
+        if (n + 1 < keys) {
+          e1 = fast_exp2<Arch>(xsimd::fms(B::load_aligned(s + (n + 1) * kStride), factor, shift));
+          sum += e1;
+        }
+        _mm512_store_si512(pairs + (n / 2) * kStride + v * W, Dot::interleave_bf16(e0, e1));
+      }
+      sum.store_aligned(tile_sum + v * W);
+    }
+  }
+
+  // ------------------------------------------------------------ P·V
+
+  // The A operand of P·V for rows r0 .. r0 + 32: p_rows[r][j2] = pairs[j2 ·
+  // kStride + r0 + r] for j2 < n_pairs, 0 up to the whole steps
+  // (padded_keys / 2 pairs a row).
+  template <int kStride>
+  static void transpose_pairs(const uint32_t* pairs, int64_t r0, int n_pairs, int row_pairs,
+                              uint32_t* p_rows) {
+    for (int half = 0; half < 2; ++half) {
+      for (int j0 = 0; j0 < row_pairs; j0 += W) {
+        B rows[W];
+        for (int i = 0; i < W; ++i) {
+          rows[i] = j0 + i < n_pairs ? B::load_aligned(reinterpret_cast<const float*>(pairs) +
+                                                       (j0 + i) * kStride + r0 + half * W)
+                                     : B(0.0f);
+        }
+        transpose_square<Arch>(rows);
+        for (int i = 0; i < W; ++i) {
+          rows[i].store_aligned(reinterpret_cast<float*>(p_rows) + (half * W + i) * row_pairs + j0);
+        }
+      }
+    }
+  }
+
+  // V's pairs of keys for one step (16 rows of v_stride pairs from `v`), the
+  // rows from `valid` on replaced by zeros in `stage` (16 x v_stride pairs).
+  static const uint32_t* step_rows(const uint32_t* v, int64_t v_stride, int valid,
+                                   uint32_t* stage) {
+    if (valid >= W) return v;
+    std::memcpy(stage, v, static_cast<size_t>(valid * v_stride) * 4);
+    std::memset(stage + valid * v_stride, 0, static_cast<size_t>((W - valid) * v_stride) * 4);
+    return stage;
+  }
+
+  // acc[r][c] += Σ_j P[r][j] · V[j][c] for the 32 rows of p_rows (two blocks
+  // of 16, row_pairs pairs a row) and the dvp columns of acc (rows dvp
+  // floats apart), over n_pairs pairs of keys of V (pairs of keys, rows
+  // v_stride pairs apart; the last partial step's rows staged with zeros in
+  // `stage`, 16 x v_stride pairs).
+  MHA_AMX_TARGET static void pv(const uint32_t* p_rows, int row_pairs, const uint32_t* v,
+                                int64_t v_stride, int n_pairs, float* acc, int64_t dvp,
+                                uint32_t* stage) {
+    const int64_t p_bytes = row_pairs * 4, v_bytes = v_stride * 4, a_bytes = dvp * 4;
+    const uint32_t* p1 = p_rows + W * row_pairs;
+    float* acc1 = acc + W * dvp;
+    int64_t c = 0;
+    for (; c + 2 * W <= dvp; c += 2 * W) {
+      memory_barrier();
+      _tile_loadd(0, acc + c, a_bytes);
+      _tile_loadd(1, acc + c + W, a_bytes);
+      _tile_loadd(2, acc1 + c, a_bytes);
+      _tile_loadd(3, acc1 + c + W, a_bytes);
+      for (int j2 = 0; j2 < n_pairs; j2 += W) {
+        const uint32_t* vr = step_rows(v + j2 * v_stride, v_stride, n_pairs - j2, stage);
+        memory_barrier();
+        _tile_loadd(4, p_rows + j2, p_bytes);
+        _tile_loadd(5, p1 + j2, p_bytes);
+        _tile_loadd(6, vr + c, v_bytes);
+        _tile_loadd(7, vr + c + W, v_bytes);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(0, acc + c, a_bytes);
+      _tile_stored(1, acc + c + W, a_bytes);
+      _tile_stored(2, acc1 + c, a_bytes);
+      _tile_stored(3, acc1 + c + W, a_bytes);
+    }
+    if (c < dvp) {  // a last block of 16 columns
+      memory_barrier();
+      _tile_loadd(0, acc + c, a_bytes);
+      _tile_loadd(2, acc1 + c, a_bytes);
+      for (int j2 = 0; j2 < n_pairs; j2 += W) {
+        const uint32_t* vr = step_rows(v + j2 * v_stride, v_stride, n_pairs - j2, stage);
+        memory_barrier();
+        _tile_loadd(4, p_rows + j2, p_bytes);
+        _tile_loadd(5, p1 + j2, p_bytes);
+        _tile_loadd(6, vr + c, v_bytes);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(2, 5, 6);
+      }
+      _tile_stored(0, acc + c, a_bytes);
+      _tile_stored(2, acc1 + c, a_bytes);
+    }
+  }
+};
+
+#endif  // MHA_HAVE_AMX_TILES
+
+}  // namespace mha_simd
