@@ -522,33 +522,50 @@ double read_bw(int n) {
 
 // ------------------------------------------------------------------ attention
 
-// Whether the backend computes bf16 products by its bf16 dot-product
-// instructions on this CPU (mha_backend_get_bf16_dot; the runtime widens bf16
-// where they run below the FMA's rate).
-bool takes_bf16_dot(const std::string& backend) {
+// How the backend computes bf16 products on this CPU
+// (mha_backend_get_bf16_dot): 0 widened to fp32 (where the dot-product
+// instructions run below the FMA's rate), 1 by its bf16 dot-product
+// instructions, 2 by the same on AMX tiles.
+int32_t bf16_path(const std::string& backend) {
   const int32_t count = mha_backend_count();
   for (int32_t i = 0; i < count; ++i) {
     mha_backend_info info{};
     int32_t dot = 0;
     if (mha_backend_get_info(i, &info) == MHA_OK && info.name != nullptr && backend == info.name) {
-      return mha_backend_get_bf16_dot(i, &dot) == MHA_OK && dot != 0;
+      return mha_backend_get_bf16_dot(i, &dot) == MHA_OK ? dot : 0;
     }
   }
-  return false;
+  return 0;
+}
+
+// The peak loop of a bf16 call on the backend: its dot products' (bf16dot),
+// or the AMX tiles' (bf16amx); "" where it widens bf16.
+std::string bf16_peak_kind(const std::string& backend) {
+  switch (bf16_path(backend)) {
+    case 1:
+      return "bf16dot";
+    case 2:
+      return "bf16amx";
+    default:
+      return "";
+  }
 }
 
 // The counters every attention-like benchmark reports, from seconds per call.
-// pct_peak: against the bf16 dot-product peak where the backend takes that
-// path on this CPU and the call is one it takes (bf16 Q with bf16 K and V,
-// prefill), the FMA peak otherwise.
+// pct_peak: against the bf16 dot-product peak (vdpbf16ps, or tdpbf16ps on
+// AMX tiles) where the backend takes that path on this CPU and the call is
+// one it takes (bf16 Q with bf16 K and V, prefill), the FMA peak otherwise.
 void report(benchmark::State& st, const Shape& s, double sec_per_call, const std::string& isa,
             int n) {
   const double gflops = useful_flops(s) / sec_per_call * 1e-9;
   st.counters["GFLOPS"] = gflops;
-  const bool bf16_dot = s.q_dtype == MHA_DTYPE_BF16 && s.kv_dtype == MHA_DTYPE_BF16 &&
-                        !is_decode(s) && g_loops.count("bf16dot/" + isa) != 0 &&
-                        takes_bf16_dot(isa);
-  if (const double peak = bf16_dot ? peak_of("bf16dot/" + isa, n) : fma_peak(isa, n); peak > 0.0)
+  std::string bf16_peak;
+  if (s.q_dtype == MHA_DTYPE_BF16 && s.kv_dtype == MHA_DTYPE_BF16 && !is_decode(s)) {
+    bf16_peak = bf16_peak_kind(isa);
+    if (g_loops.count(bf16_peak + "/" + isa) == 0) bf16_peak.clear();
+  }
+  if (const double peak = !bf16_peak.empty() ? peak_of(bf16_peak + "/" + isa, n) : fma_peak(isa, n);
+      peak > 0.0)
     st.counters["pct_peak"] = gflops / peak * 100;
   if (is_decode(s)) {
     const double gbps = kv_bytes(s) / sec_per_call * 1e-9;
@@ -891,7 +908,9 @@ int main(int argc, char** argv) {
   const std::vector<const FmaLoop*> known = mha_bench::all_fma_loops();
   for (const std::string& b : backends) {
     for (const FmaLoop* loop : known) {
-      if (b == loop->isa) {
+      // The AMX tiles' loop only where the runtime takes them (their use
+      // needs the CPU, the OS and the process's permission).
+      if (b == loop->isa && (std::string(loop->kind) != "bf16amx" || bf16_path(b) == 2)) {
         g_loops[loop_key(*loop)] = loop;
         if (g_widest_isa.empty()) g_widest_isa = b;
       }

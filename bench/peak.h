@@ -16,7 +16,8 @@ namespace mha_bench {
 // derived from all of them (so nothing can be optimised away).
 struct FmaLoop {
   const char* isa;   // "scalar", "avx2", "avx512", "neon", ...: the backend whose peak it is
-  const char* kind;  // "fma" (fp32 FMA), "bf16dot" (vdpbf16ps): peak/<kind>/<isa>
+  const char* kind;  // "fma" (fp32 FMA), "bf16dot" (vdpbf16ps), "bf16amx" (tdpbf16ps on
+                     // AMX tiles): peak/<kind>/<isa>
   double flops_per_step;
   float (*run)(int64_t steps, float seed);
 };

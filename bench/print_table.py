@@ -201,7 +201,7 @@ def main():
           "V read; S5: microseconds per call.")
     print("% of peak: of the FMA peak of the backend's ISA at the same thread count (bf16 Q with "
           "bf16 K/V on a backend that takes its bf16 dot-product path on this CPU: of its bf16dot "
-          "peak; mha-info says which do); "
+          "peak, or bf16amx on AMX tiles; mha-info says which do); "
           f"blis_unfused against the peak of {ctx.get('blis_peak_isa', 'the widest ISA')}.")
     print("vs f32: a dtype variant's speed relative to the fp32 shape -- or a variant shape's "
           "(S2:softcap, S2:alibi, S3:sinks, S1:blhd) relative to the plain one, and S9pad's (S9's batch "
@@ -265,10 +265,12 @@ def main():
 
 
 def peak_label(key):
-    """'fma/avx512' -> 'FMA peak avx512'; 'bf16dot/avx512bf16' -> 'bf16 dot peak ...'."""
+    """'fma/avx512' -> 'FMA peak avx512'; 'bf16dot/avx512bf16' -> 'bf16 dot peak ...'; 'bf16amx/...'."""
     kind, isa = key.split("/", 1)
     if kind == "bf16dot":
         return f"bf16 dot peak {isa} (vdpbf16ps)"
+    if kind == "bf16amx":
+        return f"bf16 AMX peak {isa} (tdpbf16ps on AMX tiles)"
     return f"FMA peak {isa}" + (" (128-bit mul+add, baseline ISA)" if isa == "scalar" else "")
 
 

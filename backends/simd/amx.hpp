@@ -95,16 +95,41 @@ struct AmxTiles {
 
   // ------------------------------------------------------------ packing
 
-  // The keys' bf16 rows (k: row j at k + j · k_stride, d values) as
-  // padded_keys(keys) rows of padded_d(d) values, zeros around them.
-  static void pack_keys(const uint16_t* k, int64_t k_stride, int keys, int64_t d, uint16_t* out) {
+  // Where the score tiles read the keys' bf16 rows (k: row j at k + j ·
+  // k_stride, d values): in place when whole steps of the head dimension
+  // cover them (d a multiple of 32), for every whole block pair of 32 keys;
+  // the rest (all of it otherwise) packed into `out` as rows of padded_d(d)
+  // values, zeros around them, up to padded_keys(keys) rows.
+  struct KeyRows {
+    const uint16_t* in_place;  // rows 0 .. in_place_keys, `stride` apart
+    int64_t stride;
+    int in_place_keys;       // a multiple of 32
+    const uint16_t* packed;  // the rows from in_place_keys on, padded_d(d) apart
+  };
+  static KeyRows key_rows(const uint16_t* k, int64_t k_stride, int keys, int64_t d, uint16_t* out) {
     const int64_t dp = padded_d(d);
-    for (int j = 0; j < keys; ++j) {
-      std::memcpy(out + j * dp, k + j * k_stride, static_cast<size_t>(d) * 2);
-      std::memset(out + j * dp + d, 0, static_cast<size_t>(dp - d) * 2);
+    const int in_place = d == dp ? keys / kStep * kStep : 0;
+    const int rows = padded_keys(keys) - in_place;
+    const uint16_t* from = k + in_place * k_stride;
+    const int left = keys - in_place;
+    for (int j = 0; j < left; ++j) {
+      const uint16_t* row = from + j * k_stride;
+      uint16_t* dst = out + j * dp;
+      int64_t x = 0;
+      for (; x + kStep <= d; x += kStep) {
+        _mm512_storeu_si512(dst + x, _mm512_loadu_si512(row + x));
+      }
+      if (x < d) {  // the row's last values, and zeros to the step's end (d - x < 32)
+        const __mmask32 valid = (__mmask32{1} << (d - x)) - 1;
+        _mm512_storeu_si512(dst + x, _mm512_maskz_loadu_epi16(valid, row + x));
+      }
     }
-    const int rows = padded_keys(keys);
-    std::memset(out + int64_t{keys} * dp, 0, static_cast<size_t>((rows - keys) * dp) * 2);
+    for (int j = left; j < rows; ++j) {
+      for (int64_t x = 0; x < dp; x += kStep) {
+        _mm512_storeu_si512(out + j * dp + x, _mm512_setzero_si512());
+      }
+    }
+    return {k, k_stride, in_place, out};
   }
 
   // Pairs of Q (as Dot::pack_queries left them: d2 rows of kStride lanes)
@@ -118,19 +143,22 @@ struct AmxTiles {
   // ------------------------------------------------------------ scores
 
   // scores[n][lane] = Σ_x K[n][x] · Q[lane][x] (unscaled) for the keys of
-  // k_packed (pack_keys: padded_keys(keys) rows of padded_d(d) values) and
+  // k (key_rows: padded_keys(keys) rows of padded_d(d) values) and
   // the query vectors 0 .. nqv rounded up to an even count (pairs of Q:
   // qp rows kStride pairs apart, padded by pad_query_pairs; the lanes of a
   // vector past nqv come out as whatever their pairs hold, and are not read).
   template <int kStride>
-  MHA_AMX_TARGET static void scores(const uint16_t* k_packed, int keys, int64_t d,
-                                    const uint32_t* qp, int nqv, float* scores) {
+  MHA_AMX_TARGET static void scores(const KeyRows& k, int keys, int64_t d, const uint32_t* qp,
+                                    int nqv, float* scores) {
     memory_barrier();
-    const int64_t dp = padded_d(d), k_bytes = dp * 2, q_bytes = kStride * 4, s_bytes = kStride * 4;
+    const int64_t dp = padded_d(d), q_bytes = kStride * 4, s_bytes = kStride * 4;
     const int rows = padded_keys(keys);
     for (int n0 = 0; n0 < rows; n0 += kStep) {
-      const uint16_t* k0 = k_packed + n0 * dp;
-      const uint16_t* k1 = k0 + W * dp;
+      const bool in_place = n0 < k.in_place_keys;
+      const int64_t k_stride = in_place ? k.stride : dp, k_bytes = k_stride * 2;
+      const uint16_t* k0 =
+          in_place ? k.in_place + n0 * k.stride : k.packed + (n0 - k.in_place_keys) * dp;
+      const uint16_t* k1 = k0 + W * k_stride;
       for (int v = 0; v < nqv; v += 2) {
         _tile_zero(0);
         _tile_zero(1);

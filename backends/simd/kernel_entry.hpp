@@ -27,6 +27,7 @@ void mha_simd_packed_gemm(int64_t m, int64_t n, int64_t k, float alpha, const fl
 // translation unit.
 struct mha_simd_tiles {
   int32_t key_tile;            // prefill keys per tile, a multiple of kScoreKeys
+  int32_t amx_key_tile;        // the same on AMX tiles (bf16_dot 2), a multiple of 32
   int64_t l2_bytes;            // the L2 the decode's token-major tiles fill (0: unknown)
   int64_t pv_run_bytes;        // prefill: V rows one P·V run keeps in the L1 (0: whole key tiles)
   int32_t decode_key_streams;  // 1, or Blocking's kDecodeKeyStreams (row_kernels.hpp)

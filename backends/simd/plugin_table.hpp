@@ -20,7 +20,7 @@ namespace mha_simd {
 // until the runtime calls choose_tiles.
 template <class Arch>
 mha_simd_tiles& tiles_of_this_plugin() {
-  static mha_simd_tiles tiles{Blocking<Arch>::kKeyTile, 0, 0, 1, 0};
+  static mha_simd_tiles tiles{Blocking<Arch>::kKeyTile, amx_key_tile<Arch>(0), 0, 0, 1, 0};
   return tiles;
 }
 
@@ -28,6 +28,7 @@ template <class Arch, bool kBf16Dot>
 void choose_tiles(const mha_cache_sizes* caches, mha_tile_sizes* tiles) {
   mha_simd_tiles& chosen = tiles_of_this_plugin<Arch>();
   chosen.key_tile = prefill_key_tile<Arch>(caches->l1d);
+  chosen.amx_key_tile = amx_key_tile<Arch>(caches->l1d);
   chosen.l2_bytes = caches->l2;
   chosen.pv_run_bytes = prefill_pv_run_bytes(caches->l1d);
   tiles->query_tile = Blocking<Arch>::kQueryTile;

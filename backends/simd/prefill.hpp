@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <tuple>
 #include <type_traits>
@@ -71,6 +72,15 @@ class PrefillKernel {
   // (tile_choice.hpp), a multiple of kScoreKeys and of W.
   static int64_t chosen_key_tile() {
     return mha_simd_chosen_tiles().key_tile;
+  }
+  // Keys per tile on AMX tiles: whole steps of 32 keys, chosen from the L1d
+  // as well (tile_choice.hpp).
+  static int64_t amx_key_tile() {
+    return mha_simd_chosen_tiles().amx_key_tile;
+  }
+  // The room a tile's buffers keep for its keys: either path's tile.
+  static int64_t key_tile_room() {
+    return std::max<int64_t>(chosen_key_tile(), kAmxBuilt ? amx_key_tile() : 0);
   }
   // Keys per P·V run: the key tile cut into equal runs, each within the
   // chosen budget of V rows (tile_choice.hpp) and at least two key groups of
@@ -217,7 +227,7 @@ class PrefillKernel {
   static size_t scratch_bytes(const mha_kernel_problem& p) {
     const int64_t dvp = round_up(p.dv, W);
     const int64_t k_cached = k_cached_rows(p), v_cached = widened_cache(p) ? p.lk : 0;
-    const int64_t kt = chosen_key_tile();
+    const int64_t kt = key_tile_room();
     const auto amx = amx_floats(p, kt);
     return ScratchCarver::bytes({qt_rows(p) * QT,
                                  score_rows(kt) * QT,
@@ -249,10 +259,12 @@ class PrefillKernel {
     ScratchCarver carve(scratch);
     const int64_t dvp = round_up(p.dv, W);
     Tile t{};
-    t.kt = chosen_key_tile();
+    t.amx = kAmxBuilt && amx_taken<kBf16Dot>(p);
+    t.kt = t.amx ? amx_key_tile() : chosen_key_tile();
+    const int64_t kt_room = key_tile_room();
     t.pv_run = pv_run_keys(dvp, t.kt);
     t.qt = carve.floats(qt_rows(p) * QT);
-    t.scores = carve.floats(score_rows(t.kt) * QT);
+    t.scores = carve.floats(score_rows(kt_room) * QT);
     t.acc = carve.floats(QT * dvp);
     t.row_max = carve.floats(QT);
     t.row_sum = carve.floats(QT);
@@ -262,9 +274,9 @@ class PrefillKernel {
     t.last_key = reinterpret_cast<int64_t*>(carve.floats(2 * QT));
     t.tile_bounds = carve.floats(2 * QT);
     t.row_key = reinterpret_cast<uint32_t*>(carve.floats(QT));
-    t.k_pack = carve.floats(t.kt * p.d);
-    t.v_pack = carve.floats(t.kt * dvp);
-    t.removed = reinterpret_cast<uint8_t*>(carve.floats(t.kt * QT / 4));
+    t.k_pack = carve.floats(kt_room * p.d);
+    t.v_pack = carve.floats(kt_room * dvp);
+    t.removed = reinterpret_cast<uint8_t*>(carve.floats(kt_room * QT / 4));
     t.q_stage = carve.floats(QT * p.d);
     const int64_t k_cached = k_cached_rows(p), v_cached = widened_cache(p) ? p.lk : 0;
     t.k_cache = carve.floats(k_cached * p.d);
@@ -274,15 +286,14 @@ class PrefillKernel {
     t.widened[1] = -1;
     t.use_cache = fp32_cache(p) && (p.kv_dtype != MHA_DTYPE_F32 || item.q_end - item.q_begin > QT);
     if constexpr (kBf16Dot) {
-      t.p_pairs = reinterpret_cast<uint32_t*>(carve.floats(score_rows(t.kt) * QT / 2));
+      t.p_pairs = reinterpret_cast<uint32_t*>(carve.floats(score_rows(kt_room) * QT / 2));
     }
     t.band = reinterpret_cast<int32_t*>(carve.floats(2 * QT / W));
     t.poison = carve.floats(W);
-    const auto amx = amx_floats(p, t.kt);
+    const auto amx = amx_floats(p, kt_room);
     t.k_amx = reinterpret_cast<uint16_t*>(carve.floats(amx[0]));
     t.p_rows = reinterpret_cast<uint32_t*>(carve.floats(amx[1]));
     t.v_stage = reinterpret_cast<uint32_t*>(carve.floats(amx[2]));
-    t.amx = kAmxBuilt && amx_taken<kBf16Dot>(p);
     if constexpr (kAmxBuilt) {
       if (t.amx) Amx::configure();  // this thread's tiles
     }
@@ -962,8 +973,8 @@ class PrefillKernel {
   static bool amx_scores(const Tile& t, const KeyTile<true>& kv, int64_t d, const ScoreUnits& units,
                          int nqv, int keys) {
     if constexpr (kAmxBuilt) {
-      Amx::pack_keys(kv.k, kv.k_stride, keys, d, t.k_amx);
-      Amx::template scores<QT>(t.k_amx, keys, d, reinterpret_cast<const uint32_t*>(t.qt), nqv,
+      const auto rows = Amx::key_rows(kv.k, kv.k_stride, keys, d, t.k_amx);
+      Amx::template scores<QT>(rows, keys, d, reinterpret_cast<const uint32_t*>(t.qt), nqv,
                                t.scores);
       Amx::template score_epilogue<QT, kFused, kSetMax>(t.scores, nqv, keys, units.q_factor,
                                                         t.p_pairs, t.row_max, t.tile_sum);
@@ -1098,7 +1109,12 @@ class PrefillKernel {
   // whatever the padding lanes give, and are never read.
   static void amx_pv(const Tile& t, const KeyTile<true>& kv, int64_t dvp, int64_t nq, int keys) {
     if constexpr (kAmxBuilt) {
-      for (int64_t r = 0; r < nq; ++r) {
+      // A fused tile leaves alpha 1: nothing to rescale.
+      bool rescale = false;
+      for (int64_t r = 0; r < nq && !rescale; r += W) {
+        rescale = xsimd::any(B::load_aligned(t.alpha + r) != B(1.0f));
+      }
+      for (int64_t r = 0; r < nq && rescale; ++r) {
         const B a(t.alpha[r]);
         for (int64_t c = 0; c < dvp; c += W) {
           float* out = t.acc + r * dvp + c;

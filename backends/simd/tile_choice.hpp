@@ -37,6 +37,21 @@ constexpr int32_t prefill_key_tile(int64_t l1d_bytes) {
   return static_cast<int32_t>(std::clamp<int64_t>(keys, 2 * step, Blk::kKeyTileMax / step * step));
 }
 
+// Prefill on AMX tiles (amx.hpp): key tiles of whole steps of 32 keys whose
+// fp32 scores (kQueryTile x keys, stored by the tiles, read by the exps)
+// take two thirds of the L1d, between 64 and 512 keys; 128 with the L1d
+// unknown.  Measured on an Intel Xeon (family 6 model 167, 48 KiB: 128
+// keys), S1/S2/S6:bf16 at one thread: 128 keys 18.0/67.0/164 ms, 160
+// 18.2/68.1/156, 256 19.0/66.8/160, 512 19.4/70.0/161 -- and the 144 of the
+// rule above (not whole steps: every tile's last step padded) 20.1/75.6/170.
+template <class Arch>
+constexpr int32_t amx_key_tile(int64_t l1d_bytes) {
+  constexpr int64_t step = 32;
+  if (l1d_bytes <= 0) return 128;
+  const int64_t keys = l1d_bytes * 2 / 3 / (int64_t{Blocking<Arch>::kQueryTile} * 4) / step * step;
+  return static_cast<int32_t>(std::clamp<int64_t>(keys, 2 * step, 16 * step));
+}
+
 // Prefill P·V: each block of query rows reads the key tile's V rows once, so
 // a tile whose V rows outgrow the L1d brings them from the L2 again for every
 // block (11 times for 64 queries).  P·V therefore runs over the tile's keys
