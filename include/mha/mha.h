@@ -648,10 +648,13 @@ MHA_API mha_status mha_backend_get_decode_streams(int32_t index, int32_t* stream
 /* How a usable backend computes bf16 x bf16 products (bf16 Q with bf16 K and
  * V, prefill) on this CPU: 1 by its bf16 dot-product instructions
  * (avx512bf16's vdpbf16ps: products of bf16 pairs, P rounded to bf16 once),
- * 0 on values widened to fp32, as every backend computes the other dtypes.
- * The runtime decides from the CPU -- widened where those instructions run
- * below the rate of fp32 FMAs (Intel's cores with AVX512_BF16, measured at
- * half of it) -- and MHA_BF16_DOT=0 or 1 overrides it.  0 for a backend
+ * 2 by the same products on AMX tiles (tdpbf16ps; same operands and
+ * rounding), 0 on values widened to fp32, as every backend computes the
+ * other dtypes.  The runtime decides from the CPU -- AMX tiles where the
+ * CPU, the OS and the process's permission allow them, else widened where
+ * the dot-product instructions run below the rate of fp32 FMAs (Intel's
+ * cores with AVX512_BF16, measured at half of it) -- and MHA_BF16_DOT=0, 1
+ * or 2 overrides it (2 only where AMX tiles are usable).  0 for a backend
  * without such a path or not usable. */
 MHA_API mha_status mha_backend_get_bf16_dot(int32_t index, int32_t* bf16_dot);
 
