@@ -3,6 +3,7 @@
 #include <mha/plugin_abi.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #if defined(__x86_64__)
@@ -33,10 +34,17 @@ uint64_t read_xcr0() {
 // first tile instruction (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, since
 // Linux 5.16; without it the first one raises SIGILL).  Asked once, for the
 // whole process: the tile state is then allocated for each thread that uses it.
+// The permission is not asked for where MHA_BF16_DOT=0 or 1 rules the tiles
+// out: once granted, Linux enlarges every signal frame of the process by the
+// tiles' 8 KiB and refuses smaller alternate signal stacks.
 bool amx_bf16_usable(unsigned leaf7_edx, uint64_t xcr0) {
   const bool cpu = ((leaf7_edx >> 24) & 1u) && ((leaf7_edx >> 22) & 1u);
   const bool os = (xcr0 & 0x60000) == 0x60000;
   if (!cpu || !os) return false;
+  const char* bf16_dot = std::getenv("MHA_BF16_DOT");
+  if (bf16_dot != nullptr && (std::strcmp(bf16_dot, "0") == 0 || std::strcmp(bf16_dot, "1") == 0)) {
+    return false;
+  }
 #if defined(__linux__)
   constexpr long kArchReqXcompPerm = 0x1023;
   constexpr long kXfeatureXtileData = 18;

@@ -32,6 +32,8 @@
 
 #if defined(__x86_64__)
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 namespace mha_test {
@@ -104,6 +106,22 @@ TEST(Tiles, CachesAreWhatTheEntryGives) {
   if (!l2.empty()) {
     EXPECT_EQ(caches.l2_bytes, std::stoll(l2));
   }
+}
+
+// The runtime asks Linux for the AMX tiles' permission where they may run
+// (it enlarges every signal frame of the process), and not where
+// MHA_BF16_DOT=0 or 1 rules them out.
+TEST(Tiles, AmxPermissionOnlyWhereTheTilesMayRun) {
+  if (!amx_bf16_expected()) GTEST_SKIP() << "no AMX tiles with bf16 products here";
+#if defined(__x86_64__) && defined(__linux__)
+  ASSERT_GT(mha_backend_count(), 0);  // the runtime has detected the CPU
+  uint64_t permitted = 0;
+  constexpr long kArchGetXcompPerm = 0x1022;
+  ASSERT_EQ(syscall(SYS_arch_prctl, kArchGetXcompPerm, &permitted), 0);
+  const bool granted = ((permitted >> 18) & 1u) != 0;  // XTILEDATA
+  const std::string given = env("MHA_BF16_DOT");
+  EXPECT_EQ(granted, given != "0" && given != "1") << "MHA_BF16_DOT=" << given;
+#endif
 }
 
 TEST(Tiles, FollowTheRule) {

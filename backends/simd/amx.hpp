@@ -188,7 +188,7 @@ struct AmxTiles {
   // scores in memory (rows kStride floats apart, nqv vectors, `keys` rows):
   // kFused: p = 2^(c · score - row_max), added to tile_sum and stored as
   // bf16 pairs of keys in `pairs` (an odd last key paired with 0); kSetMax
-  // takes row_max as each lane's maximum over the whole tile first.
+  // takes row_max as each lane's maximum over the first 32 keys first.
   // Otherwise the scores times c, in place.
   template <int kStride, bool kFused, bool kSetMax>
   static void score_epilogue(float* scores, int nqv, int keys, float c, uint32_t* pairs,
@@ -203,9 +203,14 @@ struct AmxTiles {
       }
       B shift(0.0f);
       if constexpr (kSetMax) {
+        // The first step's 32 keys set the reference, as the fp32 path's
+        // first key group does (the caller's check on the sums catches
+        // keys far above it); a pass over the whole tile cost S1:bf16 a
+        // third of the epilogue of every other tile.
         shift = B::load_aligned(s) * factor;
-        for (int n = 1; n < keys; ++n)
+        for (int n = 1; n < std::min(keys, kStep); ++n) {
           shift = xsimd::max(shift, B::load_aligned(s + n * kStride) * factor);
+        }
         shift.store_aligned(row_max + v * W);
       } else {
         shift = B::load_aligned(row_max + v * W);
