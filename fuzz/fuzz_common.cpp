@@ -34,11 +34,17 @@ const std::vector<std::string>& usable_backends() {
     std::vector<std::string> list;
     // The backend queries take an index only: each index, in range or not,
     // once per process (mha_backend_get_decode_streams: >= 1 for a usable
-    // backend, 0 otherwise; mha_backend_get_bf16_dot: 0 or 1, 0 for a backend
-    // that is not usable; mha_backend_get_tiles: positive prefill tiles for
+    // backend, 0 otherwise; mha_backend_get_bf16_dot: 0, 1 or 2 (2 only with
+    // amx-bf16 among the CPU features), 0 for a backend that is not usable;
+    // mha_backend_get_tiles: positive prefill tiles for
     // a usable backend, all 0 otherwise; both an error naming the index
     // outside the range, their output untouched).
     const int32_t count = mha_backend_count();
+    // 2 (AMX tiles) only where the runtime found them usable.
+    const char* features = mha_cpu_features();
+    const bool amx =
+        (" " + std::string(features != nullptr ? features : "") + " ").find(" amx-bf16 ") !=
+        std::string::npos;
     for (int32_t i = -1; i <= count; ++i) {
       int32_t streams = -7;
       mha_backend_info info{};
@@ -52,7 +58,8 @@ const std::vector<std::string>& usable_backends() {
       }
       int32_t bf16_dot = -7;
       const mha_status dot_status = mha_backend_get_bf16_dot(i, &bf16_dot);
-      if (in_range ? dot_status != MHA_OK || bf16_dot < 0 || bf16_dot > 1 || (!usable && bf16_dot)
+      if (in_range ? dot_status != MHA_OK || bf16_dot < 0 || bf16_dot > 2 ||
+                         (!usable && bf16_dot) || (bf16_dot == 2 && !amx)
                    : dot_status != MHA_ERR_INVALID_VALUE || bf16_dot != -7) {
         finding("mha_backend_get_bf16_dot(" + std::to_string(i) + ") gave status " +
                 std::to_string(dot_status) + ", bf16_dot " + std::to_string(bf16_dot));
