@@ -28,7 +28,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
 #include <tuple>
 #include <type_traits>
