@@ -254,66 +254,72 @@ struct AmxTiles {
     }
   }
 
-  // V's pairs of keys for one step (16 rows of v_stride pairs from `v`), the
-  // rows from `valid` on replaced by zeros in `stage` (16 x v_stride pairs).
-  static const uint32_t* step_rows(const uint32_t* v, int64_t v_stride, int valid,
-                                   uint32_t* stage) {
-    if (valid >= W) return v;
-    std::memcpy(stage, v, static_cast<size_t>(valid * v_stride) * 4);
-    std::memset(stage + valid * v_stride, 0, static_cast<size_t>((W - valid) * v_stride) * 4);
-    return stage;
-  }
-
   // acc[r][c] += Σ_j P[r][j] · V[j][c] for the 32 rows of p_rows (two blocks
   // of 16, row_pairs pairs a row) and the dvp columns of acc (rows dvp
   // floats apart), over n_pairs pairs of keys of V (pairs of keys, rows
-  // v_stride pairs apart; the last partial step's rows staged with zeros in
-  // `stage`, 16 x v_stride pairs).
+  // v_stride pairs apart).  A last partial step's V rows are staged first,
+  // with zeros after them, in `stage` (16 x v_stride pairs): once for every
+  // block of columns.
   MHA_AMX_TARGET static void pv(const uint32_t* p_rows, int row_pairs, const uint32_t* v,
                                 int64_t v_stride, int n_pairs, float* acc, int64_t dvp,
                                 uint32_t* stage) {
-    const int64_t p_bytes = row_pairs * 4, v_bytes = v_stride * 4, a_bytes = dvp * 4;
-    const uint32_t* p1 = p_rows + W * row_pairs;
-    float* acc1 = acc + W * dvp;
+    const int whole = n_pairs / W * W;
+    if (whole < n_pairs) {
+      const int valid = n_pairs - whole;
+      std::memcpy(stage, v + whole * v_stride, static_cast<size_t>(valid * v_stride) * 4);
+      std::memset(stage + valid * v_stride, 0, static_cast<size_t>((W - valid) * v_stride) * 4);
+    }
+    const Pv run{p_rows, row_pairs, v, v_stride, n_pairs, stage, acc, dvp};
     int64_t c = 0;
-    for (; c + 2 * W <= dvp; c += 2 * W) {
-      memory_barrier();
-      _tile_loadd(0, acc + c, a_bytes);
-      _tile_loadd(1, acc + c + W, a_bytes);
-      _tile_loadd(2, acc1 + c, a_bytes);
-      _tile_loadd(3, acc1 + c + W, a_bytes);
-      for (int j2 = 0; j2 < n_pairs; j2 += W) {
-        const uint32_t* vr = step_rows(v + j2 * v_stride, v_stride, n_pairs - j2, stage);
-        memory_barrier();
-        _tile_loadd(4, p_rows + j2, p_bytes);
-        _tile_loadd(5, p1 + j2, p_bytes);
-        _tile_loadd(6, vr + c, v_bytes);
-        _tile_loadd(7, vr + c + W, v_bytes);
-        _tile_dpbf16ps(0, 4, 6);
+    for (; c + 2 * W <= dvp; c += 2 * W) pv_columns<true>(run, c);
+    if (c < dvp) pv_columns<false>(run, c);  // a last block of 16 columns
+  }
+
+ private:
+  struct Pv {
+    const uint32_t* p_rows;
+    int row_pairs;
+    const uint32_t* v;
+    int64_t v_stride;
+    int n_pairs;
+    const uint32_t* stage;  // the last partial step's rows
+    float* acc;
+    int64_t dvp;
+  };
+
+  // pv's columns c .. c + 32 (kPair) or c .. c + 16: accumulator tiles 0 and
+  // 1 for rows 0-15, 2 and 3 for rows 16-31 (1 and 3 only with kPair).
+  template <bool kPair>
+  MHA_AMX_TARGET static void pv_columns(const Pv& r, int64_t c) {
+    const int64_t p_bytes = r.row_pairs * 4, v_bytes = r.v_stride * 4, a_bytes = r.dvp * 4;
+    const uint32_t* p1 = r.p_rows + W * r.row_pairs;
+    float* acc0 = r.acc + c;
+    float* acc1 = r.acc + W * r.dvp + c;
+    memory_barrier();
+    _tile_loadd(0, acc0, a_bytes);
+    _tile_loadd(2, acc1, a_bytes);
+    if constexpr (kPair) {
+      _tile_loadd(1, acc0 + W, a_bytes);
+      _tile_loadd(3, acc1 + W, a_bytes);
+    }
+    for (int j2 = 0; j2 < r.n_pairs; j2 += W) {
+      const uint32_t* vr = (j2 + W <= r.n_pairs ? r.v + j2 * r.v_stride : r.stage) + c;
+      _tile_loadd(4, r.p_rows + j2, p_bytes);
+      _tile_loadd(5, p1 + j2, p_bytes);
+      _tile_loadd(6, vr, v_bytes);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(2, 5, 6);
+      if constexpr (kPair) {
+        _tile_loadd(7, vr + W, v_bytes);
         _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
         _tile_dpbf16ps(3, 5, 7);
       }
-      _tile_stored(0, acc + c, a_bytes);
-      _tile_stored(1, acc + c + W, a_bytes);
-      _tile_stored(2, acc1 + c, a_bytes);
-      _tile_stored(3, acc1 + c + W, a_bytes);
     }
-    if (c < dvp) {  // a last block of 16 columns
-      memory_barrier();
-      _tile_loadd(0, acc + c, a_bytes);
-      _tile_loadd(2, acc1 + c, a_bytes);
-      for (int j2 = 0; j2 < n_pairs; j2 += W) {
-        const uint32_t* vr = step_rows(v + j2 * v_stride, v_stride, n_pairs - j2, stage);
-        memory_barrier();
-        _tile_loadd(4, p_rows + j2, p_bytes);
-        _tile_loadd(5, p1 + j2, p_bytes);
-        _tile_loadd(6, vr + c, v_bytes);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(2, 5, 6);
-      }
-      _tile_stored(0, acc + c, a_bytes);
-      _tile_stored(2, acc1 + c, a_bytes);
+    _tile_stored(0, acc0, a_bytes);
+    _tile_stored(2, acc1, a_bytes);
+    if constexpr (kPair) {
+      _tile_stored(1, acc0 + W, a_bytes);
+      _tile_stored(3, acc1 + W, a_bytes);
     }
   }
 };
