@@ -11,7 +11,8 @@
 // the operands the prefill layout already has are B, and C lands where the
 // layout wants it:
 //   scores, transposed: S[key][query] = K[key][·] · Qᵀ -- A is 16 bf16 K rows
-//     (packed per key tile, zero-padded to whole tiles), B is 16 pairs of Q
+//     (in place for whole 32-key blocks when D is a multiple of 32, the rest
+//     copied per key tile, zero-padded to whole tiles), B is 16 pairs of Q
 //     (qp, as packed for the dot products), C is 16 keys x 16 query lanes,
 //     stored as the layout's score rows;
 //   P·V: O[query][·] = P[query][keys] · V -- A is 16 query rows of pairs of
@@ -35,7 +36,6 @@
 #include <cstring>
 
 #include "simd/bf16_dot.hpp"
-#include "simd/exp2.hpp"
 #include "simd/transpose.hpp"
 
 #if defined(__AVX512BF16__) && defined(__x86_64__)
@@ -217,14 +217,12 @@ struct AmxTiles {
       }
       B sum = B::load_aligned(tile_sum + v * W);
       for (int n = 0; n < keys; n += 2) {
-        const B e0 = fast_exp2<Arch>(xsimd::fms(B::load_aligned(s + n * kStride), factor, shift));
-        sum += e0;
-        B e1(0.0f);
-        if (n + 1 < keys) {
-          e1 = fast_exp2<Arch>(xsimd::fms(B::load_aligned(s + (n + 1) * kStride), factor, shift));
-          sum += e1;
-        }
-        _mm512_store_si512(pairs + (n / 2) * kStride + v * W, Dot::interleave_bf16(e0, e1));
+        const B d0 = xsimd::fms(B::load_aligned(s + n * kStride), factor, shift);
+        const B d1 = n + 1 < keys
+                         ? xsimd::fms(B::load_aligned(s + (n + 1) * kStride), factor, shift)
+                         : B(0.0f);
+        Dot::store_exp_pair(d0, n + 1 < keys ? &d1 : nullptr, sum,
+                            pairs + (n / 2) * kStride + v * W);
       }
       sum.store_aligned(tile_sum + v * W);
     }

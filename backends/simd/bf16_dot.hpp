@@ -198,6 +198,19 @@ struct Bf16Dot {
     }
   }
 
+  // The probabilities 2^d0 and 2^d1 of two keys (d1 null: an odd last key's
+  // missing partner, 0) added to sum and stored at dst as bf16 pairs.
+  static void store_exp_pair(B d0, const B* d1, B& sum, uint32_t* dst) {
+    const B e0 = fast_exp2<Arch>(d0);
+    sum += e0;
+    B e1(0.0f);
+    if (d1 != nullptr) {
+      e1 = fast_exp2<Arch>(*d1);
+      sum += e1;
+    }
+    _mm512_store_si512(dst, interleave_bf16(e0, e1));
+  }
+
   // True when none of the n pairs (a multiple of W) holds a bf16 infinity or NaN.
   static bool pairs_finite(const uint32_t* pairs, int64_t n) {
     const __m512i exponent = _mm512_set1_epi16(0x7F80);
@@ -290,14 +303,8 @@ struct Bf16Dot {
         B sum = B::load_aligned(tile_sum + v * W);
 #pragma GCC unroll 3
         for (int n = 0; n < NK; n += 2) {
-          const B e0 = fast_exp2<Arch>(d[n]);
-          sum += e0;
-          B e1(0.0f);
-          if (n + 1 < NK) {
-            e1 = fast_exp2<Arch>(d[n + 1]);
-            sum += e1;
-          }
-          _mm512_store_si512(pairs + (n / 2) * kStride + v * W, interleave_bf16(e0, e1));
+          store_exp_pair(d[n], n + 1 < NK ? &d[n + 1] : nullptr, sum,
+                         pairs + (n / 2) * kStride + v * W);
         }
         sum.store_aligned(tile_sum + v * W);
       }
