@@ -34,8 +34,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "simd/bf16_dot.hpp"
+#include "simd/exp2.hpp"
 #include "simd/transpose.hpp"
 
 #if defined(__AVX512BF16__) && defined(__x86_64__)
@@ -228,14 +230,170 @@ struct AmxTiles {
     }
   }
 
+  // ------------------------------------------------------------ rows
+
+  // The fused tiles' orientation (rows): the scores come out as the
+  // queries' rows, S[query][key] = Q[query][·] · Kᵀ -- A is 16 bf16 Q rows
+  // (q_rows), B is 16 pairs of the head dimension for 16 keys (K's pairs
+  // transposed once per item: key_pairs_t), C is 16 queries x 16 keys.  The
+  // epilogue then rounds each row's probabilities to bf16 in key order,
+  // which is P·V's A operand as it is: no pairs interleaved, no P
+  // transposed, no Q packed as pairs.
+
+  // Q rows q .. q + nq (q_stride values apart, d values col_stride apart)
+  // as A operands: rows of padded_d(d) values, zeros after d and from row nq
+  // to `rows`.
+  static void q_rows(const uint16_t* q, int64_t q_stride, int64_t col_stride, int64_t nq,
+                     int64_t rows, int64_t d, uint16_t* out) {
+    const int64_t dp = padded_d(d);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t x = 0; x < dp; x += kStep) {
+        _mm512_storeu_si512(out + r * dp + x, r < nq
+                                                  ? step_of_row(q + r * q_stride, col_stride, x, d)
+                                                  : _mm512_setzero_si512());
+      }
+    }
+  }
+
+  // Values x .. x + 32 of a row of d bf16 values col_stride apart, zeros
+  // from d on.
+  __attribute__((always_inline)) static __m512i step_of_row(const uint16_t* row, int64_t col_stride,
+                                                            int64_t x, int64_t d) {
+    const int64_t n = std::clamp<int64_t>(d - x, 0, kStep);
+    if (col_stride == 1) {
+      const __mmask32 valid = n == kStep ? ~__mmask32{0} : (__mmask32{1} << n) - 1;
+      return _mm512_maskz_loadu_epi16(valid, row + x);
+    }
+    alignas(64) uint16_t values[kStep] = {};
+    for (int64_t i = 0; i < n; ++i) values[i] = row[(x + i) * col_stride];
+    return _mm512_load_si512(values);
+  }
+
+  // kt[x2 · kt_stride + j] = the pair (K[j][2 x2], K[j][2 x2 + 1]) for the
+  // keys j of whole groups of 16 from `from` (a multiple of 16) to `to`,
+  // and every pair x2 < padded_d(d) / 2: zeros after d, and for keys from
+  // `rows` on (key j's row at k_row(j), d values col_stride apart).
+  template <class KeyRow>
+  static void key_pairs_t(const KeyRow& k_row, int64_t col_stride, int64_t d, int64_t from,
+                          int64_t to, int64_t rows, uint32_t* kt, int64_t kt_stride) {
+    const int64_t dp = padded_d(d);
+    for (int64_t j0 = from; j0 < to; j0 += W) {
+      const uint16_t* row[W];
+      for (int i = 0; i < W; ++i) row[i] = j0 + i < rows ? k_row(j0 + i) : nullptr;
+      for (int64_t x = 0; x < dp; x += kStep) {
+        B block[W];
+        for (int i = 0; i < W; ++i) {
+          block[i] = B(_mm512_castsi512_ps(row[i] != nullptr ? step_of_row(row[i], col_stride, x, d)
+                                                             : _mm512_setzero_si512()));
+        }
+        transpose_square<Arch>(block);
+        for (int i = 0; i < W; ++i) {
+          _mm512_storeu_ps(kt + (x / 2 + i) * kt_stride + j0, block[i]);
+        }
+      }
+    }
+  }
+
+  // s[r][n] = Σ_x Q[r][x] · K[n][x] (unscaled) for the rows 0 .. rows (a
+  // multiple of 32; q as q_rows left them) and the keys 0 .. padded_keys(keys)
+  // (kt from key_pairs_t, kt_stride pairs a row); s rows s_stride floats
+  // apart.  Columns past `keys` hold whatever kt holds there.
+  MHA_AMX_TARGET static void scores_rows(const uint16_t* q, int64_t rows, int64_t d,
+                                         const uint32_t* kt, int64_t kt_stride, int keys, float* s,
+                                         int64_t s_stride) {
+    memory_barrier();
+    const int64_t dp = padded_d(d), q_bytes = dp * 2, k_bytes = kt_stride * 4,
+                  s_bytes = s_stride * 4;
+    const int n_end = padded_keys(keys);
+    for (int64_t r0 = 0; r0 < rows; r0 += kStep) {
+      const uint16_t* q0 = q + r0 * dp;
+      const uint16_t* q1 = q0 + W * dp;
+      for (int n0 = 0; n0 < n_end; n0 += kStep) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t x = 0; x < dp; x += kStep) {
+          const uint32_t* k = kt + x / 2 * kt_stride + n0;
+          _tile_loadd(4, q0 + x, q_bytes);
+          _tile_loadd(5, q1 + x, q_bytes);
+          _tile_loadd(6, k, k_bytes);
+          _tile_loadd(7, k + W, k_bytes);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 4, 7);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+        float* out = s + r0 * s_stride + n0;
+        _tile_stored(0, out, s_bytes);
+        _tile_stored(1, out + W, s_bytes);
+        _tile_stored(2, out + W * s_stride, s_bytes);
+        _tile_stored(3, out + W * s_stride + W, s_bytes);
+      }
+    }
+  }
+
+  // The fused epilogue on scores_rows' rows 0 .. rows (a multiple of 16):
+  // p = 2^(c · score - row_max[r]) for the keys 0 .. keys, 0 after them up to
+  // padded_keys(keys), stored as bf16 in key order at p_rows + r ·
+  // p_stride (pairs); tile_sum[r] = the row's sum in fp32.  kSetMax sets
+  // row_max[r] to the row's maximum over its first 32 keys first (the
+  // caller's check on the sums catches keys far above it).
+  template <bool kSetMax>
+  static void row_epilogue(const float* s, int64_t s_stride, int64_t rows, int keys, float c,
+                           uint32_t* p_rows, int64_t p_stride, float* row_max, float* tile_sum) {
+    const B factor(c), minus_inf(-std::numeric_limits<float>::infinity());
+    const int n_end = padded_keys(keys);
+    // Lanes of the vector starting at key n that hold keys of the tile.
+    const auto valid = [keys](int n) -> __mmask16 {
+      return keys - n >= W ? __mmask16(0xFFFF) : keys > n ? __mmask16((1u << (keys - n)) - 1) : 0;
+    };
+    for (int64_t g = 0; g < rows; g += W) {
+      B lanes[W];
+      if constexpr (kSetMax) {
+        for (int i = 0; i < W; ++i) {
+          const float* row = s + (g + i) * s_stride;
+          B m = B(_mm512_mask_mov_ps(minus_inf, valid(0), B::load_aligned(row) * factor));
+          m = xsimd::max(
+              m, B(_mm512_mask_mov_ps(minus_inf, valid(W), B::load_aligned(row + W) * factor)));
+          lanes[i] = m;
+        }
+        transpose_square<Arch>(lanes);
+        B m = lanes[0];
+        for (int i = 1; i < W; ++i) m = xsimd::max(m, lanes[i]);
+        m.store_aligned(row_max + g);
+      }
+      for (int i = 0; i < W; ++i) {
+        const float* row = s + (g + i) * s_stride;
+        uint32_t* out = p_rows + (g + i) * p_stride;
+        const B shift(row_max[g + i]);
+        B sum(0.0f);
+        for (int n = 0; n < n_end; n += kStep) {
+          const B d0(_mm512_mask_mov_ps(minus_inf, valid(n),
+                                        xsimd::fms(B::load_aligned(row + n), factor, shift)));
+          const B d1(_mm512_mask_mov_ps(minus_inf, valid(n + W),
+                                        xsimd::fms(B::load_aligned(row + n + W), factor, shift)));
+          const B e0 = fast_exp2<Arch>(d0), e1 = fast_exp2<Arch>(d1);
+          sum += e0 + e1;
+          _mm512_store_si512(out + n / 2, Dot::as_bits(_mm512_cvtne2ps_pbh(e1, e0)));
+        }
+        lanes[i] = sum;
+      }
+      transpose_square<Arch>(lanes);
+      B total = lanes[0];
+      for (int i = 1; i < W; ++i) total += lanes[i];
+      total.store_aligned(tile_sum + g);
+    }
+  }
+
   // ------------------------------------------------------------ P·V
 
-  // The A operand of P·V for rows r0 .. r0 + 32: p_rows[r][j2] = pairs[j2 ·
-  // kStride + r0 + r] for j2 < n_pairs, 0 up to the whole steps
-  // (padded_keys / 2 pairs a row).
+  // The A operand of P·V for rows r0 .. r0 + 32: p_rows[r · p_stride + j2]
+  // = pairs[j2 · kStride + r0 + r] for j2 < n_pairs, 0 up to row_pairs (the
+  // whole steps: padded_keys / 2).
   template <int kStride>
   static void transpose_pairs(const uint32_t* pairs, int64_t r0, int n_pairs, int row_pairs,
-                              uint32_t* p_rows) {
+                              uint32_t* p_rows, int64_t p_stride) {
     for (int half = 0; half < 2; ++half) {
       for (int j0 = 0; j0 < row_pairs; j0 += W) {
         B rows[W];
@@ -246,14 +404,14 @@ struct AmxTiles {
         }
         transpose_square<Arch>(rows);
         for (int i = 0; i < W; ++i) {
-          rows[i].store_aligned(reinterpret_cast<float*>(p_rows) + (half * W + i) * row_pairs + j0);
+          rows[i].store_aligned(reinterpret_cast<float*>(p_rows) + (half * W + i) * p_stride + j0);
         }
       }
     }
   }
 
   // acc[r][c] += Σ_j P[r][j] · V[j][c] for the 32 rows of p_rows (two blocks
-  // of 16, row_pairs pairs a row) and the dvp columns of acc (rows dvp
+  // of 16, row_pairs pairs apart) and the dvp columns of acc (rows dvp
   // floats apart), over n_pairs pairs of keys of V (pairs of keys, rows
   // v_stride pairs apart).  A last partial step's V rows are staged first,
   // with zeros after them, in `stage` (16 x v_stride pairs): once for every

@@ -124,11 +124,20 @@ class PrefillKernel {
     uint32_t* p_pairs;   // bf16 path: [kt/2][QT] probabilities as pairs of keys
     // AMX tiles (amx.hpp; kt' = kt rounded up to whole steps of 32 keys,
     // D' = D rounded up to 32): K rows [kt'][D'] bf16, the P·V's A operand
-    // [32][kt'/2] pairs, V's last partial step [16][Dvp] pairs.
+    // [QT][p_stride] pairs (p_stride = kt'/2), V's last partial step
+    // [16][Dvp] pairs.
     bool amx;
     uint16_t* k_amx;
     uint32_t* p_rows;
+    int64_t p_stride;
     uint32_t* v_stage;
+    // The fused tiles in rows (amx_rows: amx.hpp's "rows"): Q's rows
+    // [QT][D'] bf16, and the item's K as pairs of the head dimension,
+    // transposed: [D'/2][kt_stride] pairs, filled with V's pairs (widened).
+    bool amx_rows;
+    uint16_t* q_amx;
+    uint32_t* k_pairs_t;
+    int64_t kt_stride;
     // Half-precision or int8 K and V, or fp32 rows that are not back to
     // back, widened (copied) once per item for all its query tiles
     // (fp32_cache): [keys of the item][D] and [..][Dvp], the first
@@ -157,6 +166,9 @@ class PrefillKernel {
     // Elements of each V row to request while the scores are computed (0:
     // none): V read in place by a thread that has not read it yet (v_is_new).
     int64_t v_fetch;
+    // AMX rows (Tile::amx_rows): K's pairs transposed, from this tile's
+    // first key (Tile::kt_stride pairs a row).
+    const uint32_t* k_t = nullptr;
   };
 
   // Whether the V rows of a query tile are new to its thread, so not in
@@ -216,11 +228,23 @@ class PrefillKernel {
   static int64_t qt_rows(const mha_kernel_problem& p) {
     return kBf16Dot ? std::max(p.d, round_up(p.d, 32) / 2) : p.d;
   }
-  // Floats of the AMX buffers (Tile::k_amx, p_rows, v_stage).
-  static std::array<int64_t, 3> amx_floats(const mha_kernel_problem& p, int64_t kt) {
-    if (!kAmxBuilt) return {0, 0, 0};
-    return {round_up(kt, 32) * round_up(p.d, 32) / 2, 32 * round_up(kt, 32) / 2,
-            W * round_up(p.dv, W)};
+  // Whether the fused tiles on AMX take the rows orientation: where the
+  // item caches V's pairs, K's pairs transposed are cached with them (any
+  // layout: a paged cache gives the dense call's bits).
+  static bool amx_rows_taken(const mha_kernel_problem& p) {
+    return kAmxBuilt && amx_taken<kBf16Dot>(p) && pairs_cache(p);
+  }
+  // Pairs a row of the transposed K cache: the item's keys, whole steps and
+  // one more (a tile starting at an even key past a step reads that far).
+  static int64_t kt_stride(const mha_kernel_problem& p) {
+    return round_up(p.lk, 32) + 32;
+  }
+  // Floats of the AMX buffers (Tile::k_amx, p_rows, v_stage, q_amx, k_pairs_t).
+  static std::array<int64_t, 5> amx_floats(const mha_kernel_problem& p, int64_t kt) {
+    if (!kAmxBuilt) return {0, 0, 0, 0, 0};
+    const int64_t dp = round_up(p.d, 32);
+    return {round_up(kt, 32) * dp / 2, QT * round_up(kt, 32) / 2, W * round_up(p.dv, W),
+            QT * dp / 2, amx_rows_taken(p) ? kt_stride(p) * dp / 2 : 0};
   }
 
   static size_t scratch_bytes(const mha_kernel_problem& p) {
@@ -251,7 +275,9 @@ class PrefillKernel {
                                  W,
                                  amx[0],
                                  amx[1],
-                                 amx[2]});
+                                 amx[2],
+                                 amx[3],
+                                 amx[4]});
   }
 
   static void run(const mha_kernel_problem& p, const mha_work_item& item, void* scratch) {
@@ -292,7 +318,12 @@ class PrefillKernel {
     const auto amx = amx_floats(p, kt_room);
     t.k_amx = reinterpret_cast<uint16_t*>(carve.floats(amx[0]));
     t.p_rows = reinterpret_cast<uint32_t*>(carve.floats(amx[1]));
+    t.p_stride = round_up(kt_room, 32) / 2;
     t.v_stage = reinterpret_cast<uint32_t*>(carve.floats(amx[2]));
+    t.q_amx = reinterpret_cast<uint16_t*>(carve.floats(amx[3]));
+    t.k_pairs_t = reinterpret_cast<uint32_t*>(carve.floats(amx[4]));
+    t.amx_rows = t.amx && amx_rows_taken(p);
+    t.kt_stride = kt_stride(p);
     if constexpr (kAmxBuilt) {
       if (t.amx) Amx::configure();  // this thread's tiles
     }
@@ -424,11 +455,18 @@ class PrefillKernel {
     const int64_t key_begin =
         item.k_begin + (std::max<int64_t>(min_first - item.k_begin, 0) & ~int64_t{1});
 
+    // On AMX rows the fused tiles read Q's rows; its pairs are packed only
+    // for a tile the fused path does not take.
+    bool q_pairs_packed = false;
     if constexpr (kDot) {
-      Dot::template pack_queries<QT>(mha_kernel::q_row<uint16_t>(p, b, h, q0), p.q_strides[2],
-                                     p.q_strides[3], nq, p.d, reinterpret_cast<uint32_t*>(t.qt));
-      if constexpr (kAmxBuilt) {
-        if (t.amx) Amx::template pad_query_pairs<QT>(reinterpret_cast<uint32_t*>(t.qt), p.d);
+      if (t.amx_rows) {
+        if constexpr (kAmxBuilt) {
+          Amx::q_rows(mha_kernel::q_row<uint16_t>(p, b, h, q0), p.q_strides[2], p.q_strides[3], nq,
+                      round_up(nq, 32), p.d, t.q_amx);
+        }
+      } else {
+        pack_query_pairs(p, t, b, h, q0, nq);
+        q_pairs_packed = true;
       }
     } else {
       pack_queries(p, t, b, h, q0, nq, units.q_factor);
@@ -438,7 +476,7 @@ class PrefillKernel {
         t.row_key[r] = mha_kernel::dropout_row_key(p, b, h, q0 + r);
       }
     }
-    for (int64_t r = 0; r < int64_t{nqv} * W; ++r) {
+    for (int64_t r = 0; r < QT; ++r) {  // AMX rows compute whole blocks of 32 rows
       t.row_max[r] = kNegInf;
       t.row_sum[r] = 0.0f;
     }
@@ -500,7 +538,8 @@ class PrefillKernel {
         const bool fusable = may_fuse && j0 >= max_first && j0 + keys - 1 <= min_last;
         if (!fusable) keys = tile_keys(kWarmUpKeys);
       }
-      const KeyTile<kDot> kv = key_tile<kDot>(p, t, b, kvh, item.k_begin, j0, keys, v_new);
+      const KeyTile<kDot> kv =
+          key_tile<kDot>(p, t, b, kvh, item.k_begin, item.k_end, j0, keys, v_new);
       // Fused path: once every lane has a finite running maximum, a tile with
       // no mask to apply computes its probabilities straight from the score
       // registers against that (stale) maximum; it is exact as long as the
@@ -547,6 +586,10 @@ class PrefillKernel {
         // its lanes can see (the rest is masked to -inf below either way).
         const bool banded = !within_bounds;
         if (banded) set_band(t, nqv, j0 - item.k_begin, keys);
+        if constexpr (kDot) {
+          if (!q_pairs_packed) pack_query_pairs(p, t, b, h, q0, nq);
+          q_pairs_packed = true;
+        }
         compute_scores<kDot, false>(t, kv, p.d, units, nqv, keys, prefetch, banded);
         if (!plain_scores) {
           apply_score_variants_tile<Arch, QT>(p, t.scores, b, h, q0, nqv, j0, keys, units);
@@ -578,7 +621,8 @@ class PrefillKernel {
       if constexpr (kDot) {
         // P rounded to bf16 once (the fused kernel stored its pairs already).
         if (!fused) Dot::template pair_probabilities<QT>(t.scores, keys, nqv, t.p_pairs);
-        accumulate_pv<kDot>(t, kv, dvp, nq, keys, prefetch, !within_bounds, j0 - item.k_begin);
+        accumulate_pv<kDot>(t, kv, dvp, nq, keys, prefetch, !within_bounds, j0 - item.k_begin,
+                            false, fused && t.amx_rows);
       } else if (skip_removed) {
         for (int64_t r = 0; r < nq; ++r) {
           pv_guarded_row(t.scores + r, t.removed + r, QT, keys, t.alpha[r], kv.v, kv.v_stride, dvp,
@@ -603,6 +647,17 @@ class PrefillKernel {
     return true;
   }
 
+  // The bf16 path's Q tile as pairs along the head dimension (t.qt), padded
+  // to the AMX tiles' steps when they take them.
+  static void pack_query_pairs(const mha_kernel_problem& p, const Tile& t, int64_t b, int64_t h,
+                               int64_t q0, int64_t nq) {
+    Dot::template pack_queries<QT>(mha_kernel::q_row<uint16_t>(p, b, h, q0), p.q_strides[2],
+                                   p.q_strides[3], nq, p.d, reinterpret_cast<uint32_t*>(t.qt));
+    if constexpr (kAmxBuilt) {
+      if (t.amx) Amx::template pad_query_pairs<QT>(reinterpret_cast<uint32_t*>(t.qt), p.d);
+    }
+  }
+
   // The K and V rows of keys j0 .. j0 + keys of KV head kvh.  fp32 rows are
   // used in place; otherwise they are widened to fp32 (int8 rows times their
   // scales) into the item's cache, once for all its query tiles, or -- when
@@ -611,7 +666,7 @@ class PrefillKernel {
   // an even D) and packs V as pairs of keys.
   template <bool kDot>
   static KeyTile<kDot> key_tile(const mha_kernel_problem& p, const Tile& t, int64_t b, int64_t kvh,
-                                int64_t k_begin, int64_t j0, int keys, bool v_new) {
+                                int64_t k_begin, int64_t k_end, int64_t j0, int keys, bool v_new) {
     const int64_t dvp = round_up(p.dv, W);
     if constexpr (kDot) {
       const bool k_direct = p.k_strides[3] == 1 && p.d % 2 == 0 && !paged(p);
@@ -625,7 +680,7 @@ class PrefillKernel {
       }
       uint32_t* v_pairs = nullptr;
       if (pairs_cache(p)) {  // key tiles start at even offsets from k_begin
-        pair_into_cache(p, t, b, kvh, k_begin, j0 + keys);
+        pair_into_cache(p, t, b, kvh, k_begin, k_end, j0 + keys);
         v_pairs = reinterpret_cast<uint32_t*>(t.v_cache) + (j0 - k_begin) / 2 * dvp;
       } else {
         v_pairs = reinterpret_cast<uint32_t*>(t.v_pack);
@@ -633,7 +688,11 @@ class PrefillKernel {
                             v_pairs);
       }
       return {k_direct ? k_first : reinterpret_cast<const uint16_t*>(k_pairs),
-              k_direct ? p.k_strides[2] : 2 * ((p.d + 1) / 2), v_pairs, dvp, 0};
+              k_direct ? p.k_strides[2] : 2 * ((p.d + 1) / 2),
+              v_pairs,
+              dvp,
+              0,
+              t.amx_rows ? t.k_pairs_t + (j0 - k_begin) : nullptr};
     } else {
       if (t.use_cache) {
         widen_into_cache(p, t, b, kvh, k_begin, j0 + keys);
@@ -691,9 +750,10 @@ class PrefillKernel {
 
   // The bf16 path's counterpart: extends the item's V pairs of KV head kvh
   // to cover the keys before `end`.  An odd last key was paired with zero:
-  // its pair is made again with its partner.
+  // its pair is made again with its partner.  On AMX rows K's transposed
+  // pairs too, in whole groups of 16 keys (the item's keys end at k_end).
   static void pair_into_cache(const mha_kernel_problem& p, const Tile& t, int64_t b, int64_t kvh,
-                              int64_t k_begin, int64_t end) {
+                              int64_t k_begin, int64_t k_end, int64_t end) {
     if constexpr (kBf16Dot) {
       if (t.widened[1] != kvh) {
         t.widened[0] = 0;
@@ -706,6 +766,14 @@ class PrefillKernel {
       Dot::pack_key_pairs(value_rows<uint16_t>(p, b, kvh, k_begin + have), p.v_strides[3],
                           static_cast<int>(want - have), p.dv, dvp,
                           reinterpret_cast<uint32_t*>(t.v_cache) + have / 2 * dvp);
+      if constexpr (kAmxBuilt) {
+        if (t.amx_rows) {
+          const ProblemRows<uint16_t> k_rows{
+              &p, static_cast<const uint16_t*>(p.k), p.k_strides, b, kvh, k_begin};
+          Amx::key_pairs_t(k_rows, p.k_strides[3], p.d, round_up(t.widened[0], W),
+                           round_up(want, W), k_end - k_begin, t.k_pairs_t, t.kt_stride);
+        }
+      }
       t.widened[0] = want;
     }
   }
@@ -972,6 +1040,13 @@ class PrefillKernel {
   static bool amx_scores(const Tile& t, const KeyTile<true>& kv, int64_t d, const ScoreUnits& units,
                          int nqv, int keys) {
     if constexpr (kAmxBuilt) {
+      if (kFused && t.amx_rows) {
+        const int64_t rows = round_up(int64_t{nqv} * W, 32), s_stride = 2 * t.p_stride;
+        Amx::scores_rows(t.q_amx, rows, d, kv.k_t, t.kt_stride, keys, t.scores, s_stride);
+        Amx::template row_epilogue<kSetMax>(t.scores, s_stride, rows, keys, units.q_factor,
+                                            t.p_rows, t.p_stride, t.row_max, t.tile_sum);
+        return take_fused_sums(t, nqv);
+      }
       const auto rows = Amx::key_rows(kv.k, kv.k_stride, keys, d, t.k_amx);
       Amx::template scores<QT>(rows, keys, d, reinterpret_cast<const uint32_t*>(t.qt), nqv,
                                t.scores);
@@ -1043,10 +1118,10 @@ class PrefillKernel {
   template <bool kDot>
   static void accumulate_pv(const Tile& t, const KeyTile<kDot>& kv, int64_t dvp, int64_t nq,
                             int keys, PrefetchQueue& prefetch, bool banded = false,
-                            int64_t j_rel0 = 0, bool overwrite = false) {
+                            int64_t j_rel0 = 0, bool overwrite = false, bool p_rows_ready = false) {
     if constexpr (kDot && kAmxBuilt) {
       if (t.amx) {
-        amx_pv(t, kv, dvp, nq, keys);
+        amx_pv(t, kv, dvp, nq, keys, p_rows_ready);
         return;
       }
     }
@@ -1101,12 +1176,14 @@ class PrefillKernel {
   }
 
   // accumulate_pv on AMX tiles: the accumulators rescaled, then the tile's
-  // probability pairs, 32 rows at a time, transposed into the product's A
-  // operand and multiplied with V's pairs of keys into them.  Every key of
+  // probabilities, 32 rows at a time, as the product's A operand -- the rows
+  // the fused rows epilogue wrote (p_rows_ready), or the probability pairs
+  // transposed into them -- multiplied with V's pairs of keys.  Every key of
   // the tile (a banded tile's hidden keys weigh 0, and their V is finite:
   // the bf16 path checked it).  Rows from nq to the block's end hold
   // whatever the padding lanes give, and are never read.
-  static void amx_pv(const Tile& t, const KeyTile<true>& kv, int64_t dvp, int64_t nq, int keys) {
+  static void amx_pv(const Tile& t, const KeyTile<true>& kv, int64_t dvp, int64_t nq, int keys,
+                     bool p_rows_ready) {
     if constexpr (kAmxBuilt) {
       // A fused tile leaves alpha 1: nothing to rescale.
       bool rescale = false;
@@ -1122,8 +1199,12 @@ class PrefillKernel {
       }
       const int n_pairs = (keys + 1) / 2, row_pairs = Amx::padded_keys(keys) / 2;
       for (int64_t r0 = 0; r0 < nq; r0 += 2 * W) {
-        Amx::template transpose_pairs<QT>(t.p_pairs, r0, n_pairs, row_pairs, t.p_rows);
-        Amx::pv(t.p_rows, row_pairs, kv.v, kv.v_stride, n_pairs, t.acc + r0 * dvp, dvp, t.v_stage);
+        uint32_t* rows = t.p_rows + r0 * t.p_stride;
+        if (!p_rows_ready) {
+          Amx::template transpose_pairs<QT>(t.p_pairs, r0, n_pairs, row_pairs, rows, t.p_stride);
+        }
+        Amx::pv(rows, static_cast<int>(t.p_stride), kv.v, kv.v_stride, n_pairs, t.acc + r0 * dvp,
+                dvp, t.v_stage);
       }
     }
   }
