@@ -19,6 +19,12 @@
 //     probabilities (the probability pairs, transposed 16 x 16 per step), B
 //     is V as pairs of keys, C is 16 accumulator rows x 16 columns, loaded
 //     from and stored to the accumulators (after their rescale).
+// That is the keys' orientation, which every tile may take.  A fused tile
+// (maskless, no dropout, no score variant: most of a prefill) takes the
+// rows instead, where the item caches V's pairs: S[query][key] with Q's
+// rows as A and K's pairs transposed once per item as B, so that the
+// epilogue rounds each query's probabilities to bf16 in key order -- P·V's
+// A operand as it is (see "rows" below).
 // Every tile is a square of 16 x 16; the kernels work in 2 x 2 blocks of
 // them (four C, two A, two B: the eight tiles).  Operands are padded with
 // zeros to whole tiles, never read past their buffers: a product's padding
@@ -345,8 +351,9 @@ struct AmxTiles {
     const B factor(c), minus_inf(-std::numeric_limits<float>::infinity());
     const int n_end = padded_keys(keys);
     // Lanes of the vector starting at key n that hold keys of the tile.
-    const auto valid = [keys](int n) -> __mmask16 {
-      return keys - n >= W ? __mmask16(0xFFFF) : keys > n ? __mmask16((1u << (keys - n)) - 1) : 0;
+    const auto valid = [keys](int n) {
+      const int m = std::clamp(keys - n, 0, W);
+      return static_cast<__mmask16>((1u << m) - 1u);
     };
     for (int64_t g = 0; g < rows; g += W) {
       B lanes[W];
