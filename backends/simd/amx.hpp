@@ -159,7 +159,7 @@ struct AmxTiles {
   MHA_AMX_TARGET static void scores(const KeyRows& k, int keys, int64_t d, const uint32_t* qp,
                                     int nqv, float* scores) {
     memory_barrier();
-    const int64_t dp = padded_d(d), q_bytes = kStride * 4, s_bytes = kStride * 4;
+    const int64_t dp = padded_d(d), q_bytes = kStride * 4;
     const int rows = padded_keys(keys);
     for (int n0 = 0; n0 < rows; n0 += kStep) {
       const bool in_place = n0 < k.in_place_keys;
@@ -168,26 +168,8 @@ struct AmxTiles {
           in_place ? k.in_place + n0 * k.stride : k.packed + (n0 - k.in_place_keys) * dp;
       const uint16_t* k1 = k0 + W * k_stride;
       for (int v = 0; v < nqv; v += 2) {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        for (int64_t x = 0; x < dp; x += kStep) {
-          const uint32_t* q = qp + x / 2 * kStride + v * W;
-          _tile_loadd(4, k0 + x, k_bytes);
-          _tile_loadd(5, k1 + x, k_bytes);
-          _tile_loadd(6, q, q_bytes);
-          _tile_loadd(7, q + W, q_bytes);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_dpbf16ps(1, 4, 7);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
-        }
-        float* s = scores + int64_t{n0} * kStride + v * W;
-        _tile_stored(0, s, s_bytes);
-        _tile_stored(1, s + W, s_bytes);
-        _tile_stored(2, s + W * kStride, s_bytes);
-        _tile_stored(3, s + W * kStride + W, s_bytes);
+        block_2x2(k0, k1, k_bytes, qp + v * W, W * kStride, q_bytes, dp / kStep,
+                  scores + int64_t{n0} * kStride + v * W, kStride);
       }
     }
   }
@@ -308,33 +290,14 @@ struct AmxTiles {
                                          const uint32_t* kt, int64_t kt_stride, int keys, float* s,
                                          int64_t s_stride) {
     memory_barrier();
-    const int64_t dp = padded_d(d), q_bytes = dp * 2, k_bytes = kt_stride * 4,
-                  s_bytes = s_stride * 4;
+    const int64_t dp = padded_d(d), q_bytes = dp * 2, k_bytes = kt_stride * 4;
     const int n_end = padded_keys(keys);
     for (int64_t r0 = 0; r0 < rows; r0 += kStep) {
       const uint16_t* q0 = q + r0 * dp;
       const uint16_t* q1 = q0 + W * dp;
       for (int n0 = 0; n0 < n_end; n0 += kStep) {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        for (int64_t x = 0; x < dp; x += kStep) {
-          const uint32_t* k = kt + x / 2 * kt_stride + n0;
-          _tile_loadd(4, q0 + x, q_bytes);
-          _tile_loadd(5, q1 + x, q_bytes);
-          _tile_loadd(6, k, k_bytes);
-          _tile_loadd(7, k + W, k_bytes);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_dpbf16ps(1, 4, 7);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
-        }
-        float* out = s + r0 * s_stride + n0;
-        _tile_stored(0, out, s_bytes);
-        _tile_stored(1, out + W, s_bytes);
-        _tile_stored(2, out + W * s_stride, s_bytes);
-        _tile_stored(3, out + W * s_stride + W, s_bytes);
+        block_2x2(q0, q1, q_bytes, kt + n0, W * kt_stride, k_bytes, dp / kStep,
+                  s + r0 * s_stride + n0, s_stride);
       }
     }
   }
@@ -439,6 +402,35 @@ struct AmxTiles {
   }
 
  private:
+  // The products of the scores, a 2 x 2 block of tiles: c[i][j] = Σ over
+  // `steps` steps of A_i · B_j, stored at c (the four 16 x 16 blocks, rows
+  // c_stride floats apart).  A_0 and A_1 are 16 rows of bf16 from a0 and a1
+  // (a_bytes apart), 32 values further each step; B_0 and B_1 are 16 rows of
+  // pairs from b and b + 16 (b_bytes apart), b_step pairs further each step.
+  MHA_AMX_TARGET static void block_2x2(const uint16_t* a0, const uint16_t* a1, int64_t a_bytes,
+                                       const uint32_t* b, int64_t b_step, int64_t b_bytes,
+                                       int64_t steps, float* c, int64_t c_stride) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t x = 0; x < steps; ++x) {
+      _tile_loadd(4, a0 + x * kStep, a_bytes);
+      _tile_loadd(5, a1 + x * kStep, a_bytes);
+      _tile_loadd(6, b + x * b_step, b_bytes);
+      _tile_loadd(7, b + x * b_step + W, b_bytes);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    const int64_t c_bytes = c_stride * 4;
+    _tile_stored(0, c, c_bytes);
+    _tile_stored(1, c + W, c_bytes);
+    _tile_stored(2, c + W * c_stride, c_bytes);
+    _tile_stored(3, c + W * c_stride + W, c_bytes);
+  }
+
   struct Pv {
     const uint32_t* p_rows;
     int row_pairs;
