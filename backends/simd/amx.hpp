@@ -121,15 +121,8 @@ struct AmxTiles {
     const uint16_t* from = k + in_place * k_stride;
     const int left = keys - in_place;
     for (int j = 0; j < left; ++j) {
-      const uint16_t* row = from + j * k_stride;
-      uint16_t* dst = out + j * dp;
-      int64_t x = 0;
-      for (; x + kStep <= d; x += kStep) {
-        _mm512_storeu_si512(dst + x, _mm512_loadu_si512(row + x));
-      }
-      if (x < d) {  // the row's last values, and zeros to the step's end (d - x < 32)
-        const __mmask32 valid = (__mmask32{1} << (d - x)) - 1;
-        _mm512_storeu_si512(dst + x, _mm512_maskz_loadu_epi16(valid, row + x));
+      for (int64_t x = 0; x < dp; x += kStep) {
+        _mm512_storeu_si512(out + j * dp + x, step_of_row(from + j * k_stride, 1, x, d));
       }
     }
     for (int j = left; j < rows; ++j) {
