@@ -331,15 +331,19 @@ struct AmxTiles {
         uint32_t* out = p_rows + (g + i) * p_stride;
         const B shift(row_max[g + i]);
         B sum(0.0f);
-        for (int n = 0; n < n_end; n += kStep) {
-          const B d0(_mm512_mask_mov_ps(minus_inf, valid(n),
+        // Whole steps, then the last one with the keys past the tile at -inf.
+        const auto step = [&](int n, __mmask16 m0, __mmask16 m1) {
+          const B d0(_mm512_mask_mov_ps(minus_inf, m0,
                                         xsimd::fms(B::load_aligned(row + n), factor, shift)));
-          const B d1(_mm512_mask_mov_ps(minus_inf, valid(n + W),
+          const B d1(_mm512_mask_mov_ps(minus_inf, m1,
                                         xsimd::fms(B::load_aligned(row + n + W), factor, shift)));
           const B e0 = fast_exp2<Arch>(d0), e1 = fast_exp2<Arch>(d1);
           sum += e0 + e1;
           _mm512_store_si512(out + n / 2, Dot::as_bits(_mm512_cvtne2ps_pbh(e1, e0)));
-        }
+        };
+        const int whole = keys / kStep * kStep;
+        for (int n = 0; n < whole; n += kStep) step(n, 0xFFFF, 0xFFFF);
+        if (whole < n_end) step(whole, valid(whole), valid(whole + W));
         lanes[i] = sum;
       }
       transpose_square<Arch>(lanes);
