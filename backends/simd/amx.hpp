@@ -300,10 +300,13 @@ struct AmxTiles {
   // padded_keys(keys), stored as bf16 in key order at p_rows + r ·
   // p_stride (pairs); tile_sum[r] = the row's sum in fp32.  kSetMax sets
   // row_max[r] to the row's maximum over its first 32 keys first (the
-  // caller's check on the sums catches keys far above it).
-  template <bool kSetMax>
+  // caller's check on the sums catches keys far above it).  each_row() is
+  // called before each row (the caller's prefetches: vector work for them
+  // to overlap).
+  template <bool kSetMax, class EachRow>
   static void row_epilogue(const float* s, int64_t s_stride, int64_t rows, int keys, float c,
-                           uint32_t* p_rows, int64_t p_stride, float* row_max, float* tile_sum) {
+                           uint32_t* p_rows, int64_t p_stride, float* row_max, float* tile_sum,
+                           const EachRow& each_row) {
     const B factor(c), minus_inf(-std::numeric_limits<float>::infinity());
     const int n_end = padded_keys(keys);
     // Lanes of the vector starting at key n that hold keys of the tile.
@@ -327,6 +330,7 @@ struct AmxTiles {
         m.store_aligned(row_max + g);
       }
       for (int i = 0; i < W; ++i) {
+        each_row();
         const float* row = s + (g + i) * s_stride;
         uint32_t* out = p_rows + (g + i) * p_stride;
         const B shift(row_max[g + i]);

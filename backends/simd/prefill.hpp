@@ -497,8 +497,11 @@ class PrefillKernel {
     {
       constexpr int QV = Blk::kScoreQueryVectors, NK = Blk::kScoreKeys;
       constexpr int R = Blk::kPvRows, C = Blk::kPvVectors;
-      const int64_t blocks_per_key_tile =
-          (nqv + QV - 1) / QV * ((t.kt + NK - 1) / NK) + (nq + R - 1) / R * ((dvp / W + C - 1) / C);
+      // (AMX rows: the fused epilogue steps the queue once a row.)
+      const int64_t blocks_per_key_tile = t.amx_rows
+                                              ? round_up(nq, 32)
+                                              : (nqv + QV - 1) / QV * ((t.kt + NK - 1) / NK) +
+                                                    (nq + R - 1) / R * ((dvp / W + C - 1) / C);
       prefetch.pace(key_tiles * blocks_per_key_tile, key_tiles == 1);
     }
 
@@ -945,7 +948,7 @@ class PrefillKernel {
       for (int v = 0; v < nqv; ++v) B(0.0f).store_aligned(t.tile_sum + v * W);
     }
     if constexpr (kDot && kAmxBuilt) {
-      if (t.amx) return amx_scores<kFused, kSetMax>(t, kv, d, units, nqv, keys);
+      if (t.amx) return amx_scores<kFused, kSetMax>(t, kv, d, units, nqv, keys, prefetch);
     }
     const float* first_bound = t.tile_bounds;
     const float* last_bound = t.tile_bounds + int64_t{nqv} * W;
@@ -1038,13 +1041,14 @@ class PrefillKernel {
   // products' epilogue over the stored scores.
   template <bool kFused, bool kSetMax>
   static bool amx_scores(const Tile& t, const KeyTile<true>& kv, int64_t d, const ScoreUnits& units,
-                         int nqv, int keys) {
+                         int nqv, int keys, PrefetchQueue& prefetch) {
     if constexpr (kAmxBuilt) {
       if (kFused && t.amx_rows) {
         const int64_t rows = round_up(int64_t{nqv} * W, 32), s_stride = 2 * t.p_stride;
         Amx::scores_rows(t.q_amx, rows, d, kv.k_t, t.kt_stride, keys, t.scores, s_stride);
         Amx::template row_epilogue<kSetMax>(t.scores, s_stride, rows, keys, units.q_factor,
-                                            t.p_rows, t.p_stride, t.row_max, t.tile_sum);
+                                            t.p_rows, t.p_stride, t.row_max, t.tile_sum,
+                                            [&prefetch] { prefetch.step(); });
         return take_fused_sums(t, nqv);
       }
       const auto rows = Amx::key_rows(kv.k, kv.k_stride, keys, d, t.k_amx);
