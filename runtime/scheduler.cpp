@@ -305,9 +305,8 @@ int64_t keys_of_item(const WorkPlan& plan, int64_t local) {
   return at.group_index * plan.chunks + at.chunk;
 }
 
-// Runs item `local` of a planned call; kv_new: mha_work_item::kv_new.
-int run_item(const mha_plugin& plugin, const PlannedCall& pc, int64_t local, void* scratch,
-             bool kv_new) {
+// Item `local` of a planned call; kv_new: mha_work_item::kv_new.
+mha_work_item item_of(const PlannedCall& pc, int64_t local, bool kv_new) {
   const WorkPlan& plan = pc.plan;
   const KernelCall& call = *pc.call;
   const mha_kernel_problem& p = call.problem;
@@ -352,6 +351,22 @@ int run_item(const mha_plugin& plugin, const PlannedCall& pc, int64_t local, voi
       item.lse_strides[0] = call.lse_strides[1];
       item.lse_strides[1] = call.lse_strides[2];
     }
+  }
+  return item;
+}
+
+// Runs item `local` of a planned call; kv_new: mha_work_item::kv_new.  The
+// thread most likely runs item `local + team` next (mha_work_item::next):
+// items cost about the same within a call, and each thread takes the lowest
+// one left.
+int run_item(const mha_plugin& plugin, const PlannedCall& pc, int64_t local, void* scratch,
+             bool kv_new, int32_t team) {
+  mha_work_item item = item_of(pc, local, kv_new);
+  mha_work_item next{};
+  const int64_t later = local + team;
+  if (later < pc.plan.items() && keys_of_item(pc.plan, later) != keys_of_item(pc.plan, local)) {
+    next = item_of(pc, later, true);
+    item.next = &next;
   }
   return plugin.attend(&pc.item_problem, &item, scratch);
 }
@@ -504,7 +519,7 @@ mha_status run_attention(const Backend& backend, KernelCall* calls, int64_t coun
     const LastItem now{&pc, keys_of_item(pc.plan, local)};
     const bool kv_new = now.call != mine.call || now.keys != mine.keys;
     mine = now;
-    if (int code = run_item(plugin, pc, local, scratch, kv_new); code != 0) {
+    if (int code = run_item(plugin, pc, local, scratch, kv_new, team); code != 0) {
       int expected = 0;
       failed_item_code.compare_exchange_strong(expected, code);
     }

@@ -147,6 +147,9 @@ class PrefillKernel {
     float* k_cache;
     float* v_cache;
     int64_t* widened;
+    // The rows of the item this thread most likely runs next (queue_next_item),
+    // stepped with each query tile's queue; nullptr: none.
+    PrefetchQueue* next_item;
     // Whether this item reads K and V from the cache: half precision and
     // int8 always (fp32_cache); fp32 rows apart only when the item has
     // several query tiles to share the copy (a copy per tile costs more than
@@ -327,6 +330,8 @@ class PrefillKernel {
     if constexpr (kAmxBuilt) {
       if (t.amx) Amx::configure();  // this thread's tiles
     }
+    PrefetchQueue next_rows;
+    t.next_item = queue_next_item(p, item, next_rows) ? &next_rows : nullptr;
     for (int64_t h = item.h_begin; h < item.h_end; ++h) {
       for (int64_t q0 = item.q_begin; q0 < item.q_end; q0 += QT) {
         query_tile(p, item, t, h, q0, std::min<int64_t>(QT, item.q_end - q0));
@@ -491,6 +496,7 @@ class PrefillKernel {
     };
 
     PrefetchQueue prefetch;
+    prefetch.then(t.next_item);
     queue_next_rows(p, item, h, q0, nq, prefetch);
     const bool v_new = v_is_new(p, item, h, q0);
     const int64_t key_tiles = std::max<int64_t>(0, (max_last + 1 - key_begin + t.kt - 1) / t.kt);
@@ -811,6 +817,53 @@ class PrefillKernel {
     });
   }
 
+  // The byte address of row (b, head, i) of a [batch, head, row, column]
+  // tensor of `bytes`-byte elements.
+  static const char* row_at(const void* data, const int64_t* strides, int64_t bytes, int64_t b,
+                            int64_t head, int64_t i) {
+    return static_cast<const char*>(data) +
+           (b * strides[0] + head * strides[1] + i * strides[2]) * bytes;
+  }
+  static int64_t kv_element_bytes(const mha_kernel_problem& p) {
+    return p.kv_dtype == MHA_DTYPE_I8 ? 1 : mha_types::float_bytes(p.kv_dtype);
+  }
+
+  // The K and V rows of the item this thread most likely runs next
+  // (mha_work_item::next: its first heads' KV head and its keys) and its
+  // first Q tile, queued into the L2 a few lines a step over this whole item
+  // -- on the bf16 path, which copies K and V as pairs in one burst that
+  // waited on their first read from memory (S1:bf16 on AMX, one thread:
+  // about 13 % of the time in the copies).  Not for fp32 K and V: read in
+  // place, their hardware prefetch runs ahead of the micro-kernels, and
+  // widened into the fp32 cache (half precision on the avx512 plugin, S9's
+  // rows apart) the queue took as long or longer (S9 1.03).  Returns
+  // whether anything was queued.
+  static bool queue_next_item(const mha_kernel_problem& p, const mha_work_item& item,
+                              PrefetchQueue& queue) {
+    const mha_work_item* next = item.next;
+    if (next == nullptr || paged(p) || !pairs_cache(p)) return false;
+    const int64_t kvh = mha_kernel::kv_head_of(p, next->h_begin);
+    const int64_t keys = next->k_end - next->k_begin;
+    const int64_t kv_bytes = kv_element_bytes(p), q_bytes = mha_types::float_bytes(p.q_dtype);
+    if (p.k_strides[3] == 1) {
+      queue.add(row_at(p.k, p.k_strides, kv_bytes, next->b, kvh, next->k_begin), p.k_strides[2],
+                keys, p.d, kv_bytes, false);
+    }
+    if (p.v_strides[3] == 1) {
+      queue.add(row_at(p.v, p.v_strides, kv_bytes, next->b, kvh, next->k_begin), p.v_strides[2],
+                keys, p.dv, kv_bytes, false);
+    }
+    if (p.q_strides[3] == 1) {
+      queue.add(row_at(p.q, p.q_strides, q_bytes, next->b, next->h_begin, next->q_begin),
+                p.q_strides[2], std::min<int64_t>(QT, next->q_end - next->q_begin), p.d, q_bytes,
+                false);
+    }
+    // Two lines a step: S1:bf16 on AMX (one thread, 3 alternating rounds)
+    // took the same 0.93-0.95 of the time with 1, 2 or 4.
+    queue.pace_fixed(2, /*into_l2=*/true);
+    return true;
+  }
+
   // What comes next, to fetch while this tile computes: after the last tile
   // of a head in an item of several heads (short sequences), the next head's
   // Q, K and V; otherwise the item's next query tile, or after its last, the
@@ -819,14 +872,11 @@ class PrefillKernel {
   // next; then this tile's output rows.
   static void queue_next_rows(const mha_kernel_problem& p, const mha_work_item& item, int64_t h,
                               int64_t q0, int64_t nq, PrefetchQueue& prefetch) {
-    const int64_t b = item.b;
     const int64_t q_bytes = mha_types::float_bytes(p.q_dtype);
-    const int64_t kv_bytes = p.kv_dtype == MHA_DTYPE_I8 ? 1 : mha_types::float_bytes(p.kv_dtype);
-    // The byte address of row (b, head, i) of a tensor.
-    const auto row_address = [b](const void* data, const int64_t* strides, int64_t bytes,
-                                 int64_t head, int64_t i) {
-      return static_cast<const char*>(data) +
-             (b * strides[0] + head * strides[1] + i * strides[2]) * bytes;
+    const int64_t kv_bytes = kv_element_bytes(p);
+    const auto row_address = [b = item.b](const void* data, const int64_t* strides, int64_t bytes,
+                                          int64_t head, int64_t i) {
+      return row_at(data, strides, bytes, b, head, i);
     };
     if (q0 + nq >= item.q_end && h + 1 < item.h_end) {
       if (p.q_strides[3] == 1) {

@@ -171,12 +171,26 @@ class PrefetchQueue {
     }
   }
 
+  // A fixed number of lines a step (into the L2: into_l2), for a queue
+  // stepped over a span whose steps are not counted ahead: the thread's next
+  // item, spread over this whole item (then()).
+  void pace_fixed(int64_t lines_per_step, bool into_l2) {
+    per_step_ = lines_per_step;
+    into_l2_ = into_l2;
+  }
+
+  // `after` is stepped too on each step() of this queue.
+  void then(PrefetchQueue* after) { after_ = after; }
+
   void step() {
+    if (after_ != nullptr) after_->step();
     for (int64_t n = 0; n < per_step_ && lines_left_ > 0; ++n) {
       const Range& r = ranges_[range_];
       const char* line = r.first + row_ * r.row_bytes + line_ * 64;
       if (r.for_write) {
         __builtin_prefetch(line, 1, 3);
+      } else if (into_l2_) {
+        __builtin_prefetch(line, 0, 1);
       } else {
         __builtin_prefetch(line, 0, 3);
       }
@@ -205,6 +219,8 @@ class PrefetchQueue {
   int64_t row_ = 0, line_ = 0;
   int64_t lines_left_ = 0, per_step_ = 0;
   bool back_to_back_ = true;  // the rows of every range read
+  bool into_l2_ = false;
+  PrefetchQueue* after_ = nullptr;
 };
 
 }  // namespace mha_simd

@@ -53,8 +53,10 @@ extern "C" {
  * 16: mha_tile_sizes ends with bf16_dot: whether bf16 products use the
  *    plugin's bf16 dot-product instructions, which the runtime decides from
  *    the CPU.
- * 17: bf16_dot 2: the bf16 products on AMX tiles (MHA_CPU_AMX_BF16). */
-#define MHA_PLUGIN_ABI_VERSION 17
+ * 17: bf16_dot 2: the bf16 products on AMX tiles (MHA_CPU_AMX_BF16).
+ * 18: mha_work_item ends with next: the item the thread most likely runs
+ *    after this one. */
+#define MHA_PLUGIN_ABI_VERSION 18
 #define MHA_PLUGIN_ENTRY_SYMBOL "mha_plugin_entry"
 
 /* CPU features, as the runtime detects them (OS support included). */
@@ -215,6 +217,15 @@ typedef struct mha_kernel_problem {
  * first heads' K and V are then most likely not in this core's caches, and a
  * kernel may fetch them ahead of their use; 0 otherwise.  A hint only, like
  * the order above.
+ *
+ * next (ABI 18): the item of the same call this thread most likely runs after
+ * this one (the one `threads` items on in the order above), or NULL when there
+ * is none or it reads the same keys (same batch, head group and key range).  A
+ * kernel may request its K, V and first Q rows while it computes this one, so
+ * that they are in this core's caches when it starts.  A hint only: another
+ * thread may take that item, so a kernel only prefetches the rows it names
+ * (never loads them), and its result never depends on it.  Valid during the
+ * call to attend only.
  */
 typedef struct mha_work_item {
   int64_t b;
@@ -225,8 +236,9 @@ typedef struct mha_work_item {
   int64_t out_strides[3];
   float* lse;
   int64_t lse_strides[2];
-  int32_t out_dtype; /* F32, BF16 or F16 (split-KV partials are always F32) */
-  int32_t kv_new;    /* ABI 12: see above */
+  int32_t out_dtype;                /* F32, BF16 or F16 (split-KV partials are always F32) */
+  int32_t kv_new;                   /* ABI 12: see above */
+  const struct mha_work_item* next; /* ABI 18: see above; may be NULL */
 } mha_work_item;
 
 /*
