@@ -98,6 +98,11 @@ void packed_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, c
   // L2 instead, or a line every step, measured alike or slower.)
   const char* next = reinterpret_cast<const char*>(next_b);
   constexpr int kNextLines = (T::kNr * 4 * 4 + 63) / 64;  // 4 steps of the B panel
+  // The vector panel kAhead steps on: it streams from the L2 (BLIS keeps its
+  // A block there), two lines a step on AVX-512, faster than the L1's own
+  // prefetchers bring it in (Intel family 6 model 167, in-process A/B, 7
+  // rounds: module S1 0.972 of the time with 8 steps, 0.983 with 16).
+  constexpr int64_t kAhead = 8;
 
   V acc[R][NV];
 #pragma GCC unroll 16
@@ -109,6 +114,11 @@ void packed_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, c
     V yv[NV];
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) yv[v] = V::load_unaligned(y + p * Y + v * W);
+    if (p + kAhead < k) {
+      const char* ahead = reinterpret_cast<const char*>(y + (p + kAhead) * Y);
+#pragma GCC unroll 4
+      for (int l = 0; l < Y * 4; l += 64) __builtin_prefetch(ahead + l, 0, 3);
+    }
     if (next != nullptr && (p & 3) == 0) {
       for (int l = 0; l < kNextLines; ++l) __builtin_prefetch(next + p * T::kNr * 4 + l * 64, 0, 3);
     }
