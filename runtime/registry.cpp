@@ -191,6 +191,12 @@ void Registry::probe_locked(Backend& backend) {
     refuse("malformed plugin table (its gemm_ukernel)");
     return;
   }
+  if (const mha_bf16_gemm* gemm = plugin->bf16_gemm;
+      gemm != nullptr && (gemm->packed_bytes == nullptr || gemm->pack == nullptr ||
+                          gemm->scratch_bytes == nullptr || gemm->run == nullptr)) {
+    refuse("malformed plugin table (its bf16_gemm)");
+    return;
+  }
   if (backend.name != plugin->name) {
     refuse("the file names backend '" + backend.name + "' but the plugin calls itself '" +
            printable(plugin->name) + "'");

@@ -402,19 +402,28 @@ struct AmxTiles {
     if (c < dvp) pv_columns<false>(run, c);  // a last block of 16 columns
   }
 
- private:
-  // The products of the scores, a 2 x 2 block of tiles: c[i][j] = Σ over
-  // `steps` steps of A_i · B_j, stored at c (the four 16 x 16 blocks, rows
-  // c_stride floats apart).  A_0 and A_1 are 16 rows of bf16 from a0 and a1
-  // (a_bytes apart), 32 values further each step; B_0 and B_1 are 16 rows of
-  // pairs from b and b + 16 (b_bytes apart), b_step pairs further each step.
+  // A 2 x 2 block of tiles: c[i][j] = c0[i][j] + Σ over `steps` steps of
+  // A_i · B_j, stored at c (the four 16 x 16 blocks, rows c_stride floats
+  // apart).  A_0 and A_1 are 16 rows of bf16 from a0 and a1 (a_bytes apart),
+  // 32 values further each step; B_0 and B_1 are 16 rows of pairs from b and
+  // b + 16 (b_bytes apart), b_step pairs further each step.  c0: 0 (nullptr),
+  // or 32 x 32 floats, rows c0_stride apart (the matrix products' biases).
   MHA_AMX_TARGET static void block_2x2(const uint16_t* a0, const uint16_t* a1, int64_t a_bytes,
                                        const uint32_t* b, int64_t b_step, int64_t b_bytes,
-                                       int64_t steps, float* c, int64_t c_stride) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+                                       int64_t steps, float* c, int64_t c_stride,
+                                       const float* c0 = nullptr, int64_t c0_stride = 0) {
+    if (c0 == nullptr) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+    } else {
+      const int64_t c0_bytes = c0_stride * 4;
+      _tile_loadd(0, c0, c0_bytes);
+      _tile_loadd(1, c0 + W, c0_bytes);
+      _tile_loadd(2, c0 + W * c0_stride, c0_bytes);
+      _tile_loadd(3, c0 + W * c0_stride + W, c0_bytes);
+    }
     for (int64_t x = 0; x < steps; ++x) {
       _tile_loadd(4, a0 + x * kStep, a_bytes);
       _tile_loadd(5, a1 + x * kStep, a_bytes);
@@ -432,6 +441,7 @@ struct AmxTiles {
     _tile_stored(3, c + W * c_stride + W, c_bytes);
   }
 
+ private:
   struct Pv {
     const uint32_t* p_rows;
     int row_pairs;

@@ -20,6 +20,14 @@ int mha_simd_backward(const mha_backward_problem* problem, const mha_backward_it
 void mha_simd_packed_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                           const float* b, float beta, float* c, int64_t rs_c, int64_t cs_c,
                           const float* next_a, const float* next_b);
+// The module's bf16 matrix products (mha_bf16_gemm): on AMX tiles in the
+// plugins that build them, refused (run returns -1) in the others.
+size_t mha_simd_bf16_gemm_packed_bytes(int64_t n, int64_t k);
+void mha_simd_bf16_gemm_pack(int64_t n, int64_t k, const float* wt, int64_t ld, void* packed);
+size_t mha_simd_bf16_gemm_scratch_bytes(int64_t k);
+int mha_simd_bf16_gemm_run(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
+                           const void* packed, const float* bias, float* c, int64_t ldc,
+                           void* scratch);
 
 // The tiles this plugin chose for the machine's caches: written once by the
 // table's choose_tiles (plugin_table.hpp) when the runtime loads the plugin,

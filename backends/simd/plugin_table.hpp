@@ -61,6 +61,20 @@ constexpr const mha_gemm_ukernel* packed_gemm_of() {
   }
 }
 
+// The module's bf16 matrix products: the plugins with the bf16 path on
+// x86-64 build them on AMX tiles (amx_gemm.hpp); the runtime calls them only
+// where it granted the tiles.
+inline constexpr mha_bf16_gemm kBf16Gemm{mha_simd_bf16_gemm_packed_bytes, mha_simd_bf16_gemm_pack,
+                                         mha_simd_bf16_gemm_scratch_bytes, mha_simd_bf16_gemm_run};
+
+template <bool kBf16Dot>
+constexpr const mha_bf16_gemm* bf16_gemm_of() {
+#if defined(__x86_64__)
+  if constexpr (kBf16Dot) return &kBf16Gemm;
+#endif
+  return nullptr;
+}
+
 template <class Arch, bool kBf16Dot>
 constexpr mha_plugin plugin_table(const char* name, const char* description, uint32_t features,
                                   int32_t priority, int32_t vector_floats) {
@@ -83,6 +97,7 @@ constexpr mha_plugin plugin_table(const char* name, const char* description, uin
       mha_simd_backward,
       choose_tiles<Arch, kBf16Dot>,
       packed_gemm_of<Arch>(),
+      bf16_gemm_of<kBf16Dot>(),
   };
 }
 

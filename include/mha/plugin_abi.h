@@ -55,8 +55,10 @@ extern "C" {
  *    the CPU.
  * 17: bf16_dot 2: the bf16 products on AMX tiles (MHA_CPU_AMX_BF16).
  * 18: mha_work_item ends with next: the item the thread most likely runs
- *    after this one. */
-#define MHA_PLUGIN_ABI_VERSION 18
+ *    after this one.
+ * 19: mha_plugin ends with bf16_gemm (mha_bf16_gemm): the module's bf16
+ *    matrix products on AMX tiles. */
+#define MHA_PLUGIN_ABI_VERSION 19
 #define MHA_PLUGIN_ENTRY_SYMBOL "mha_plugin_entry"
 
 /* CPU features, as the runtime detects them (OS support included). */
@@ -343,6 +345,27 @@ typedef struct mha_gemm_ukernel {
               const float* next_b);
 } mha_gemm_ukernel;
 
+/* ABI 19: the module's bf16 matrix products on the plugin's AMX tiles:
+ * C = A · B + bias with A bf16 [m][k] and B = Wᵀ, W a Linear layer's weight
+ * [n][k] -- exact products summed in fp32 (subnormal inputs count as 0).
+ * The runtime calls these only where the plugin answered bf16_dot 2 in
+ * choose_tiles (AMX granted); run fails (returns non-zero, writes nothing)
+ * otherwise. */
+typedef struct mha_bf16_gemm {
+  /* Bytes of B packed for the products (pack's output). */
+  size_t (*packed_bytes)(int64_t n, int64_t k);
+  /* Packs B from fp32 values: element (p, j) of B (= W[j][p]) at wt[p·ld + j],
+   * rounded to bf16 (to nearest, ties to even). */
+  void (*pack)(int64_t n, int64_t k, const float* wt, int64_t ld, void* packed);
+  /* Bytes of scratch (64-byte aligned) one call of run needs for this k. */
+  size_t (*scratch_bytes)(int64_t k);
+  /* Rows [0, m) of C (fp32, rows ldc floats apart) = A (bf16 bits, rows lda
+   * elements apart, unit column stride) · B + bias (fp32 [n], or NULL).
+   * Returns 0.  Reentrant: threads call it on their own rows and scratch. */
+  int (*run)(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda, const void* packed,
+             const float* bias, float* c, int64_t ldc, void* scratch);
+} mha_bf16_gemm;
+
 typedef struct mha_plugin {
   uint32_t abi_version; /* MHA_PLUGIN_ABI_VERSION: read first, before anything else */
   uint32_t struct_size; /* sizeof(mha_plugin) */
@@ -394,6 +417,10 @@ typedef struct mha_plugin {
   /* ABI 14: the module's matrix-product micro-kernel (mha_gemm_ukernel).
    * NULL: BLIS's own kernels. */
   const mha_gemm_ukernel* gemm_ukernel;
+
+  /* ABI 19: the module's bf16 matrix products (mha_bf16_gemm).  NULL: none
+   * (the runtime widens to fp32 for BLIS). */
+  const mha_bf16_gemm* bf16_gemm;
 } mha_plugin;
 
 typedef const mha_plugin* (*mha_plugin_entry_fn)(void);

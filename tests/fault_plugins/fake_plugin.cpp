@@ -81,6 +81,7 @@ const mha_plugin kTable = {
     nullptr,
     nullptr,  // choose_tiles: the table's
     nullptr,  // gemm_ukernel: BLIS's own
+    nullptr,  // bf16_gemm: none
 };
 
 }  // namespace

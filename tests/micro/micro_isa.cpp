@@ -5,6 +5,7 @@
 #include <mha/mha.h>
 
 #include "micro_kernels.h"
+#include "simd/amx_gemm.hpp"
 #include "simd/blocking.hpp"
 #include "simd/convert.hpp"
 #include "simd/microkernels.hpp"
@@ -109,6 +110,20 @@ constexpr GemmFn gemm_of() {
   }
 }
 
+#if defined(MHA_HAVE_AMX_TILES)
+using AmxGemm = mha_simd::AmxGemm<Arch>;
+constexpr auto kBf16PackedBytes = AmxGemm::packed_bytes;
+constexpr auto kBf16Pack = AmxGemm::pack;
+constexpr auto kBf16ScratchBytes = AmxGemm::scratch_bytes;
+constexpr auto kBf16Gemm = AmxGemm::run;
+#else
+constexpr size_t (*kBf16PackedBytes)(int64_t, int64_t) = nullptr;
+constexpr void (*kBf16Pack)(int64_t, int64_t, const float*, int64_t, void*) = nullptr;
+constexpr size_t (*kBf16ScratchBytes)(int64_t) = nullptr;
+constexpr void (*kBf16Gemm)(int64_t, int64_t, int64_t, const uint16_t*, int64_t, const void*,
+                            const float*, float*, int64_t, void*, int64_t) = nullptr;
+#endif
+
 }  // namespace
 
 extern "C" const mha_micro::MicroKernels* MHA_MICRO_NAME() {
@@ -132,6 +147,10 @@ extern "C" const mha_micro::MicroKernels* MHA_MICRO_NAME() {
       Tile::kNr,
       Tile::kRowMajor ? 1 : 0,
       gemm_of(),
+      kBf16PackedBytes,
+      kBf16Pack,
+      kBf16ScratchBytes,
+      kBf16Gemm,
   };
   return &kernels;
 }

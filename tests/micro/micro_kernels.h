@@ -3,6 +3,7 @@
 // once per SIMD row of cmake/MhaIsa.cmake, compiled with that row's flags.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace mha_micro {
@@ -45,6 +46,15 @@ struct MicroKernels {
   void (*gemm)(int64_t m, int64_t n, int64_t k, float alpha, const float* a, const float* b,
                float beta, float* c, int64_t rs_c, int64_t cs_c, const float* next_a,
                const float* next_b);
+  // The module's bf16 products on AMX tiles (amx_gemm.hpp, plugin ABI 19),
+  // or bf16_gemm == nullptr where the ISA builds none.  Only to be run where
+  // the process may use AMX (mha_cpu_features() names amx-bf16).
+  size_t (*bf16_packed_bytes)(int64_t n, int64_t k);
+  void (*bf16_pack)(int64_t n, int64_t k, const float* wt, int64_t ld, void* packed);
+  size_t (*bf16_scratch_bytes)(int64_t k);
+  void (*bf16_gemm)(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
+                    const void* packed, const float* bias, float* c, int64_t ldc, void* scratch,
+                    int64_t l2_bytes);
 };
 
 }  // namespace mha_micro

@@ -528,6 +528,80 @@ TEST_P(Micro, PackedGemmMatchesPlainLoops) {
               static_cast<long long>(checked));
 }
 
+// The module's bf16 products on AMX tiles (amx_gemm.hpp): C = A · Wᵀ + bias
+// for shapes around every edge of its 32 x 32 blocks and 32-value steps,
+// rows in place and staged, C whole blocks and through the staging tile,
+// groups of rows smaller than the problem (a small L2), with and without
+// biases.  Each element within k + 2 fp32 rounding steps of the float64 sum
+// of the same bf16 values, and nothing outside rows [0, m) x columns [0, n)
+// written.
+TEST_P(Micro, Bf16AmxGemmMatchesFloat64) {
+  if (k_->bf16_gemm == nullptr) {
+    std::printf("%s builds no bf16 products on AMX tiles\n", k_->name);
+    return;
+  }
+  if (std::string(mha_cpu_features()).find("amx-bf16") == std::string::npos) {
+    GTEST_SKIP() << "this CPU (or OS, or process) does not allow AMX tiles with bf16: "
+                 << mha_cpu_features();
+  }
+  struct Shape {
+    int64_t m, n, k, l2;
+    bool bias;
+  };
+  const std::vector<Shape> shapes = {
+      {1, 1, 1, 0, true},     {31, 17, 33, 0, false},     {32, 32, 32, 0, true},
+      {33, 33, 64, 0, true},  {64, 96, 768, 0, true},     {100, 50, 100, 0, false},
+      {5, 2304, 64, 0, true}, {200, 70, 96, 16384, true}, {97, 64, 40, 8192, false},
+  };
+  Rng rng(19);
+  int64_t checked = 0;
+  for (const Shape& s : shapes) {
+    const int64_t lda = s.k + 5, ldw = s.n + 3, ldc = s.n + 7;
+    // A and W hold bf16 values: the products are exact in float64.
+    std::vector<uint16_t> a(static_cast<size_t>(s.m * lda));
+    std::vector<float> a_values(a.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      a[i] = mha_types::f32_to_bf16(rng.uniform(-1.0f, 1.0f));
+      a_values[i] = mha_types::bf16_to_f32(a[i]);
+    }
+    std::vector<float> wt(static_cast<size_t>(s.k * ldw));
+    for (float& x : wt)
+      x = mha_types::bf16_to_f32(mha_types::f32_to_bf16(rng.uniform(-1.0f, 1.0f)));
+    std::vector<float> bias(static_cast<size_t>(s.n));
+    for (float& x : bias) x = rng.uniform(-1.0f, 1.0f);
+    Aligned packed((k_->bf16_packed_bytes(s.n, s.k) + 3) / 4);
+    Aligned scratch((k_->bf16_scratch_bytes(s.k) + 3) / 4);
+    k_->bf16_pack(s.n, s.k, wt.data(), ldw, packed.get());
+    std::vector<float> c(static_cast<size_t>((s.m + 2) * ldc), NAN);
+    k_->bf16_gemm(s.m, s.n, s.k, a.data(), lda, packed.get(), s.bias ? bias.data() : nullptr,
+                  c.data(), ldc, scratch.get(), s.l2);
+    for (int64_t i = 0; i < s.m + 2; ++i) {
+      for (int64_t j = 0; j < ldc; ++j) {
+        const float got = c[static_cast<size_t>(i * ldc + j)];
+        if (i >= s.m || j >= s.n) {
+          ASSERT_TRUE(std::isnan(got)) << k_->name << ": (" << i << ", " << j << ") outside " << s.m
+                                       << " x " << s.n << " was written";
+          continue;
+        }
+        double exact = s.bias ? D(bias[static_cast<size_t>(j)]) : 0.0;
+        double terms = std::fabs(exact);
+        for (int64_t p = 0; p < s.k; ++p) {
+          const double t = D(a_values[static_cast<size_t>(i * lda + p)]) *
+                           D(wt[static_cast<size_t>(p * ldw + j)]);
+          exact += t;
+          terms += std::fabs(t);
+        }
+        ASSERT_LE(std::fabs(D(got) - exact), dot_tolerance(terms, s.k + 2))
+            << k_->name << ": (" << i << ", " << j << ") of " << s.m << " x " << s.n << " x " << s.k
+            << ", l2 " << s.l2 << ", bias " << s.bias << ": " << got << " against " << exact;
+        ++checked;
+      }
+    }
+  }
+  std::printf("bf16 products on AMX tiles on %s: %lld elements within k + 2 roundings\n", k_->name,
+              static_cast<long long>(checked));
+}
+
 std::string isa_name(const ::testing::TestParamInfo<mha_micro::MicroIsa>& info) {
   return info.param.name;
 }
