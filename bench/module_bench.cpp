@@ -172,8 +172,17 @@ void bm_module(benchmark::State& st, const std::string& backend, const ModuleSha
     return;
   }
   for (mha_bench::ModuleWeight& w : mha_bench::module_weights(s.e)) {
+    // A half-precision shape models a bf16 checkpoint: its weights are bf16
+    // too (PyTorch's module.to(torch.bfloat16)).
     mha_tensor t;
-    mha_tensor_init(&t, w.data.data(), MHA_DTYPE_F32, w.ndim, w.shape, nullptr);
+    const std::vector<uint16_t> w16 =
+        s.dtype != MHA_DTYPE_F32 ? to_bf16(w.data) : std::vector<uint16_t>();
+    if (s.dtype != MHA_DTYPE_F32) {
+      mha_tensor_init(&t, const_cast<uint16_t*>(w16.data()), MHA_DTYPE_BF16, w.ndim, w.shape,
+                      nullptr);
+    } else {
+      mha_tensor_init(&t, w.data.data(), MHA_DTYPE_F32, w.ndim, w.shape, nullptr);
+    }
     if (mha_module_set_weight(module.m, w.name, &t) != MHA_OK) {
       st.SkipWithError(mha_last_error());
       return;

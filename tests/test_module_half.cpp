@@ -17,6 +17,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <limits>
@@ -584,6 +586,113 @@ TEST_P(Module, HalfPrecisionBackward) {
                           .large = true,
                           .kv_broadcast = true,
                           .seed = 46});
+}
+
+// A WeightSet rounded to bf16 values (a bf16 checkpoint), its reference too.
+void round_to_bf16(WeightSet& w) {
+  const auto round = [](std::vector<float>& v, std::vector<double>& ref) {
+    for (size_t i = 0; i < v.size(); ++i) {
+      v[i] = mha_types::bf16_to_f32(mha_types::f32_to_bf16(v[i]));
+      ref[i] = static_cast<double>(v[i]);
+    }
+  };
+  round(w.w_q, w.ref.w_q);
+  round(w.w_k, w.ref.w_k);
+  round(w.w_v, w.ref.w_v);
+  round(w.w_o, w.ref.w_o);
+  round(w.b_q, w.ref.b_q);
+  round(w.b_k, w.ref.b_k);
+  round(w.b_v, w.ref.b_v);
+  round(w.b_o, w.ref.b_o);
+}
+
+// A bf16 checkpoint's weights and bf16 inputs, E 64 (whole steps of 32) and
+// 80 or 48 rows (a partial block of 32): where the selected backend has the
+// AMX tiles, the input projections run as bf16 products on them
+// (runtime/module/bf16_products.h) -- the same products, summed in another
+// order.  On every backend: within the float64 reference's bound, and the
+// same bits for 1, 2 and 3 threads.
+void run_bf16_checkpoint_case(bool self_attention, bool bias, uint64_t seed) {
+  SCOPED_TRACE(std::string(self_attention ? "self-attention" : "cross") +
+               (bias ? " bias" : " no bias"));
+  ModuleCase c;
+  c.B = 2;
+  c.Lq = 40;
+  c.Lk = self_attention ? 40 : 24;
+  c.E = 64;
+  c.H = 4;
+  c.bias = bias;
+  Rng rng(seed);
+  WeightSet weights = make_weights(c, rng);
+  round_to_bf16(weights);
+  ModuleHandle h;
+  ASSERT_TRUE(create_module(c, h));
+  ASSERT_TRUE(load_weights(h.m, c, weights)) << mha_last_error();
+  HalfTensor query(rng, {c.B, c.Lq, c.E}, MHA_DTYPE_BF16, -2.0f, 2.0f);
+  HalfTensor key(rng, {c.B, c.Lk, c.E}, MHA_DTYPE_BF16, -2.0f, 2.0f);
+  HalfTensor value(rng, {c.B, c.Lk, c.E}, MHA_DTYPE_BF16, -1.0f, 1.0f);
+  HalfTensor& k_in = self_attention ? query : key;
+  HalfTensor& v_in = self_attention ? query : value;
+  std::vector<std::vector<float>> outs;
+  const int32_t threads_before = mha_get_num_threads();
+  for (const int32_t threads : {1, 2, 3}) {
+    ASSERT_EQ(mha_set_num_threads(threads), MHA_OK);
+    Output out({c.B, c.Lq, c.E}, MHA_DTYPE_F32);
+    ASSERT_EQ(mha_module_forward(h.m, &query.half, &k_in.half, &v_in.half, &out.t, nullptr), MHA_OK)
+        << mha_last_error();
+    outs.push_back(out.values());
+  }
+  ASSERT_EQ(mha_set_num_threads(threads_before), MHA_OK);
+  EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * 4), 0) << "2 threads";
+  EXPECT_EQ(std::memcmp(outs[0].data(), outs[2].data(), outs[0].size() * 4), 0) << "3 threads";
+  ModuleInputs in;
+  in.query = &query.f32;
+  in.key = &k_in.f32;
+  in.value = &v_in.f32;
+  const ModuleReference ref = reference_module(weights.ref, in);
+  EXPECT_EQ(outside(outs[0], ref.out, ref.out_bound, MHA_DTYPE_F32), 0) << "out off the reference";
+}
+
+TEST_P(Module, Bf16CheckpointAndBf16Inputs) {
+  run_bf16_checkpoint_case(true, true, 51);
+  run_bf16_checkpoint_case(false, true, 52);
+  run_bf16_checkpoint_case(true, false, 53);
+}
+
+// Run by ctest with MHA_VERBOSE=2 (module.verbose_bf16_products): a bf16
+// checkpoint's module on a bf16 input.  The line must count one input
+// product on AMX tiles (the stacked Q, K, V product) where the selected
+// backend has them, and none elsewhere: the test says which it expects.
+TEST(ModuleBf16Verbose, LinesCountTheBf16Products) {
+  const char* verbose = std::getenv("MHA_VERBOSE");
+  if (verbose == nullptr || std::string(verbose) != "2") GTEST_SKIP() << "runs with MHA_VERBOSE=2";
+  const std::string selected = mha_selected_backend();
+  int32_t bf16_dot = 0;
+  for (int32_t i = 0; i < mha_backend_count(); ++i) {
+    mha_backend_info info;
+    ASSERT_EQ(mha_backend_get_info(i, &info), MHA_OK);
+    if (selected == info.name) {
+      ASSERT_EQ(mha_backend_get_bf16_dot(i, &bf16_dot), MHA_OK);
+    }
+  }
+  ModuleCase c;
+  c.B = 1;
+  c.Lq = c.Lk = 33;
+  c.E = 64;
+  c.H = 2;
+  Rng rng(61);
+  WeightSet weights = make_weights(c, rng);
+  round_to_bf16(weights);
+  ModuleHandle h;
+  ASSERT_TRUE(create_module(c, h));
+  ASSERT_TRUE(load_weights(h.m, c, weights)) << mha_last_error();
+  HalfTensor x(rng, {c.B, c.Lq, c.E}, MHA_DTYPE_BF16, -1.0f, 1.0f);
+  Output out({c.B, c.Lq, c.E}, MHA_DTYPE_F32);
+  std::printf("expect bf16_products=%d on %s\n", bf16_dot == 2 ? 1 : 0, selected.c_str());
+  std::fflush(stdout);
+  ASSERT_EQ(mha_module_forward(h.m, &x.half, &x.half, &x.half, &out.t, nullptr), MHA_OK)
+      << mha_last_error();
+  std::fflush(stderr);
 }
 
 }  // namespace

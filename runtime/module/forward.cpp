@@ -264,7 +264,7 @@ mha_status run_module_forward(const ModuleCall& call) {
     std::fprintf(stderr,
                  "mha_verbose,exec,module,B=%lld,Lq=%lld,Lk=%lld,E=%lld,H=%lld,Eq=%lld,Ek=%lld,"
                  "Ev=%lld,bias=%d,packed=%s,path=%s,dropout=%g,variants=%s,blis=%s,gemm_ukernel=%s,"
-                 "threads=%d,"
+                 "bf16_products=%d,threads=%d,"
                  "proj_ms=%.4f,attention_ms=%.4f,out_proj_ms=%.4f\n",
                  static_cast<long long>(batch), static_cast<long long>(lq),
                  static_cast<long long>(lk), static_cast<long long>(e),
@@ -273,7 +273,8 @@ mha_status run_module_forward(const ModuleCall& call) {
                  m.bias ? 1 : 0, proj.qkv_packed ? "qkv" : (proj.kv_packed ? "kv" : "no"),
                  call.attn_weights != nullptr ? "weights" : "fused",
                  static_cast<double>(call.dropout_p), variants_of(kernel_call).c_str(),
-                 blis_kernel_set(), gemm_ukernel_in_use(), threads, proj_ms, attn_ms, ms_since(t2));
+                 blis_kernel_set(), gemm_ukernel_in_use(), proj.bf16_products, threads, proj_ms,
+                 attn_ms, ms_since(t2));
   }
   return MHA_OK;
 }

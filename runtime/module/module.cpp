@@ -11,6 +11,7 @@
 #include <new>
 #include <string>
 
+#include "bf16_products.h"
 #include "blis.h"
 #include "common/dtype.h"
 #include "error.h"
@@ -525,6 +526,7 @@ mha_status mha_module_create(const mha_module_config* config, mha_module** modul
     }
     if (mha_status s = check_config(&given); s != MHA_OK) return s;
     auto* m = new mha_module;
+    m->bf16_cache = std::make_shared<Bf16WeightCache>();
     const int64_t e = given.embed_dim;
     m->embed_dim = e;
     m->num_heads = given.num_heads;
@@ -620,6 +622,7 @@ mha_status mha_module_set_weight(mha_module* module, const char* name, const mha
       }
     }
     module->sync_bias_rows();
+    module->bf16_cache->clear();  // packed from the old values
     return MHA_OK;
   });
 }

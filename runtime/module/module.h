@@ -5,7 +5,12 @@
 #include <mha/mha.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
+
+namespace mha::rt {
+struct Bf16WeightCache;
+}  // namespace mha::rt
 
 // The opaque handle of the C API.  Forward calls only read it, so several
 // threads may run forward on one module at once; set_weight must not run
@@ -52,6 +57,9 @@ struct mha_module {
   float* bias_row_out() { return w_out.data() + embed_dim * embed_dim; }
   // Copies b_in and b_out into the bias rows (after set_weight).
   void sync_bias_rows();
+  // The weights packed for a plugin's bf16 products (bf16_products.h), built
+  // on first use, dropped by set_weight.
+  std::shared_ptr<mha::rt::Bf16WeightCache> bf16_cache;
 };
 
 namespace mha::rt {

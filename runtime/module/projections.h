@@ -55,6 +55,7 @@ struct Projections {
   bool qkv_packed = false, kv_packed = false;
   RowOrder q_order, k_order, v_order;  // of the inputs, and so of the buffers
   mha_tensor q, k, v;                  // [B, H, L, D] views
+  int bf16_products = 0;               // products run on AMX tiles (bf16_products.h)
 };
 Projections project_inputs(const ModuleCall& call, AlignedBuffer& scratch, int32_t threads);
 

@@ -1,0 +1,117 @@
+// The module's input projections as bf16 products on AMX tiles
+// (bf16_products.h).
+#include "bf16_products.h"
+
+#include <algorithm>
+#include <atomic>
+#include <new>
+
+#include "blis.h"
+#include "common/dtype.h"
+#include "module.h"
+#include "registry.h"
+#include "threads.h"
+
+namespace mha::rt {
+namespace {
+
+// The plugin's scratch for run(), per calling thread.
+thread_local AlignedBuffer t_bf16_scratch;
+
+// Rows of one call of the plugin's run() at most: the plugin groups them by
+// its L2 and reads every packed panel once per group, so calls are long.
+constexpr int64_t kRowsPerCall = 1024;
+
+// The selected backend's bf16 products, where the runtime granted it the
+// AMX tiles (bf16_dot 2: CPU, OS and the process's permission).
+const mha_bf16_gemm* granted_products() {
+  const char* why = nullptr;
+  const Backend* backend = Registry::instance().selected(&why);
+  if (backend == nullptr || backend->plugin == nullptr || backend->tiles.bf16_dot != 2) {
+    return nullptr;
+  }
+  return backend->plugin->bf16_gemm;
+}
+
+bool holds_bf16_value(float x) {
+  return mha_types::bf16_to_f32(mha_types::f32_to_bf16(x)) == x;  // NaN: false
+}
+
+// The weights wt [k rows, n columns, ld apart] packed for `gemm`, packed now
+// if they were not; nullptr when some weight is not a bf16 value (the
+// products would then differ from BLIS's) or the memory is not there.
+const Bf16WeightCache::Packed* packed_for(Bf16WeightCache& cache, const mha_bf16_gemm* gemm,
+                                          const float* wt, int64_t ld, int64_t n, int64_t k) {
+  const std::lock_guard<std::mutex> lock(cache.mutex);
+  for (const auto& e : cache.entries) {
+    if (e->plugin_gemm == gemm && e->wt == wt && e->n == n && e->k == k) {
+      return e->exact ? e.get() : nullptr;
+    }
+  }
+  auto entry = std::make_unique<Bf16WeightCache::Packed>();
+  entry->plugin_gemm = gemm;
+  entry->wt = wt;
+  entry->n = n;
+  entry->k = k;
+  entry->exact = true;
+  for (int64_t p = 0; p < k && entry->exact; ++p) {
+    for (int64_t j = 0; j < n; ++j) {
+      if (!holds_bf16_value(wt[p * ld + j])) {
+        entry->exact = false;
+        break;
+      }
+    }
+  }
+  if (entry->exact) {
+    void* panels = entry->panels.get(gemm->packed_bytes(n, k));
+    if (panels == nullptr) return nullptr;  // not cached: tried again next call
+    gemm->pack(n, k, wt, ld, panels);
+    entry->data = panels;
+  }
+  cache.entries.push_back(std::move(entry));
+  return cache.entries.back()->exact ? cache.entries.back().get() : nullptr;
+}
+
+}  // namespace
+
+bool project_bf16(const mha_module& m, const mha_tensor& x, const RowOrder& order, const float* wt,
+                  int64_t ld, int64_t n, bool bias, float* dst, int64_t width, int32_t threads) {
+  const int64_t k = x.shape[2];
+  constexpr int64_t kStep = 32;  // the tiles' step along k: whole steps only
+  if (x.dtype != MHA_DTYPE_BF16 || x.strides[2] != 1 || k % kStep != 0 ||
+      order.gemms * order.rows < kStep) {
+    return false;
+  }
+  const mha_bf16_gemm* gemm = granted_products();
+  if (gemm == nullptr) return false;
+  const Bf16WeightCache::Packed* w = packed_for(*m.bf16_cache, gemm, wt, ld, n, k);
+  if (w == nullptr) return false;
+  const void* panels = w->data;
+  const float* bias_row = bias ? wt + k * ld : nullptr;
+  const size_t scratch_bytes = gemm->scratch_bytes(k);
+  const int64_t calls_per_gemm = (order.rows + kRowsPerCall - 1) / kRowsPerCall;
+  const int32_t team = sgemm_threads(order.gemms * order.rows, n, k, threads);
+  // Calls of about equal rows, at least one per thread.
+  const int64_t calls = std::max<int64_t>(calls_per_gemm, (team + order.gemms - 1) / order.gemms);
+  const int64_t rows_per_call = ((order.rows + calls - 1) / calls + kStep - 1) / kStep * kStep;
+  const int64_t per_gemm = (order.rows + rows_per_call - 1) / rows_per_call;
+  std::atomic<bool> failed{false};
+  const auto* rows = static_cast<const uint16_t*>(x.data);
+  const bool ran = run_team(
+      order.gemms * per_gemm, team,
+      [&](int32_t /*thread*/) { return t_bf16_scratch.get(scratch_bytes) != nullptr; },
+      [&](int64_t index, int32_t /*thread*/) {
+        const int64_t g = index / per_gemm, r0 = index % per_gemm * rows_per_call;
+        const int64_t count = std::min(rows_per_call, order.rows - r0);
+        const uint16_t* a = rows + g * order.gemm_stride + r0 * order.row_stride;
+        float* c = dst + (g * order.rows + r0) * width;
+        if (gemm->run(count, n, k, a, order.row_stride, panels, bias_row, c, width,
+                      t_bf16_scratch.get(scratch_bytes)) != 0) {
+          failed = true;
+        }
+      });
+  if (!ran) throw std::bad_alloc();
+  return !failed;  // a refused call: BLIS writes every row again
+}
+
+}  // namespace mha::rt
