@@ -193,7 +193,8 @@ void Registry::probe_locked(Backend& backend) {
   }
   if (const mha_bf16_gemm* gemm = plugin->bf16_gemm;
       gemm != nullptr && (gemm->packed_bytes == nullptr || gemm->pack == nullptr ||
-                          gemm->scratch_bytes == nullptr || gemm->run == nullptr)) {
+                          gemm->scratch_bytes == nullptr || gemm->run == nullptr ||
+                          gemm->split_scratch_bytes == nullptr || gemm->run_split == nullptr)) {
     refuse("malformed plugin table (its bf16_gemm)");
     return;
   }

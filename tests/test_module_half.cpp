@@ -606,15 +606,18 @@ void round_to_bf16(WeightSet& w) {
   round(w.b_o, w.ref.b_o);
 }
 
-// A bf16 checkpoint's weights and bf16 inputs, E 64 (whole steps of 32) and
-// 80 or 48 rows (a partial block of 32): where the selected backend has the
-// AMX tiles, the input projections run as bf16 products on them
-// (runtime/module/bf16_products.h) -- the same products, summed in another
-// order.  On every backend: within the float64 reference's bound, and the
-// same bits for 1, 2 and 3 threads.
-void run_bf16_checkpoint_case(bool self_attention, bool bias, uint64_t seed) {
-  SCOPED_TRACE(std::string(self_attention ? "self-attention" : "cross") +
-               (bias ? " bias" : " no bias"));
+// A bf16 checkpoint's weights, E 64 (whole steps of 32) and 80 or 48 rows
+// (a partial block of 32): where the selected backend has the AMX tiles,
+// the products run on them (runtime/module/bf16_products.h) -- a bf16 input
+// as it is, an fp32 input and the heads' concatenation split into three
+// bf16 parts: the same products, summed in another order.  On every
+// backend: within the float64 reference's bound, and the same bits for 1, 2
+// and 3 threads.
+void run_bf16_checkpoint_case(mha_dtype dtype, bool self_attention, bool bias, mha_dtype out_dt,
+                              uint64_t seed) {
+  SCOPED_TRACE(std::string(mha_types::dtype_name(dtype)) + " inputs, " +
+               mha_types::dtype_name(out_dt) + " out, " +
+               (self_attention ? "self-attention" : "cross") + (bias ? ", bias" : ", no bias"));
   ModuleCase c;
   c.B = 2;
   c.Lq = 40;
@@ -628,17 +631,22 @@ void run_bf16_checkpoint_case(bool self_attention, bool bias, uint64_t seed) {
   ModuleHandle h;
   ASSERT_TRUE(create_module(c, h));
   ASSERT_TRUE(load_weights(h.m, c, weights)) << mha_last_error();
+  // bf16 values either way; an fp32 input's rows then hold them as fp32.
   HalfTensor query(rng, {c.B, c.Lq, c.E}, MHA_DTYPE_BF16, -2.0f, 2.0f);
   HalfTensor key(rng, {c.B, c.Lk, c.E}, MHA_DTYPE_BF16, -2.0f, 2.0f);
   HalfTensor value(rng, {c.B, c.Lk, c.E}, MHA_DTYPE_BF16, -1.0f, 1.0f);
   HalfTensor& k_in = self_attention ? query : key;
   HalfTensor& v_in = self_attention ? query : value;
+  const bool half = dtype == MHA_DTYPE_BF16;
   std::vector<std::vector<float>> outs;
   const int32_t threads_before = mha_get_num_threads();
   for (const int32_t threads : {1, 2, 3}) {
     ASSERT_EQ(mha_set_num_threads(threads), MHA_OK);
-    Output out({c.B, c.Lq, c.E}, MHA_DTYPE_F32);
-    ASSERT_EQ(mha_module_forward(h.m, &query.half, &k_in.half, &v_in.half, &out.t, nullptr), MHA_OK)
+    Output out({c.B, c.Lq, c.E}, out_dt);
+    ASSERT_EQ(
+        mha_module_forward(h.m, half ? &query.half : &query.f32, half ? &k_in.half : &k_in.f32,
+                           half ? &v_in.half : &v_in.f32, &out.t, nullptr),
+        MHA_OK)
         << mha_last_error();
     outs.push_back(out.values());
   }
@@ -650,19 +658,22 @@ void run_bf16_checkpoint_case(bool self_attention, bool bias, uint64_t seed) {
   in.key = &k_in.f32;
   in.value = &v_in.f32;
   const ModuleReference ref = reference_module(weights.ref, in);
-  EXPECT_EQ(outside(outs[0], ref.out, ref.out_bound, MHA_DTYPE_F32), 0) << "out off the reference";
+  EXPECT_EQ(outside(outs[0], ref.out, ref.out_bound, out_dt), 0) << "out off the reference";
 }
 
-TEST_P(Module, Bf16CheckpointAndBf16Inputs) {
-  run_bf16_checkpoint_case(true, true, 51);
-  run_bf16_checkpoint_case(false, true, 52);
-  run_bf16_checkpoint_case(true, false, 53);
+TEST_P(Module, Bf16Checkpoint) {
+  run_bf16_checkpoint_case(MHA_DTYPE_BF16, true, true, MHA_DTYPE_F32, 51);
+  run_bf16_checkpoint_case(MHA_DTYPE_BF16, false, true, MHA_DTYPE_BF16, 52);
+  run_bf16_checkpoint_case(MHA_DTYPE_BF16, true, false, MHA_DTYPE_F32, 53);
+  run_bf16_checkpoint_case(MHA_DTYPE_F32, true, true, MHA_DTYPE_F32, 54);
+  run_bf16_checkpoint_case(MHA_DTYPE_F32, false, false, MHA_DTYPE_F32, 55);
 }
 
 // Run by ctest with MHA_VERBOSE=2 (module.verbose_bf16_products): a bf16
-// checkpoint's module on a bf16 input.  The line must count one input
-// product on AMX tiles (the stacked Q, K, V product) where the selected
-// backend has them, and none elsewhere: the test says which it expects.
+// checkpoint's module on a bf16 input.  The line must count two products on
+// AMX tiles (the stacked Q, K, V product and the output's) where the
+// selected backend has them, and none elsewhere: the test says which it
+// expects.
 TEST(ModuleBf16Verbose, LinesCountTheBf16Products) {
   const char* verbose = std::getenv("MHA_VERBOSE");
   if (verbose == nullptr || std::string(verbose) != "2") GTEST_SKIP() << "runs with MHA_VERBOSE=2";
@@ -688,7 +699,7 @@ TEST(ModuleBf16Verbose, LinesCountTheBf16Products) {
   ASSERT_TRUE(load_weights(h.m, c, weights)) << mha_last_error();
   HalfTensor x(rng, {c.B, c.Lq, c.E}, MHA_DTYPE_BF16, -1.0f, 1.0f);
   Output out({c.B, c.Lq, c.E}, MHA_DTYPE_F32);
-  std::printf("expect bf16_products=%d on %s\n", bf16_dot == 2 ? 1 : 0, selected.c_str());
+  std::printf("expect bf16_products=%d on %s\n", bf16_dot == 2 ? 2 : 0, selected.c_str());
   std::fflush(stdout);
   ASSERT_EQ(mha_module_forward(h.m, &x.half, &x.half, &x.half, &out.t, nullptr), MHA_OK)
       << mha_last_error();

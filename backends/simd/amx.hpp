@@ -408,10 +408,15 @@ struct AmxTiles {
   // 32 values further each step; B_0 and B_1 are 16 rows of pairs from b and
   // b + 16 (b_bytes apart), b_step pairs further each step.  c0: 0 (nullptr),
   // or 32 x 32 floats, rows c0_stride apart (the matrix products' biases).
+  // kPlanes > 1: A is the sum of that many planes of bf16, `plane` values
+  // apart (an fp32 A split into bf16 parts), each step's B products taken
+  // with each.
+  template <int kPlanes = 1>
   MHA_AMX_TARGET static void block_2x2(const uint16_t* a0, const uint16_t* a1, int64_t a_bytes,
                                        const uint32_t* b, int64_t b_step, int64_t b_bytes,
                                        int64_t steps, float* c, int64_t c_stride,
-                                       const float* c0 = nullptr, int64_t c0_stride = 0) {
+                                       const float* c0 = nullptr, int64_t c0_stride = 0,
+                                       int64_t plane = 0) {
     if (c0 == nullptr) {
       _tile_zero(0);
       _tile_zero(1);
@@ -425,14 +430,29 @@ struct AmxTiles {
       _tile_loadd(3, c0 + W * c0_stride + W, c0_bytes);
     }
     for (int64_t x = 0; x < steps; ++x) {
-      _tile_loadd(4, a0 + x * kStep, a_bytes);
-      _tile_loadd(5, a1 + x * kStep, a_bytes);
-      _tile_loadd(6, b + x * b_step, b_bytes);
-      _tile_loadd(7, b + x * b_step + W, b_bytes);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
+      if constexpr (kPlanes == 1) {
+        _tile_loadd(4, a0 + x * kStep, a_bytes);
+        _tile_loadd(5, a1 + x * kStep, a_bytes);
+        _tile_loadd(6, b + x * b_step, b_bytes);
+        _tile_loadd(7, b + x * b_step + W, b_bytes);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      } else {
+        _tile_loadd(6, b + x * b_step, b_bytes);
+        _tile_loadd(7, b + x * b_step + W, b_bytes);
+        // The smallest parts first.
+        for (int part = kPlanes - 1; part >= 0; --part) {
+          const int64_t at = part * plane + x * kStep;
+          _tile_loadd(4, a0 + at, a_bytes);
+          _tile_loadd(5, a1 + at, a_bytes);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 4, 7);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+      }
     }
     const int64_t c_bytes = c_stride * 4;
     _tile_stored(0, c, c_bytes);

@@ -1,21 +1,26 @@
-// The module's bf16 matrix products on AMX tiles (mha_bf16_gemm, plugin ABI
-// 19): C = A · Wᵀ + bias, A bf16 rows [m][k], W a Linear layer's bf16 weight
-// [n][k], exact products summed in fp32 (tdpbf16ps; subnormal inputs count
-// as 0).  The runtime calls it where the inputs are bf16 and the weights
-// hold bf16 values (runtime/module/projections.cpp), so that the products
-// are the ones BLIS computes on the same values widened to fp32.
+// The module's matrix products on AMX tiles (mha_bf16_gemm, plugin ABI 19):
+// C = A · Wᵀ + bias with W a Linear layer's weight [n][k] holding bf16
+// values, the products exact and summed in fp32 (tdpbf16ps; subnormal inputs
+// count as 0) -- the products BLIS computes on the same values, in another
+// order (runtime/module/bf16_products.cpp decides where they apply).  A is
+// either
+//   bf16 rows (run): the tiles' operand as it is; or
+//   fp32 rows (run_split): each value split into three bf16 parts whose sum
+//     is the value exactly (split_rows), each part's products taken: three
+//     times the tile work, no rounding of A.
 //
 // W is packed once (pack): B's pairs along k, in panels of 32 columns --
 // panel p, pair row i: the 32 pairs (W[n][2i], W[n][2i + 1]) of columns n =
 // 32p .. 32p + 31, zeros past n and k -- so that a panel is the B operand of
 // a 2 x 2 block of tiles, its rows 128 bytes apart, and contiguous.
 //
-// A's rows are read in place (whole blocks of 32 rows when k is a multiple
-// of 32), else staged with zeros to whole steps.  The blocks go by groups of
-// rows that fit in half of the L2 (A read from memory once a group), each
-// group over every panel (a panel read once per group), each panel over the
-// group's blocks of 32 rows: a block's accumulators start from the biases
-// and are stored straight into C when whole, else through a staging tile.
+// The rows go by groups that fit in half of the L2 (A read from memory once
+// a group), each group over every panel (a panel read once per group), each
+// panel over the group's blocks of 32 rows: a block's accumulators start from
+// the biases and are stored straight into C when whole, else through a
+// staging tile.  bf16 rows are read in place (whole blocks of 32 rows, k a
+// multiple of 32), else staged with zeros to whole steps; fp32 rows are split
+// into the group's three planes first.
 #pragma once
 
 #include <algorithm>
@@ -35,6 +40,7 @@ struct AmxGemm {
   static constexpr int W = Tiles::W;          // 16
   static constexpr int kBlock = 2 * W;        // rows and columns of a 2 x 2 block of tiles
   static constexpr int kStep = Tiles::kStep;  // k values a product step takes (32)
+  static constexpr int kParts = 3;            // bf16 parts of an fp32 value (run_split)
 
   static int64_t padded_k(int64_t k) { return (k + kStep - 1) / kStep * kStep; }
   static int64_t panels(int64_t n) { return (n + kBlock - 1) / kBlock; }
@@ -63,68 +69,186 @@ struct AmxGemm {
     }
   }
 
-  // Scratch: a block of A's rows staged (32 x padded_k bf16), a staging
-  // tile (32 x 32 floats) and the biases of a panel (32 floats).
+  // Rows of a group (l2_bytes: the L2, 0 when unknown: 1 MiB assumed), each
+  // `planes` rows of padded_k bf16 values.
+  static int64_t group_rows(int64_t k, int planes, int64_t l2_bytes) {
+    const int64_t half_l2 = (l2_bytes > 0 ? l2_bytes : int64_t{1} << 20) / 2;
+    return std::max<int64_t>(kBlock, half_l2 / (padded_k(k) * 2 * planes) / kBlock * kBlock);
+  }
+
+  // Scratch of run (bf16 rows): a block of rows staged (32 x padded_k bf16);
+  // of run_split (fp32 rows): a group's three planes.  Both: a staging tile
+  // (32 x 32 floats) and the biases of a panel (32 floats).
   static size_t scratch_bytes(int64_t k) {
     return static_cast<size_t>(kBlock * padded_k(k)) * 2 + kBlock * kBlock * 4 + kBlock * 4;
   }
+  static size_t split_scratch_bytes(int64_t k, int64_t l2_bytes) {
+    return static_cast<size_t>(kParts * group_rows(k, kParts, l2_bytes) * padded_k(k)) * 2 +
+           kBlock * kBlock * 4 + kBlock * 4;
+  }
 
-  // Rows [0, m) of C (rows ldc floats apart) = A (rows lda values apart) ·
-  // B + bias (nullptr: none).  l2_bytes sizes the groups of rows (0:
-  // unknown, 1 MiB assumed).
+  // Rows [0, m) of C (rows ldc floats apart) = A (bf16, rows lda values
+  // apart) · B + bias (nullptr: none).
   MHA_AMX_TARGET static void run(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
                                  const void* packed, const float* bias, float* c, int64_t ldc,
                                  void* scratch, int64_t l2_bytes) {
-    const int64_t kp = padded_k(k), pairs = kp / 2;
+    const int64_t kp = padded_k(k);
     auto* a_stage = static_cast<uint16_t*>(scratch);
-    float* c_stage = reinterpret_cast<float*>(a_stage + kBlock * kp);
-    float* bias_stage = c_stage + kBlock * kBlock;
-    const auto* b = static_cast<const uint32_t*>(packed);
-    const int64_t half_l2 = (l2_bytes > 0 ? l2_bytes : int64_t{1} << 20) / 2;
-    const int64_t group = std::max<int64_t>(kBlock, half_l2 / (kp * 2) / kBlock * kBlock);
+    Out out{n, k,   static_cast<const uint32_t*>(packed),           bias,
+            c, ldc, reinterpret_cast<float*>(a_stage + kBlock * kp)};
+    Tiles::configure();
+    const int64_t group = group_rows(k, 1, l2_bytes);
+    for (int64_t g0 = 0; g0 < m; g0 += group) {
+      const int64_t g1 = std::min(m, g0 + group);
+      for_each_block(
+          out, g0, g1,
+          [&](int64_t r0, int rows, const uint32_t* panel, float* to, int64_t to_stride,
+              const float* biases) {
+            const uint16_t* a0 = a + r0 * lda;
+            int64_t a_stride = lda;
+            if (rows < kBlock || kp != k) {  // staged: zeros past the rows and k
+              for (int r = 0; r < kBlock; ++r) {
+                uint16_t* row = a_stage + r * kp;
+                const int64_t have = r < rows ? k : 0;
+                if (have > 0) std::memcpy(row, a0 + r * lda, static_cast<size_t>(have) * 2);
+                std::memset(row + have, 0, static_cast<size_t>(kp - have) * 2);
+              }
+              a0 = a_stage;
+              a_stride = kp;
+            }
+            Tiles::memory_barrier();  // the staged rows and biases, before the tile loads
+            Tiles::block_2x2(a0, a0 + W * a_stride, a_stride * 2, panel, W * kBlock, kBlock * 4,
+                             kp / kStep, to, to_stride, biases, 0);
+          });
+    }
+    Tiles::release();
+  }
+
+  // The same with A as fp32 rows (lda floats apart), split into three bf16
+  // parts (split_rows) a group at a time.
+  MHA_AMX_TARGET static void run_split(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                                       const void* packed, const float* bias, float* c, int64_t ldc,
+                                       void* scratch, int64_t l2_bytes) {
+    const int64_t kp = padded_k(k);
+    const int64_t group = group_rows(k, kParts, l2_bytes);
+    const int64_t plane = group * kp;  // values between the parts of a row
+    auto* planes = static_cast<uint16_t*>(scratch);
+    Out out{n,
+            k,
+            static_cast<const uint32_t*>(packed),
+            bias,
+            c,
+            ldc,
+            reinterpret_cast<float*>(planes + kParts * plane)};
     Tiles::configure();
     for (int64_t g0 = 0; g0 < m; g0 += group) {
       const int64_t g1 = std::min(m, g0 + group);
-      for (int64_t p = 0; p < panels(n); ++p) {
-        const int64_t n0 = p * kBlock;
-        const int cols = static_cast<int>(std::min<int64_t>(kBlock, n - n0));
-        for (int x = 0; x < kBlock; ++x)
-          bias_stage[x] = bias != nullptr && x < cols ? bias[n0 + x] : 0.0f;
-        const uint32_t* panel = b + p * pairs * kBlock;
-        for (int64_t r0 = g0; r0 < g1; r0 += kBlock) {
-          const int rows = static_cast<int>(std::min<int64_t>(kBlock, g1 - r0));
-          const uint16_t* a0 = a + r0 * lda;
-          int64_t a_stride = lda;
-          if (rows < kBlock || kp != k) {  // staged: zeros past the rows and k
-            for (int r = 0; r < kBlock; ++r) {
-              uint16_t* to = a_stage + r * kp;
-              const int64_t have = r < rows ? k : 0;
-              if (have > 0) std::memcpy(to, a0 + r * lda, static_cast<size_t>(have) * 2);
-              std::memset(to + have, 0, static_cast<size_t>(kp - have) * 2);
-            }
-            a0 = a_stage;
-            a_stride = kp;
-          }
-          const bool whole = rows == kBlock && cols == kBlock;
-          float* to = whole ? c + r0 * ldc + n0 : c_stage;
-          const int64_t to_stride = whole ? ldc : kBlock;
-          Tiles::memory_barrier();  // the staged rows and biases, before the tile loads
-          Tiles::block_2x2(a0, a0 + W * a_stride, a_stride * 2, panel, W * kBlock, kBlock * 4,
-                           kp / kStep, to, to_stride, bias_stage, 0);
-          if (!whole) {
-            Tiles::memory_barrier();  // the tile stores, before the copy reads them
-            for (int r = 0; r < rows; ++r) {
-              std::memcpy(c + (r0 + r) * ldc + n0, c_stage + r * kBlock,
-                          static_cast<size_t>(cols) * 4);
-            }
-          }
-        }
+      const int64_t rows = (g1 - g0 + kBlock - 1) / kBlock * kBlock;
+      for (int64_t r = 0; r < rows; ++r) {
+        split_row(g0 + r < g1 ? a + (g0 + r) * lda : nullptr, k, kp, planes + r * kp, plane);
       }
+      Tiles::memory_barrier();  // the planes, before the tile loads
+      for_each_block(out, g0, g1,
+                     [&](int64_t r0, int /*rows*/, const uint32_t* panel, float* to,
+                         int64_t to_stride, const float* biases) {
+                       const uint16_t* a0 = planes + (r0 - g0) * kp;
+                       Tiles::memory_barrier();  // the biases, before the tile loads
+                       Tiles::template block_2x2<kParts>(a0, a0 + W * kp, kp * 2, panel, W * kBlock,
+                                                         kBlock * 4, kp / kStep, to, to_stride,
+                                                         biases, 0, plane);
+                     });
     }
     Tiles::release();
   }
 
  private:
+  // Where a product's blocks go: C, its biases, a staging tile and the
+  // panel's biases (32 floats after it).
+  struct Out {
+    int64_t n, k;
+    const uint32_t* panels;
+    const float* bias;
+    float* c;
+    int64_t ldc;
+    float* stage;  // 32 x 32 floats, then 32 biases
+  };
+
+  // For each panel, each block of 32 rows from g0 (before g1): block(r0,
+  // rows, panel, to, to_stride, biases) computes it into `to` -- C itself
+  // when whole, else the staging tile, copied into C after.
+  template <class Block>
+  static void for_each_block(const Out& out, int64_t g0, int64_t g1, Block&& block) {
+    const int64_t pairs = padded_k(out.k) / 2;
+    float* biases = out.stage + kBlock * kBlock;
+    for (int64_t p = 0; p < panels(out.n); ++p) {
+      const int64_t n0 = p * kBlock;
+      const int cols = static_cast<int>(std::min<int64_t>(kBlock, out.n - n0));
+      for (int x = 0; x < kBlock; ++x) {
+        biases[x] = out.bias != nullptr && x < cols ? out.bias[n0 + x] : 0.0f;
+      }
+      const uint32_t* panel = out.panels + p * pairs * kBlock;
+      for (int64_t r0 = g0; r0 < g1; r0 += kBlock) {
+        const int rows = static_cast<int>(std::min<int64_t>(kBlock, g1 - r0));
+        const bool whole = rows == kBlock && cols == kBlock;
+        float* to = whole ? out.c + r0 * out.ldc + n0 : out.stage;
+        block(r0, rows, panel, to, whole ? out.ldc : int64_t{kBlock}, biases);
+        if (!whole) {
+          Tiles::memory_barrier();  // the tile stores, before the copy reads them
+          for (int r = 0; r < rows; ++r) {
+            std::memcpy(out.c + (r0 + r) * out.ldc + n0, out.stage + r * kBlock,
+                        static_cast<size_t>(cols) * 4);
+          }
+        }
+      }
+    }
+  }
+
+  // x (k floats; nullptr: a row of zeros) as three rows of bf16 parts,
+  // `plane` values apart, padded with zeros to kp: hi + lo + lo2 = x
+  // exactly.  Each part is its remainder truncated to bf16's 8 significant
+  // bits (so never rounded past the largest float), and the remainders'
+  // subtractions are exact: x's 24 bits are 8 + 8 + 8.  A non-finite x is
+  // its own hi (a NaN kept a NaN), its other parts 0.
+  static void split_row(const float* x, int64_t k, int64_t kp, uint16_t* out, int64_t plane) {
+    int64_t i = 0;
+    if (x != nullptr) {
+      for (; i + W <= k; i += W) split_vector(_mm512_loadu_ps(x + i), out + i, plane);
+      if (i < k) {
+        const __mmask16 valid = static_cast<__mmask16>((1u << (k - i)) - 1u);
+        split_vector(_mm512_maskz_loadu_ps(valid, x + i), out + i, plane);
+        i += W;
+      }
+    }
+    for (; i < kp; i += W) {
+      for (int part = 0; part < kParts; ++part) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + part * plane + i),
+                            _mm256_setzero_si256());
+      }
+    }
+  }
+  static void split_vector(__m512 x, uint16_t* out, int64_t plane) {
+    const __m512i top = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+    const __mmask16 finite =
+        _mm512_cmp_ps_mask(_mm512_abs_ps(x), _mm512_set1_ps(3.4028235e38f), _CMP_LE_OQ);
+    const __m512 hi = _mm512_mask_mov_ps(
+        x, finite, _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), top)));
+    const __m512 r1 = _mm512_maskz_sub_ps(finite, x, hi);
+    const __m512 lo = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(r1), top));
+    const __m512 lo2 = _mm512_sub_ps(r1, lo);  // 8 bits at most: exact in bf16
+    store_top_halves(hi, out);
+    store_top_halves(lo, out + plane);
+    store_top_halves(lo2, out + 2 * plane);
+  }
+  // The upper 16 bits of each float (its bf16 truncation; a NaN's payload may
+  // lie in the lower ones, so a NaN is made the quiet NaN first).
+  static void store_top_halves(__m512 v, uint16_t* out) {
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    const __m512i bits =
+        _mm512_mask_mov_epi32(_mm512_castps_si512(v), nan, _mm512_set1_epi32(0x7FC00000));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                        _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
+  }
+
   // Round to nearest, ties to even (the values the module keeps are finite).
   static uint32_t to_bf16(float x) {
     uint32_t bits;

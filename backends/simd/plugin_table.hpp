@@ -64,8 +64,10 @@ constexpr const mha_gemm_ukernel* packed_gemm_of() {
 // The module's bf16 matrix products: the plugins with the bf16 path on
 // x86-64 build them on AMX tiles (amx_gemm.hpp); the runtime calls them only
 // where it granted the tiles.
-inline constexpr mha_bf16_gemm kBf16Gemm{mha_simd_bf16_gemm_packed_bytes, mha_simd_bf16_gemm_pack,
-                                         mha_simd_bf16_gemm_scratch_bytes, mha_simd_bf16_gemm_run};
+inline constexpr mha_bf16_gemm kBf16Gemm{
+    mha_simd_bf16_gemm_packed_bytes,        mha_simd_bf16_gemm_pack,
+    mha_simd_bf16_gemm_scratch_bytes,       mha_simd_bf16_gemm_run,
+    mha_simd_bf16_gemm_split_scratch_bytes, mha_simd_bf16_gemm_run_split};
 
 template <bool kBf16Dot>
 constexpr const mha_bf16_gemm* bf16_gemm_of() {

@@ -345,12 +345,13 @@ typedef struct mha_gemm_ukernel {
               const float* next_b);
 } mha_gemm_ukernel;
 
-/* ABI 19: the module's bf16 matrix products on the plugin's AMX tiles:
- * C = A · B + bias with A bf16 [m][k] and B = Wᵀ, W a Linear layer's weight
- * [n][k] -- exact products summed in fp32 (subnormal inputs count as 0).
- * The runtime calls these only where the plugin answered bf16_dot 2 in
- * choose_tiles (AMX granted); run fails (returns non-zero, writes nothing)
- * otherwise. */
+/* ABI 19: the module's matrix products on the plugin's AMX tiles: C = A · B
+ * + bias with B = Wᵀ, W a Linear layer's weight [n][k] holding bf16 values,
+ * and A bf16 (run) or fp32 split exactly into three bf16 parts (run_split)
+ * -- exact products summed in fp32 (subnormal inputs count as 0).  The
+ * runtime calls these only where the plugin answered bf16_dot 2 in
+ * choose_tiles (AMX granted); run and run_split fail (return non-zero,
+ * write nothing) otherwise. */
 typedef struct mha_bf16_gemm {
   /* Bytes of B packed for the products (pack's output). */
   size_t (*packed_bytes)(int64_t n, int64_t k);
@@ -364,6 +365,10 @@ typedef struct mha_bf16_gemm {
    * Returns 0.  Reentrant: threads call it on their own rows and scratch. */
   int (*run)(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda, const void* packed,
              const float* bias, float* c, int64_t ldc, void* scratch);
+  /* The same with A fp32 (rows lda floats apart), and its scratch. */
+  size_t (*split_scratch_bytes)(int64_t k);
+  int (*run_split)(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const void* packed,
+                   const float* bias, float* c, int64_t ldc, void* scratch);
 } mha_bf16_gemm;
 
 typedef struct mha_plugin {

@@ -74,44 +74,58 @@ const Bf16WeightCache::Packed* packed_for(Bf16WeightCache& cache, const mha_bf16
 
 }  // namespace
 
-bool project_bf16(const mha_module& m, const mha_tensor& x, const RowOrder& order, const float* wt,
-                  int64_t ld, int64_t n, bool bias, float* dst, int64_t width, int32_t threads) {
-  const int64_t k = x.shape[2];
-  constexpr int64_t kStep = 32;  // the tiles' step along k: whole steps only
-  if (x.dtype != MHA_DTYPE_BF16 || x.strides[2] != 1 || k % kStep != 0 ||
-      order.gemms * order.rows < kStep) {
-    return false;
-  }
+bool run_on_tiles(const mha_module& m, const TileProduct& t, const float* wt, int64_t ld, int64_t n,
+                  int64_t k, bool bias, int32_t threads) {
+  constexpr int64_t kStep = 32;  // the tiles' step along k
+  // bf16 rows are read in place: whole steps only.  fp32 rows are split
+  // into staged planes, padded.
+  if (t.gemms * t.rows < kStep || k < kStep || (t.a_bf16 && k % kStep != 0)) return false;
   const mha_bf16_gemm* gemm = granted_products();
   if (gemm == nullptr) return false;
   const Bf16WeightCache::Packed* w = packed_for(*m.bf16_cache, gemm, wt, ld, n, k);
   if (w == nullptr) return false;
-  const void* panels = w->data;
   const float* bias_row = bias ? wt + k * ld : nullptr;
-  const size_t scratch_bytes = gemm->scratch_bytes(k);
-  const int64_t calls_per_gemm = (order.rows + kRowsPerCall - 1) / kRowsPerCall;
-  const int32_t team = sgemm_threads(order.gemms * order.rows, n, k, threads);
+  const size_t scratch_bytes = t.a_bf16 ? gemm->scratch_bytes(k) : gemm->split_scratch_bytes(k);
+  const int32_t team = sgemm_threads(t.gemms * t.rows, n, k, threads);
   // Calls of about equal rows, at least one per thread.
-  const int64_t calls = std::max<int64_t>(calls_per_gemm, (team + order.gemms - 1) / order.gemms);
-  const int64_t rows_per_call = ((order.rows + calls - 1) / calls + kStep - 1) / kStep * kStep;
-  const int64_t per_gemm = (order.rows + rows_per_call - 1) / rows_per_call;
+  const int64_t calls_per_gemm = (t.rows + kRowsPerCall - 1) / kRowsPerCall;
+  const int64_t calls = std::max<int64_t>(calls_per_gemm, (team + t.gemms - 1) / t.gemms);
+  const int64_t rows_per_call = ((t.rows + calls - 1) / calls + kStep - 1) / kStep * kStep;
+  const int64_t per_gemm = (t.rows + rows_per_call - 1) / rows_per_call;
   std::atomic<bool> failed{false};
-  const auto* rows = static_cast<const uint16_t*>(x.data);
   const bool ran = run_team(
-      order.gemms * per_gemm, team,
+      t.gemms * per_gemm, team,
       [&](int32_t /*thread*/) { return t_bf16_scratch.get(scratch_bytes) != nullptr; },
       [&](int64_t index, int32_t /*thread*/) {
         const int64_t g = index / per_gemm, r0 = index % per_gemm * rows_per_call;
-        const int64_t count = std::min(rows_per_call, order.rows - r0);
-        const uint16_t* a = rows + g * order.gemm_stride + r0 * order.row_stride;
-        float* c = dst + (g * order.rows + r0) * width;
-        if (gemm->run(count, n, k, a, order.row_stride, panels, bias_row, c, width,
-                      t_bf16_scratch.get(scratch_bytes)) != 0) {
-          failed = true;
-        }
+        const int64_t count = std::min(rows_per_call, t.rows - r0);
+        const int64_t a_at = g * t.a_gemm_stride + r0 * t.lda;
+        float* c = t.c + g * t.c_gemm_stride + r0 * t.ldc;
+        void* scratch = t_bf16_scratch.get(scratch_bytes);
+        const int code = t.a_bf16
+                             ? gemm->run(count, n, k, static_cast<const uint16_t*>(t.a) + a_at,
+                                         t.lda, w->data, bias_row, c, t.ldc, scratch)
+                             : gemm->run_split(count, n, k, static_cast<const float*>(t.a) + a_at,
+                                               t.lda, w->data, bias_row, c, t.ldc, scratch);
+        if (code != 0) failed = true;
       });
   if (!ran) throw std::bad_alloc();
   return !failed;  // a refused call: BLIS writes every row again
+}
+
+bool project_bf16(const mha_module& m, const mha_tensor& x, const RowOrder& order, const float* wt,
+                  int64_t ld, int64_t n, bool bias, float* dst, int64_t width, int32_t threads) {
+  if ((x.dtype != MHA_DTYPE_BF16 && x.dtype != MHA_DTYPE_F32) || x.strides[2] != 1) return false;
+  const TileProduct t{x.data,
+                      x.dtype == MHA_DTYPE_BF16,
+                      order.gemms,
+                      order.rows,
+                      order.row_stride,
+                      order.gemm_stride,
+                      dst,
+                      width,
+                      order.rows * width};
+  return run_on_tiles(m, t, wt, ld, n, x.shape[2], bias, threads);
 }
 
 }  // namespace mha::rt

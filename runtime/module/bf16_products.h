@@ -1,8 +1,10 @@
-// The module's input projections as bf16 products on the selected plugin's
-// AMX tiles (mha_bf16_gemm, plugin ABI 19), where they compute what BLIS
-// computes on the same values: a bf16 input, weights that all hold bf16
-// values (a bf16 checkpoint), products exact and summed in fp32.  Only the
-// order of the sums differs (and subnormal inputs count as 0).
+// The module's products on the selected plugin's AMX tiles (mha_bf16_gemm,
+// plugin ABI 19), where they compute what BLIS computes on the same values:
+// weights that all hold bf16 values (a bf16 checkpoint), products exact and
+// summed in fp32 -- a bf16 input as it is, an fp32 one (or the heads'
+// concatenation, for the output projection) split exactly into three bf16
+// parts, each part's products taken.  Only the order of the sums differs
+// (and subnormal inputs count as 0).
 #pragma once
 
 #include <mha/mha.h>
@@ -37,9 +39,26 @@ struct Bf16WeightCache {
   }
 };
 
-// dst rows (`width` apart) = x · wt (+ the bias row below wt) on the AMX
-// tiles, when they apply (see above; k a multiple of 32, whole steps); returns
-// false, writing nothing, when they do not.
+// One product C = A · wt (+ the bias row below wt, k rows down): `gemms`
+// blocks of `rows` rows, A's rows lda elements apart (bf16 or fp32), C's
+// ldc floats apart.
+struct TileProduct {
+  const void* a;
+  bool a_bf16;  // else fp32, split into three bf16 parts (exactly)
+  int64_t gemms, rows, lda, a_gemm_stride;
+  float* c;
+  int64_t ldc, c_gemm_stride;
+};
+
+// Runs the product on the AMX tiles when they apply (see above): the
+// selected backend has them, every weight of wt [k, n] (ld apart) is a bf16
+// value, bf16 A has whole steps of 32 along k.  Returns false, writing
+// nothing, when they do not.
+bool run_on_tiles(const mha_module& m, const TileProduct& t, const float* wt, int64_t ld, int64_t n,
+                  int64_t k, bool bias, int32_t threads);
+
+// dst rows (`width` apart) = x · wt (+ the bias row below wt): run_on_tiles
+// for a bf16 or fp32 input with unit column stride.
 bool project_bf16(const mha_module& m, const mha_tensor& x, const RowOrder& order, const float* wt,
                   int64_t ld, int64_t n, bool bias, float* dst, int64_t width, int32_t threads);
 

@@ -33,6 +33,7 @@
 #include <new>
 
 #include "attention.h"
+#include "bf16_products.h"
 #include "blis.h"
 #include "common/dropout.h"
 #include "common/dtype.h"
@@ -235,7 +236,15 @@ mha_status run_module_forward(const ModuleCall& call) {
   const auto t2 = std::chrono::steady_clock::now();
   const int64_t k = bias ? e + 1 : e;
   const int32_t t = sgemm_threads(out_order.rows, e, k, threads);
-  if (out.dtype == MHA_DTYPE_F32) {
+  int bf16_products = proj.bf16_products;
+  if (out.dtype == MHA_DTYPE_F32 && out.strides[2] == 1 &&
+      run_on_tiles(m,
+                   {concat, false, out_order.gemms, out_order.rows, concat_width,
+                    out_order.rows * concat_width, static_cast<float*>(out.data),
+                    out_order.row_stride, out_order.gemm_stride},
+                   m.w_out.data(), e, e, e, bias, threads)) {
+    ++bf16_products;
+  } else if (out.dtype == MHA_DTYPE_F32) {
     auto* out_data = static_cast<float*>(out.data);
     for (int64_t g = 0; g < out_order.gemms; ++g) {
       sgemm(out_order.rows, e, k, 1.0f, concat + g * out_order.rows * concat_width, concat_width, 1,
@@ -246,7 +255,12 @@ mha_status run_module_forward(const ModuleCall& call) {
     // A bf16 or f16 out: the product in fp32 rows (the concatenation's
     // order), each value rounded once into out.
     float* rows = static_cast<float*>(take(t_out, float_bytes(q_rows * e)));
-    sgemm(q_rows, e, k, 1.0f, concat, concat_width, 1, m.w_out.data(), e, 1, 0.0f, rows, e, 1, t);
+    if (run_on_tiles(m, {concat, false, 1, q_rows, concat_width, 0, rows, e, 0}, m.w_out.data(), e,
+                     e, e, bias, threads)) {
+      ++bf16_products;
+    } else {
+      sgemm(q_rows, e, k, 1.0f, concat, concat_width, 1, m.w_out.data(), e, 1, 0.0f, rows, e, 1, t);
+    }
     auto no_preparation = [](int32_t /*thread*/) { return true; };
     constexpr int64_t kBlockRows = 256;
     run_team((q_rows + kBlockRows - 1) / kBlockRows, t, no_preparation,
@@ -273,8 +287,8 @@ mha_status run_module_forward(const ModuleCall& call) {
                  m.bias ? 1 : 0, proj.qkv_packed ? "qkv" : (proj.kv_packed ? "kv" : "no"),
                  call.attn_weights != nullptr ? "weights" : "fused",
                  static_cast<double>(call.dropout_p), variants_of(kernel_call).c_str(),
-                 blis_kernel_set(), gemm_ukernel_in_use(), proj.bf16_products, threads, proj_ms,
-                 attn_ms, ms_since(t2));
+                 blis_kernel_set(), gemm_ukernel_in_use(), bf16_products, threads, proj_ms, attn_ms,
+                 ms_since(t2));
   }
   return MHA_OK;
 }

@@ -116,12 +116,17 @@ constexpr auto kBf16PackedBytes = AmxGemm::packed_bytes;
 constexpr auto kBf16Pack = AmxGemm::pack;
 constexpr auto kBf16ScratchBytes = AmxGemm::scratch_bytes;
 constexpr auto kBf16Gemm = AmxGemm::run;
+constexpr auto kBf16SplitScratchBytes = AmxGemm::split_scratch_bytes;
+constexpr auto kBf16GemmSplit = AmxGemm::run_split;
 #else
 constexpr size_t (*kBf16PackedBytes)(int64_t, int64_t) = nullptr;
 constexpr void (*kBf16Pack)(int64_t, int64_t, const float*, int64_t, void*) = nullptr;
 constexpr size_t (*kBf16ScratchBytes)(int64_t) = nullptr;
 constexpr void (*kBf16Gemm)(int64_t, int64_t, int64_t, const uint16_t*, int64_t, const void*,
                             const float*, float*, int64_t, void*, int64_t) = nullptr;
+constexpr size_t (*kBf16SplitScratchBytes)(int64_t, int64_t) = nullptr;
+constexpr void (*kBf16GemmSplit)(int64_t, int64_t, int64_t, const float*, int64_t, const void*,
+                                 const float*, float*, int64_t, void*, int64_t) = nullptr;
 #endif
 
 }  // namespace
@@ -151,6 +156,8 @@ extern "C" const mha_micro::MicroKernels* MHA_MICRO_NAME() {
       kBf16Pack,
       kBf16ScratchBytes,
       kBf16Gemm,
+      kBf16SplitScratchBytes,
+      kBf16GemmSplit,
   };
   return &kernels;
 }

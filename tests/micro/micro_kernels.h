@@ -55,6 +55,11 @@ struct MicroKernels {
   void (*bf16_gemm)(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
                     const void* packed, const float* bias, float* c, int64_t ldc, void* scratch,
                     int64_t l2_bytes);
+  // The same with fp32 rows of A, split into three bf16 parts.
+  size_t (*bf16_split_scratch_bytes)(int64_t k, int64_t l2_bytes);
+  void (*bf16_gemm_split)(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                          const void* packed, const float* bias, float* c, int64_t ldc,
+                          void* scratch, int64_t l2_bytes);
 };
 
 }  // namespace mha_micro

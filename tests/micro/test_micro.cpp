@@ -528,13 +528,16 @@ TEST_P(Micro, PackedGemmMatchesPlainLoops) {
               static_cast<long long>(checked));
 }
 
-// The module's bf16 products on AMX tiles (amx_gemm.hpp): C = A · Wᵀ + bias
-// for shapes around every edge of its 32 x 32 blocks and 32-value steps,
-// rows in place and staged, C whole blocks and through the staging tile,
-// groups of rows smaller than the problem (a small L2), with and without
-// biases.  Each element within k + 2 fp32 rounding steps of the float64 sum
-// of the same bf16 values, and nothing outside rows [0, m) x columns [0, n)
-// written.
+// The module's products on AMX tiles (amx_gemm.hpp): C = A · Wᵀ + bias, W
+// holding bf16 values, A bf16 (run) or fp32 split into three bf16 parts
+// (run_split), for shapes around every edge of its 32 x 32 blocks and
+// 32-value steps, rows in place and staged, C whole blocks and through the
+// staging tile, groups of rows smaller than the problem (a small L2), with
+// and without biases.  Each element within k + 2 fp32 rounding steps (3k + 2
+// split) of the float64 sum of the same values, and nothing outside rows [0,
+// m) x columns [0, n) written.  fp32 A holds values of every magnitude the
+// split must keep whole, and one row of infinities and NaNs, whose results
+// are BLIS's: inf·w, NaN.
 TEST_P(Micro, Bf16AmxGemmMatchesFloat64) {
   if (k_->bf16_gemm == nullptr) {
     std::printf("%s builds no bf16 products on AMX tiles\n", k_->name);
@@ -549,56 +552,92 @@ TEST_P(Micro, Bf16AmxGemmMatchesFloat64) {
     bool bias;
   };
   const std::vector<Shape> shapes = {
-      {1, 1, 1, 0, true},     {31, 17, 33, 0, false},     {32, 32, 32, 0, true},
-      {33, 33, 64, 0, true},  {64, 96, 768, 0, true},     {100, 50, 100, 0, false},
-      {5, 2304, 64, 0, true}, {200, 70, 96, 16384, true}, {97, 64, 40, 8192, false},
+      {1, 1, 1, 0, true},
+      {31, 17, 33, 0, false},
+      {32, 32, 32, 0, true},
+      {33, 33, 64, 0, true},
+      {64, 96, 768, 0, true},
+      {100, 50, 100, 0, false},
+      {5, 2304, 64, 0, true},
+      {200, 70, 96, 16384, true},
+      {97, 64, 40, 8192, false},
+      // One and two terms, no bias: a part of A lost shows beside k + 2 roundings.
+      {40, 40, 1, 0, false},
+      {33, 20, 2, 0, false},
   };
   Rng rng(19);
   int64_t checked = 0;
-  for (const Shape& s : shapes) {
-    const int64_t lda = s.k + 5, ldw = s.n + 3, ldc = s.n + 7;
-    // A and W hold bf16 values: the products are exact in float64.
-    std::vector<uint16_t> a(static_cast<size_t>(s.m * lda));
-    std::vector<float> a_values(a.size());
-    for (size_t i = 0; i < a.size(); ++i) {
-      a[i] = mha_types::f32_to_bf16(rng.uniform(-1.0f, 1.0f));
-      a_values[i] = mha_types::bf16_to_f32(a[i]);
-    }
-    std::vector<float> wt(static_cast<size_t>(s.k * ldw));
-    for (float& x : wt)
-      x = mha_types::bf16_to_f32(mha_types::f32_to_bf16(rng.uniform(-1.0f, 1.0f)));
-    std::vector<float> bias(static_cast<size_t>(s.n));
-    for (float& x : bias) x = rng.uniform(-1.0f, 1.0f);
-    Aligned packed((k_->bf16_packed_bytes(s.n, s.k) + 3) / 4);
-    Aligned scratch((k_->bf16_scratch_bytes(s.k) + 3) / 4);
-    k_->bf16_pack(s.n, s.k, wt.data(), ldw, packed.get());
-    std::vector<float> c(static_cast<size_t>((s.m + 2) * ldc), NAN);
-    k_->bf16_gemm(s.m, s.n, s.k, a.data(), lda, packed.get(), s.bias ? bias.data() : nullptr,
-                  c.data(), ldc, scratch.get(), s.l2);
-    for (int64_t i = 0; i < s.m + 2; ++i) {
-      for (int64_t j = 0; j < ldc; ++j) {
-        const float got = c[static_cast<size_t>(i * ldc + j)];
-        if (i >= s.m || j >= s.n) {
-          ASSERT_TRUE(std::isnan(got)) << k_->name << ": (" << i << ", " << j << ") outside " << s.m
-                                       << " x " << s.n << " was written";
-          continue;
+  for (const bool split : {false, true}) {
+    for (const Shape& s : shapes) {
+      const int64_t lda = s.k + 5, ldw = s.n + 3, ldc = s.n + 7;
+      // bf16 A (run), or fp32 A with 24 significant bits and magnitudes
+      // from 2^-60 to 2^60 (run_split); W bf16 values.
+      std::vector<uint16_t> a16(static_cast<size_t>(s.m * lda));
+      std::vector<float> a(a16.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        if (split) {
+          a[i] = std::ldexp(rng.uniform(-1.0f, 1.0f), static_cast<int>(i % 121) - 60);
+        } else {
+          a16[i] = mha_types::f32_to_bf16(rng.uniform(-1.0f, 1.0f));
+          a[i] = mha_types::bf16_to_f32(a16[i]);
         }
-        double exact = s.bias ? D(bias[static_cast<size_t>(j)]) : 0.0;
-        double terms = std::fabs(exact);
-        for (int64_t p = 0; p < s.k; ++p) {
-          const double t = D(a_values[static_cast<size_t>(i * lda + p)]) *
-                           D(wt[static_cast<size_t>(p * ldw + j)]);
-          exact += t;
-          terms += std::fabs(t);
+      }
+      const bool specials = split && s.m > 2 && s.k > 2;  // row 1: inf, -inf and NaN
+      if (specials) {
+        a[static_cast<size_t>(lda)] = INFINITY;
+        a[static_cast<size_t>(lda + 1)] = -INFINITY;
+        a[static_cast<size_t>(lda + 2)] = NAN;
+      }
+      std::vector<float> wt(static_cast<size_t>(s.k * ldw));
+      for (float& x : wt) {
+        x = mha_types::bf16_to_f32(mha_types::f32_to_bf16(rng.uniform(-1.0f, 1.0f)));
+      }
+      std::vector<float> bias(static_cast<size_t>(s.n));
+      for (float& x : bias) x = rng.uniform(-1.0f, 1.0f);
+      Aligned packed((k_->bf16_packed_bytes(s.n, s.k) + 3) / 4);
+      Aligned scratch(
+          ((split ? k_->bf16_split_scratch_bytes(s.k, s.l2) : k_->bf16_scratch_bytes(s.k)) + 3) /
+          4);
+      k_->bf16_pack(s.n, s.k, wt.data(), ldw, packed.get());
+      std::vector<float> c(static_cast<size_t>((s.m + 2) * ldc), NAN);
+      const float* b = s.bias ? bias.data() : nullptr;
+      if (split) {
+        k_->bf16_gemm_split(s.m, s.n, s.k, a.data(), lda, packed.get(), b, c.data(), ldc,
+                            scratch.get(), s.l2);
+      } else {
+        k_->bf16_gemm(s.m, s.n, s.k, a16.data(), lda, packed.get(), b, c.data(), ldc, scratch.get(),
+                      s.l2);
+      }
+      for (int64_t i = 0; i < s.m + 2; ++i) {
+        for (int64_t j = 0; j < ldc; ++j) {
+          const float got = c[static_cast<size_t>(i * ldc + j)];
+          if (i >= s.m || j >= s.n) {
+            ASSERT_TRUE(std::isnan(got)) << k_->name << ": (" << i << ", " << j << ") outside "
+                                         << s.m << " x " << s.n << " was written";
+            continue;
+          }
+          double exact = s.bias ? D(bias[static_cast<size_t>(j)]) : 0.0;
+          double terms = std::fabs(exact);
+          for (int64_t p = 0; p < s.k; ++p) {
+            const double t =
+                D(a[static_cast<size_t>(i * lda + p)]) * D(wt[static_cast<size_t>(p * ldw + j)]);
+            exact += t;
+            terms += std::fabs(t);
+          }
+          if (specials && i == 1) {
+            ASSERT_TRUE(std::isnan(got)) << k_->name << ": inf - inf and NaN must give NaN";
+            continue;
+          }
+          ASSERT_LE(std::fabs(D(got) - exact), dot_tolerance(terms, (split ? 3 : 1) * s.k + 2))
+              << k_->name << (split ? " split" : "") << ": (" << i << ", " << j << ") of " << s.m
+              << " x " << s.n << " x " << s.k << ", l2 " << s.l2 << ", bias " << s.bias << ": "
+              << got << " against " << exact;
+          ++checked;
         }
-        ASSERT_LE(std::fabs(D(got) - exact), dot_tolerance(terms, s.k + 2))
-            << k_->name << ": (" << i << ", " << j << ") of " << s.m << " x " << s.n << " x " << s.k
-            << ", l2 " << s.l2 << ", bias " << s.bias << ": " << got << " against " << exact;
-        ++checked;
       }
     }
   }
-  std::printf("bf16 products on AMX tiles on %s: %lld elements within k + 2 roundings\n", k_->name,
+  std::printf("products on AMX tiles on %s: %lld elements within their roundings\n", k_->name,
               static_cast<long long>(checked));
 }
 
