@@ -526,11 +526,11 @@ MHA_API void mha_module_forward_params_init(mha_module_forward_params* params);
  * query, key and value are each F32, BF16 or F16 (a half-precision input is
  * widened to fp32 as the projections read it: every product is fp32, the
  * weights are the module's fp32 copy); out is F32 or the query's dtype,
- * rounded once (to nearest, ties to even).  A BF16 input whose projection's
- * weights all hold bf16 values (a bf16 checkpoint) is projected on AMX tiles
- * where the selected backend has them: the same exact products summed in
- * fp32, in another order (subnormal inputs count as 0), so its result may
- * differ from the F32 call on the same values in the last bits.
+ * rounded once (to nearest, ties to even).  Where a product's weights all
+ * hold bf16 values (a bf16 checkpoint) and the selected backend has AMX
+ * tiles, the product runs on them: the same exact products summed in fp32,
+ * in another order (subnormal values count as 0), so a result may differ in
+ * the last bits from the same call without the tiles.
  */
 MHA_API mha_status mha_module_forward(mha_module* module, const mha_tensor* query,
                                       const mha_tensor* key, const mha_tensor* value,
