@@ -606,6 +606,17 @@ void round_to_bf16(WeightSet& w) {
   round(w.b_o, w.ref.b_o);
 }
 
+// A module of case c on a bf16 checkpoint: make_weights' values rounded to
+// bf16 (into *weights, the reference's too) and set.
+::testing::AssertionResult bf16_checkpoint_module(const ModuleCase& c, Rng& rng, ModuleHandle& h,
+                                                  WeightSet* weights) {
+  *weights = make_weights(c, rng);
+  round_to_bf16(*weights);
+  if (::testing::AssertionResult made = create_module(c, h); !made) return made;
+  if (!load_weights(h.m, c, *weights)) return ::testing::AssertionFailure() << mha_last_error();
+  return ::testing::AssertionSuccess();
+}
+
 // A bf16 checkpoint's weights, E 64 (whole steps of 32) and 80 or 48 rows
 // (a partial block of 32): where the selected backend has the AMX tiles,
 // the products run on them (runtime/module/bf16_products.h) -- a bf16 input
@@ -626,11 +637,9 @@ void run_bf16_checkpoint_case(mha_dtype dtype, bool self_attention, bool bias, m
   c.H = 4;
   c.bias = bias;
   Rng rng(seed);
-  WeightSet weights = make_weights(c, rng);
-  round_to_bf16(weights);
+  WeightSet weights;
   ModuleHandle h;
-  ASSERT_TRUE(create_module(c, h));
-  ASSERT_TRUE(load_weights(h.m, c, weights)) << mha_last_error();
+  ASSERT_TRUE(bf16_checkpoint_module(c, rng, h, &weights));
   // bf16 values either way; an fp32 input's rows then hold them as fp32.
   HalfTensor query(rng, {c.B, c.Lq, c.E}, MHA_DTYPE_BF16, -2.0f, 2.0f);
   HalfTensor key(rng, {c.B, c.Lk, c.E}, MHA_DTYPE_BF16, -2.0f, 2.0f);
@@ -692,11 +701,9 @@ TEST(ModuleBf16Verbose, LinesCountTheBf16Products) {
   c.E = 64;
   c.H = 2;
   Rng rng(61);
-  WeightSet weights = make_weights(c, rng);
-  round_to_bf16(weights);
+  WeightSet weights;
   ModuleHandle h;
-  ASSERT_TRUE(create_module(c, h));
-  ASSERT_TRUE(load_weights(h.m, c, weights)) << mha_last_error();
+  ASSERT_TRUE(bf16_checkpoint_module(c, rng, h, &weights));
   HalfTensor x(rng, {c.B, c.Lq, c.E}, MHA_DTYPE_BF16, -1.0f, 1.0f);
   Output out({c.B, c.Lq, c.E}, MHA_DTYPE_F32);
   std::printf("expect bf16_products=%d on %s\n", bf16_dot == 2 ? 2 : 0, selected.c_str());

@@ -1,5 +1,4 @@
-// The module's input projections as bf16 products on AMX tiles
-// (bf16_products.h).
+// The module's products on AMX tiles (bf16_products.h).
 #include "bf16_products.h"
 
 #include <algorithm>
