@@ -629,8 +629,13 @@ void run_bf16_checkpoint_case(mha_dtype dtype, bool self_attention, bool bias, m
   SCOPED_TRACE(std::string(mha_types::dtype_name(dtype)) + " inputs, " +
                mha_types::dtype_name(out_dt) + " out, " +
                (self_attention ? "self-attention" : "cross") + (bias ? ", bias" : ", no bias"));
-  const ModuleCase c{
-      .B = 2, .Lq = 40, .Lk = self_attention ? 40 : 24, .E = 64, .H = 4, .bias = bias};
+  ModuleCase c;
+  c.B = 2;
+  c.Lq = 40;
+  c.Lk = self_attention ? 40 : 24;
+  c.E = 64;
+  c.H = 4;
+  c.bias = bias;
   Rng rng(seed);
   WeightSet weights;
   ModuleHandle h;
@@ -690,7 +695,11 @@ TEST(ModuleBf16Verbose, LinesCountTheBf16Products) {
       ASSERT_EQ(mha_backend_get_bf16_dot(i, &bf16_dot), MHA_OK);
     }
   }
-  const ModuleCase c{.B = 1, .Lq = 33, .Lk = 33, .E = 64, .H = 2};
+  ModuleCase c;
+  c.B = 1;
+  c.Lq = c.Lk = 33;
+  c.E = 64;
+  c.H = 2;
   Rng rng(61);
   WeightSet weights;
   ModuleHandle h;
