@@ -410,8 +410,9 @@ struct AmxTiles {
   // or 32 x 32 floats, rows c0_stride apart (the matrix products' biases).
   // kPlanes > 1: A is the sum of that many planes of bf16, `plane` values
   // apart (an fp32 A split into bf16 parts), each step's B products taken
-  // with each.
-  template <int kPlanes = 1>
+  // with each.  kAheadA > 0: A's rows of the step that many steps on are
+  // requested into the L1 (A from the L2, as in the matrix products).
+  template <int kPlanes = 1, int kAheadA = 0>
   MHA_AMX_TARGET static void block_2x2(const uint16_t* a0, const uint16_t* a1, int64_t a_bytes,
                                        const uint32_t* b, int64_t b_step, int64_t b_bytes,
                                        int64_t steps, float* c, int64_t c_stride,
@@ -430,6 +431,20 @@ struct AmxTiles {
       _tile_loadd(3, c0 + W * c0_stride + W, c0_bytes);
     }
     for (int64_t x = 0; x < steps; ++x) {
+      if constexpr (kAheadA > 0) {
+        if (x + kAheadA < steps) {
+          for (int part = 0; part < kPlanes; ++part) {
+            const auto* r0 =
+                reinterpret_cast<const char*>(a0 + part * plane + (x + kAheadA) * kStep);
+            const auto* r1 =
+                reinterpret_cast<const char*>(a1 + part * plane + (x + kAheadA) * kStep);
+            for (int r = 0; r < W; ++r) {
+              __builtin_prefetch(r0 + r * a_bytes, 0, 3);
+              __builtin_prefetch(r1 + r * a_bytes, 0, 3);
+            }
+          }
+        }
+      }
       if constexpr (kPlanes == 1) {
         _tile_loadd(4, a0 + x * kStep, a_bytes);
         _tile_loadd(5, a1 + x * kStep, a_bytes);

@@ -41,6 +41,12 @@ struct AmxGemm {
   static constexpr int kBlock = 2 * W;        // rows and columns of a 2 x 2 block of tiles
   static constexpr int kStep = Tiles::kStep;  // k values a product step takes (32)
   static constexpr int kParts = 3;            // bf16 parts of an fp32 value (run_split)
+  // A's rows requested into the L1 this many steps ahead: they come from
+  // the L2, 16 lines a tile, faster than the L1's own prefetchers bring them
+  // (Intel family 6 model 167, one core, builds alternating in one process,
+  // 9 rounds: 4096 x 2304 x 768 0.80 of the time with 2 steps ahead, split
+  // 0.85; 1 step against 2: 0.97 and 0.95; 4 against 2: 1.01 and 0.98).
+  static constexpr int kAheadA = 1;
 
   static int64_t padded_k(int64_t k) { return (k + kStep - 1) / kStep * kStep; }
   static int64_t panels(int64_t n) { return (n + kBlock - 1) / kBlock; }
@@ -117,8 +123,9 @@ struct AmxGemm {
               a_stride = kp;
             }
             Tiles::memory_barrier();  // the staged rows and biases, before the tile loads
-            Tiles::block_2x2(a0, a0 + W * a_stride, a_stride * 2, panel, W * kBlock, kBlock * 4,
-                             kp / kStep, to, to_stride, biases, 0);
+            Tiles::template block_2x2<1, kAheadA>(a0, a0 + W * a_stride, a_stride * 2, panel,
+                                                  W * kBlock, kBlock * 4, kp / kStep, to, to_stride,
+                                                  biases, 0);
           });
     }
     Tiles::release();
@@ -153,9 +160,9 @@ struct AmxGemm {
                          int64_t to_stride, const float* biases) {
                        const uint16_t* a0 = planes + (r0 - g0) * kp;
                        Tiles::memory_barrier();  // the biases, before the tile loads
-                       Tiles::template block_2x2<kParts>(a0, a0 + W * kp, kp * 2, panel, W * kBlock,
-                                                         kBlock * 4, kp / kStep, to, to_stride,
-                                                         biases, 0, plane);
+                       Tiles::template block_2x2<kParts, kAheadA>(
+                           a0, a0 + W * kp, kp * 2, panel, W * kBlock, kBlock * 4, kp / kStep, to,
+                           to_stride, biases, 0, plane);
                      });
     }
     Tiles::release();
