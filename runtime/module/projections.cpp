@@ -162,8 +162,8 @@ Projections project_inputs(const ModuleCall& call, AlignedBuffer& scratch, int32
     p.bf16_products +=
         project(m, query, p.q_order, m.w_q(), m.wq_t.ld, e, bias, staging, q_buf, q_width, threads);
     if (p.kv_packed) {
-      project(m, key, p.k_order, m.w_k(), m.wk_t.ld, 2 * e, bias, staging, k_buf, kv_width,
-              threads);
+      p.bf16_products += project(m, key, p.k_order, m.w_k(), m.wk_t.ld, 2 * e, bias, staging, k_buf,
+                                 kv_width, threads);
     } else {
       p.bf16_products +=
           project(m, key, p.k_order, m.w_k(), m.wk_t.ld, e, bias, staging, k_buf, e, threads);
