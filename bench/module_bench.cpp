@@ -4,6 +4,10 @@
 //   module/<backend>/S1:bf16/threads:<n>  S1 with query = key = value and out in bf16
 //                                     (the same values rounded; widened inside, every
 //                                     product fp32)
+//   module/<backend>/S1:bf16act/threads:<n>  S1:bf16 with config.activations =
+//                                     MHA_ACTIVATIONS_INPUT (Q, K, V and the heads'
+//                                     outputs rounded to bf16, as PyTorch's bf16
+//                                     module keeps them)
 //   module/<backend>/S5/threads:<n>   the d2l example: E = 100, 5 heads, queries
 //                                     [2, 4, 100], keys = values [2, 6, 100],
 //                                     valid_lens [3, 2]
@@ -65,11 +69,14 @@ struct ModuleShape {
   bool d2l;  // S5: separate query and key/value tensors, valid_lens [3, 2]
   benchmark::TimeUnit unit;
   mha_dtype dtype = MHA_DTYPE_F32;  // of the inputs and the output
+  mha_activations activations = MHA_ACTIVATIONS_F32;
 };
 
 const ModuleShape kModuleShapes[] = {
     {"S1", 8, 512, 512, 768, 12, false, benchmark::kMillisecond},
     {"S1:bf16", 8, 512, 512, 768, 12, false, benchmark::kMillisecond, MHA_DTYPE_BF16},
+    {"S1:bf16act", 8, 512, 512, 768, 12, false, benchmark::kMillisecond, MHA_DTYPE_BF16,
+     MHA_ACTIVATIONS_INPUT},
     {"S5", 2, 4, 6, 100, 5, true, benchmark::kMicrosecond},
 };
 
@@ -108,21 +115,29 @@ double median(std::vector<double> v) {
 }
 
 // mha_attention alone, on the views the module hands it (S1: q, k, v in one
-// [B, L, 3E] buffer, the heads' outputs into [B, L, E]).
+// [B, L, 3E] buffer, the heads' outputs into [B, L, E]; bf16 ones where the
+// module keeps its activations in bf16).
 double attention_alone_ms(const ModuleShape& s) {
   const int64_t d = s.e / s.h;
   std::vector<float> qkv(static_cast<size_t>(s.b * s.lq * 3 * s.e)),
       o(static_cast<size_t>(s.b * s.lq * s.e));
   mha_bench::fill_uniform(qkv, 5, 1.0f);
+  const bool half = s.activations == MHA_ACTIVATIONS_INPUT;
+  const std::vector<uint16_t> qkv16 = half ? to_bf16(qkv) : std::vector<uint16_t>();
+  const mha_dtype dtype = half ? MHA_DTYPE_BF16 : MHA_DTYPE_F32;
+  const auto at = [&](int64_t offset) -> void* {
+    return half ? static_cast<void*>(const_cast<uint16_t*>(qkv16.data()) + offset)
+                : static_cast<void*>(qkv.data() + offset);
+  };
   const int64_t row = 3 * s.e;
   const int64_t shape[4] = {s.b, s.h, s.lq, d};
   const int64_t in_strides[4] = {s.lq * row, d, row, 1};
   const int64_t out_strides[4] = {s.lq * s.e, d, s.e, 1};
   mha_tensor q, k, v, out;
-  mha_tensor_init(&q, qkv.data(), MHA_DTYPE_F32, 4, shape, in_strides);
-  mha_tensor_init(&k, qkv.data() + s.e, MHA_DTYPE_F32, 4, shape, in_strides);
-  mha_tensor_init(&v, qkv.data() + 2 * s.e, MHA_DTYPE_F32, 4, shape, in_strides);
-  mha_tensor_init(&out, o.data(), MHA_DTYPE_F32, 4, shape, out_strides);
+  mha_tensor_init(&q, at(0), dtype, 4, shape, in_strides);
+  mha_tensor_init(&k, at(s.e), dtype, 4, shape, in_strides);
+  mha_tensor_init(&v, at(2 * s.e), dtype, 4, shape, in_strides);
+  mha_tensor_init(&out, o.data(), dtype, 4, shape, out_strides);  // bf16: o's first half
   std::vector<double> ms;
   for (int r = 0; r < 6; ++r) {
     const auto t0 = Clock::now();
@@ -166,6 +181,7 @@ void bm_module(benchmark::State& st, const std::string& backend, const ModuleSha
   mha_module_config_init(&config);
   config.embed_dim = s.e;
   config.num_heads = s.h;
+  config.activations = s.activations;
   ModuleHandle module;
   if (mha_module_create(&config, &module.m) != MHA_OK) {
     st.SkipWithError(mha_last_error());

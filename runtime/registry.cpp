@@ -192,9 +192,10 @@ void Registry::probe_locked(Backend& backend) {
     return;
   }
   if (const mha_bf16_gemm* gemm = plugin->bf16_gemm;
-      gemm != nullptr && (gemm->packed_bytes == nullptr || gemm->pack == nullptr ||
-                          gemm->scratch_bytes == nullptr || gemm->run == nullptr ||
-                          gemm->split_scratch_bytes == nullptr || gemm->run_split == nullptr)) {
+      gemm != nullptr &&
+      (gemm->packed_bytes == nullptr || gemm->pack == nullptr || gemm->scratch_bytes == nullptr ||
+       gemm->run == nullptr || gemm->split_scratch_bytes == nullptr || gemm->run_split == nullptr ||
+       gemm->run_to_bf16 == nullptr)) {
     refuse("malformed plugin table (its bf16_gemm)");
     return;
   }

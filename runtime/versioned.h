@@ -20,7 +20,7 @@ namespace mha::rt {
 // 0.1, 0.2 (int8 row scales), 0.3 (sliding window; then sinks, softcap,
 // ALiBi), 0.4 (a block of a larger problem)
 constexpr uint32_t kAttentionParamsSizes[] = {56, 72, 88, 112, 144};
-constexpr uint32_t kModuleConfigSizes[] = {56};  // 0.1
+constexpr uint32_t kModuleConfigSizes[] = {56, 64};  // 0.1, 0.4 (activations)
 // 0.1, 0.3 (window, sinks, softcap, ALiBi)
 constexpr uint32_t kModuleForwardParamsSizes[] = {64, 104};
 constexpr uint32_t kVarlenParamsSizes[] = {40};      // 0.4

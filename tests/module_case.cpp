@@ -205,6 +205,7 @@ bool load_weights(mha_module* m, const ModuleCase& c, const WeightSet& w) {
   config.value_dim = c.Ev;
   config.bias = c.bias ? 1 : 0;
   config.dropout = c.dropout;
+  config.activations = c.activations;
   const mha_status s = mha_module_create(&config, &h.m);
   if (s != MHA_OK)
     return ::testing::AssertionFailure()

@@ -30,9 +30,10 @@ struct ModuleCase {
   int64_t B = 2, Lq = 5, Lk = 7, E = 16, H = 4;
   int64_t Eq = 0, Ek = 0, Ev = 0;  // 0: E
   bool bias = true;
-  bool d2l_names = false;                  // W_q.weight, ... instead of PyTorch's names
-  bool separate_proj = false;              // q/k/v_proj_weight even when in_proj_weight fits
-  bool transposed_weight_storage = false;  // weights set from column-major views
+  int32_t activations = MHA_ACTIVATIONS_F32;  // config.activations
+  bool d2l_names = false;                     // W_q.weight, ... instead of PyTorch's names
+  bool separate_proj = false;                 // q/k/v_proj_weight even when in_proj_weight fits
+  bool transposed_weight_storage = false;     // weights set from column-major views
   Inputs inputs = Inputs::Separate;
   bool ones_inputs = false;  // every input element 1 (the d2l example)
   bool seq_first = false;    // inputs [L, B, F] in memory

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -34,6 +35,29 @@ void require(bool condition, const std::string& what) {
 
 double f32_at(const mha_tensor& t, int64_t offset) {
   return static_cast<double>(static_cast<const float*>(t.data)[offset]);
+}
+
+// x rounded to `dtype` as mha rounds an fp32 sum: to fp32, then to nearest
+// even in BF16 or F16 (written here from the formats' definitions).
+double round_to(double x, int32_t dtype) {
+  const auto f = static_cast<float>(x);
+  if (dtype == MHA_DTYPE_F16) return static_cast<double>(static_cast<_Float16>(f));
+  uint32_t bits = 0;
+  std::memcpy(&bits, &f, 4);
+  const uint32_t kept = bits >> 16, dropped = bits & 0xFFFFu;
+  const uint32_t up = dropped > 0x8000u || (dropped == 0x8000u && (kept & 1u) != 0) ? 1u : 0u;
+  bits = (kept + up) << 16;
+  float r = 0.0f;
+  std::memcpy(&r, &bits, 4);
+  return static_cast<double>(r);
+}
+
+// y (within `bound` of what mha computes) rounded to dtype, and the bound of
+// the rounded value (ModuleInputs::activations).
+void round_with_bound(double& y, double& bound, int32_t dtype) {
+  const double lo = round_to(y - bound, dtype), hi = round_to(y + bound, dtype);
+  y = round_to(y, dtype);
+  bound = lo == hi ? 0.0 : std::max(hi - y, y - lo);
 }
 
 // A projection: y[b, l, e] = Σ_k x[b, l, k]·w[e, k] + bias[e], with its bound.
@@ -143,9 +167,23 @@ ModuleReference reference_module(const ModuleWeights& w, const ModuleInputs& in)
     return f32_at(*t, (t->ndim == 2 ? b * t->strides[0] : 0) + h * t->strides[t->ndim - 1]);
   };
 
-  const Projected q = project(q_in, w.w_q, w.b_q, e_dim);
-  const Projected k = project(k_in, w.w_k, w.b_k, e_dim);
-  const Projected v = project(v_in, w.w_v, w.b_v, e_dim);
+  require(in.activations == MHA_DTYPE_F32 || in.activations == MHA_DTYPE_BF16 ||
+              in.activations == MHA_DTYPE_F16,
+          "activations: F32, BF16 or F16");
+  const bool rounded = in.activations != MHA_DTYPE_F32;
+  Projected q = project(q_in, w.w_q, w.b_q, e_dim);
+  Projected k = project(k_in, w.w_k, w.b_k, e_dim);
+  Projected v = project(v_in, w.w_v, w.b_v, e_dim);
+  if (rounded) {
+    for (Projected* p : {&q, &k, &v}) {
+      for (size_t n = 0; n < p->y.size(); ++n)
+        round_with_bound(p->y[n], p->bound[n], in.activations);
+    }
+  }
+  // P rounded for P·V: its relative error.
+  const double p_rounding = in.activations == MHA_DTYPE_BF16  ? std::ldexp(1.0, -8)
+                            : in.activations == MHA_DTYPE_F16 ? std::ldexp(1.0, -11)
+                                                              : 0.0;
 
   ModuleReference ref;
   ref.batch = batch;
@@ -283,7 +321,7 @@ ModuleReference reference_module(const ModuleWeights& w, const ModuleInputs& in)
           const size_t n = static_cast<size_t>((b * lq + i) * e_dim + e);
           concat[n] = o;
           // The sum over the keys, and the softmax denominator's (a relative error).
-          concat_bound[n] = err + dot_bound(lk) * (abs_o + std::fabs(o));
+          concat_bound[n] = err + dot_bound(lk) * (abs_o + std::fabs(o)) + p_rounding * abs_o;
           max_abs_o = std::max(max_abs_o, std::fabs(o));
         }
       }
@@ -291,6 +329,11 @@ ModuleReference reference_module(const ModuleWeights& w, const ModuleInputs& in)
   }
   const double kernel_term = kKernelTolerance * std::max(1.0, max_abs_o);
   for (double& bound : concat_bound) bound += kernel_term;
+  if (rounded) {
+    for (size_t n = 0; n < concat.size(); ++n) {
+      round_with_bound(concat[n], concat_bound[n], in.activations);
+    }
+  }
 
   // out = concat · W_oᵀ + b_o
   ref.out.assign(static_cast<size_t>(batch * lq * e_dim), 0.0);

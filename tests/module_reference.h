@@ -89,6 +89,14 @@ struct ModuleInputs {
   const mha_tensor* sinks = nullptr;
   double softcap = 0.0;
   const mha_tensor* alibi_slopes = nullptr;
+  // MHA_ACTIVATIONS_INPUT (mha.h): BF16 or F16 rounds the projections Q, K, V
+  // and the heads' outputs to that dtype (through fp32, as mha rounds its
+  // fp32 sums).  The bound of a rounded value: 0 where every value within
+  // the bound before rounds to the same one, else the distance to the
+  // farthest such rounded value.  BF16 also adds 2^-8·Σ_j p_j|v_j| to each
+  // head output's bound (P rounded to bf16 for P·V, the bf16 dot path's
+  // rounding), F16 2^-11·Σ_j p_j|v_j|.  F32: none of this.
+  int32_t activations = MHA_DTYPE_F32;
 };
 
 struct ModuleReference {

@@ -678,6 +678,131 @@ TEST_P(Module, Bf16Checkpoint) {
   run_bf16_checkpoint_case(MHA_DTYPE_F32, false, false, MHA_DTYPE_F32, 55);
 }
 
+// MHA_ACTIVATIONS_INPUT (mha.h): the projections and the heads' outputs
+// rounded to the query's dtype.  Against the float64 reference that rounds
+// them too (module_reference.h: a rounded value's bound is 0 where mha's
+// fp32 value cannot round elsewhere), on every backend, bf16 checkpoints of
+// E 64 (the products on AMX tiles where the backend has them, rows rounded
+// as the tiles store them) and of E 16 with cross-attention's other widths
+// (BLIS, then rounded); the same bits for 1, 2 and 3 threads; the weights
+// path (attn_weights) too.  And the rounding is there: a bf16 call's f32 out
+// is off the reference that does not round (its fp32 bound) in some
+// elements.
+struct ActivationsCase {
+  mha_dtype dtype = MHA_DTYPE_BF16;  // of the inputs
+  mha_dtype out_dt = MHA_DTYPE_F32;
+  bool self_attention = true;
+  bool bias = true;
+  bool large = true;  // E 64, Lq 40 (the tiles' whole steps); else E 16 with Ek 12, Ev 20
+  bool need_weights = false;
+  bool causal = false;
+  uint64_t seed = 1;
+  std::string describe() const {
+    return std::string(mha_types::dtype_name(dtype)) + " inputs, " + mha_types::dtype_name(out_dt) +
+           " out, " + (self_attention ? "self-attention" : "cross") +
+           (bias ? ", bias" : ", no bias") + (large ? ", E 64" : ", E 16") +
+           (need_weights ? ", weights" : "") + (causal ? ", causal" : "");
+  }
+};
+
+void run_activations_case(const ActivationsCase& ac) {
+  SCOPED_TRACE(ac.describe());
+  ModuleCase c;
+  c.B = 2;
+  c.Lq = ac.large ? 40 : 6;
+  c.Lk = ac.self_attention ? c.Lq : (ac.large ? 24 : 9);
+  c.E = ac.large ? 64 : 16;
+  c.H = 4;
+  if (!ac.self_attention && !ac.large) {
+    c.Ek = 12;
+    c.Ev = 20;
+  }
+  c.bias = ac.bias;
+  c.activations = MHA_ACTIVATIONS_INPUT;
+  Rng rng(ac.seed);
+  WeightSet weights;
+  ModuleHandle h;
+  ASSERT_TRUE(bf16_checkpoint_module(c, rng, h, &weights));
+  const mha_dtype dt = ac.dtype;
+  HalfTensor query(rng, {c.B, c.Lq, c.eq()}, dt, -2.0f, 2.0f);
+  HalfTensor key(rng, {c.B, c.Lk, c.ek()}, dt, -2.0f, 2.0f);
+  HalfTensor value(rng, {c.B, c.Lk, c.ev()}, dt, -1.0f, 1.0f);
+  HalfTensor& k_in = ac.self_attention ? query : key;
+  HalfTensor& v_in = ac.self_attention ? query : value;
+  const std::vector<int64_t> weights_shape = {c.B, c.H, c.Lq, c.Lk};
+  std::vector<std::vector<float>> outs;
+  std::vector<float> attn;
+  const int32_t threads_before = mha_get_num_threads();
+  for (const int32_t threads : {1, 2, 3}) {
+    ASSERT_EQ(mha_set_num_threads(threads), MHA_OK);
+    Output out({c.B, c.Lq, c.E}, ac.out_dt), aw(weights_shape, MHA_DTYPE_F32);
+    mha_module_forward_params p;
+    mha_module_forward_params_init(&p);
+    p.causal = ac.causal ? MHA_CAUSAL_TOP_LEFT : MHA_CAUSAL_NONE;
+    if (ac.need_weights) p.attn_weights = &aw.t;
+    ASSERT_EQ(mha_module_forward(h.m, &query.half, &k_in.half, &v_in.half, &out.t, &p), MHA_OK)
+        << mha_last_error();
+    outs.push_back(out.values());
+    if (threads == 1) attn = aw.values();
+  }
+  ASSERT_EQ(mha_set_num_threads(threads_before), MHA_OK);
+  EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * 4), 0) << "2 threads";
+  EXPECT_EQ(std::memcmp(outs[0].data(), outs[2].data(), outs[0].size() * 4), 0) << "3 threads";
+  ModuleInputs in;
+  in.query = &query.f32;
+  in.key = &k_in.f32;
+  in.value = &v_in.f32;
+  in.causal = ac.causal ? MHA_CAUSAL_TOP_LEFT : MHA_CAUSAL_NONE;
+  in.activations = dt;
+  const ModuleReference ref = reference_module(weights.ref, in);
+  EXPECT_EQ(outside(outs[0], ref.out, ref.out_bound, ac.out_dt), 0) << "out off the reference";
+  if (ac.need_weights) {
+    EXPECT_EQ(outside(attn, ref.weights, ref.weights_bound, MHA_DTYPE_F32), 0)
+        << "weights off the reference";
+  }
+  // (bf16 only: f16's roundings, 2^-12 of values about 0.1 here, hide under
+  // the reference's absolute floor for the attention kernels, 1e-5.)
+  if (ac.out_dt == MHA_DTYPE_F32 && dt == MHA_DTYPE_BF16) {
+    in.activations = MHA_DTYPE_F32;
+    const ModuleReference unrounded = reference_module(weights.ref, in);
+    EXPECT_GT(outside(outs[0], unrounded.out, unrounded.out_bound, MHA_DTYPE_F32), 0)
+        << "out is within the fp32 bound of the module that does not round: nothing was rounded";
+  }
+}
+
+TEST_P(Module, HalfActivations) {
+  run_activations_case({});
+  run_activations_case({.out_dt = MHA_DTYPE_BF16, .self_attention = false, .seed = 2});
+  run_activations_case({.bias = false, .need_weights = true, .causal = true, .seed = 3});
+  run_activations_case({.self_attention = false, .large = false, .seed = 4});
+  run_activations_case({.dtype = MHA_DTYPE_F16, .seed = 5});
+  run_activations_case(
+      {.dtype = MHA_DTYPE_F16, .out_dt = MHA_DTYPE_F16, .large = false, .causal = true, .seed = 6});
+  run_activations_case({.dtype = MHA_DTYPE_F16, .need_weights = true, .seed = 7});
+}
+
+// An F32 query: config.activations changes nothing (the same bits as a
+// module without it).
+TEST_P(Module, HalfActivationsIgnoredOnF32) {
+  ModuleCase c;
+  c.B = 2;
+  c.Lq = c.Lk = 40;
+  c.E = 64;
+  c.H = 4;
+  Rng rng(71);
+  WeightSet weights;
+  ModuleHandle plain, rounding;
+  ASSERT_TRUE(bf16_checkpoint_module(c, rng, plain, &weights));
+  c.activations = MHA_ACTIVATIONS_INPUT;
+  ASSERT_TRUE(create_module(c, rounding));
+  ASSERT_TRUE(load_weights(rounding.m, c, weights)) << mha_last_error();
+  HalfTensor x(rng, {c.B, c.Lq, c.E}, MHA_DTYPE_BF16, -2.0f, 2.0f);
+  Output a({c.B, c.Lq, c.E}, MHA_DTYPE_F32), b({c.B, c.Lq, c.E}, MHA_DTYPE_F32);
+  ASSERT_EQ(mha_module_forward(plain.m, &x.f32, &x.f32, &x.f32, &a.t, nullptr), MHA_OK);
+  ASSERT_EQ(mha_module_forward(rounding.m, &x.f32, &x.f32, &x.f32, &b.t, nullptr), MHA_OK);
+  EXPECT_EQ(std::memcmp(a.f32.data(), b.f32.data(), a.f32.size() * 4), 0);
+}
+
 // Run by ctest with MHA_VERBOSE=2 (module.verbose_bf16_products): a bf16
 // checkpoint's module on a bf16 input.  The line must count two products on
 // AMX tiles (the stacked Q, K, V product and the output's) where the

@@ -29,6 +29,7 @@
 #include <cstring>
 
 #include "simd/amx.hpp"
+#include "simd/convert.hpp"
 
 namespace mha_simd {
 
@@ -98,10 +99,32 @@ struct AmxGemm {
   MHA_AMX_TARGET static void run(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
                                  const void* packed, const float* bias, float* c, int64_t ldc,
                                  void* scratch, int64_t l2_bytes) {
+    run_into(m, n, k, a, lda, packed, bias, c, nullptr, ldc, scratch, l2_bytes);
+  }
+  // The same with C in bf16 (rows ldc values apart): each sum rounded once,
+  // to nearest even (the module's activations in bf16).
+  MHA_AMX_TARGET static void run_to_bf16(int64_t m, int64_t n, int64_t k, const uint16_t* a,
+                                         int64_t lda, const void* packed, const float* bias,
+                                         uint16_t* c, int64_t ldc, void* scratch,
+                                         int64_t l2_bytes) {
+    run_into(m, n, k, a, lda, packed, bias, nullptr, c, ldc, scratch, l2_bytes);
+  }
+
+ private:
+  // run and run_to_bf16: C is c (fp32) or c16 (bf16).
+  MHA_AMX_TARGET static void run_into(int64_t m, int64_t n, int64_t k, const uint16_t* a,
+                                      int64_t lda, const void* packed, const float* bias, float* c,
+                                      uint16_t* c16, int64_t ldc, void* scratch, int64_t l2_bytes) {
     const int64_t kp = padded_k(k);
     auto* a_stage = static_cast<uint16_t*>(scratch);
-    Out out{n, k,   static_cast<const uint32_t*>(packed),           bias,
-            c, ldc, reinterpret_cast<float*>(a_stage + kBlock * kp)};
+    Out out{n,
+            k,
+            static_cast<const uint32_t*>(packed),
+            bias,
+            c,
+            ldc,
+            reinterpret_cast<float*>(a_stage + kBlock * kp),
+            c16};
     Tiles::configure();
     const int64_t group = group_rows(k, 1, l2_bytes);
     for (int64_t g0 = 0; g0 < m; g0 += group) {
@@ -131,6 +154,7 @@ struct AmxGemm {
     Tiles::release();
   }
 
+ public:
   // The same with A as fp32 rows (lda floats apart), split into three bf16
   // parts (split_rows) a group at a time.
   MHA_AMX_TARGET static void run_split(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
@@ -177,12 +201,14 @@ struct AmxGemm {
     const float* bias;
     float* c;
     int64_t ldc;
-    float* stage;  // 32 x 32 floats, then 32 biases
+    float* stage;             // 32 x 32 floats, then 32 biases
+    uint16_t* c16 = nullptr;  // C in bf16 instead (run)
   };
 
   // For each panel, each block of 32 rows from g0 (before g1): block(r0,
   // rows, panel, to, to_stride, biases) computes it into `to` -- C itself
-  // when whole, else the staging tile, copied into C after.
+  // when whole, else the staging tile, copied into C after (a bf16 C:
+  // always staged, each value rounded as it is copied).
   template <class Block>
   static void for_each_block(const Out& out, int64_t g0, int64_t g1, Block&& block) {
     const int64_t pairs = padded_k(out.k) / 2;
@@ -196,10 +222,15 @@ struct AmxGemm {
       const uint32_t* panel = out.panels + p * pairs * kBlock;
       for (int64_t r0 = g0; r0 < g1; r0 += kBlock) {
         const int rows = static_cast<int>(std::min<int64_t>(kBlock, g1 - r0));
-        const bool whole = rows == kBlock && cols == kBlock;
+        const bool whole = rows == kBlock && cols == kBlock && out.c16 == nullptr;
         float* to = whole ? out.c + r0 * out.ldc + n0 : out.stage;
         block(r0, rows, panel, to, whole ? out.ldc : int64_t{kBlock}, biases);
-        if (!whole) {
+        if (out.c16 != nullptr) {
+          Tiles::memory_barrier();  // the tile stores, before the rounding reads them
+          for (int r = 0; r < rows; ++r) {
+            narrow_row(out.stage + r * kBlock, cols, out.c16 + (r0 + r) * out.ldc + n0);
+          }
+        } else if (!whole) {
           Tiles::memory_barrier();  // the tile stores, before the copy reads them
           for (int r = 0; r < rows; ++r) {
             std::memcpy(out.c + (r0 + r) * out.ldc + n0, out.stage + r * kBlock,
@@ -254,6 +285,15 @@ struct AmxGemm {
         _mm512_mask_mov_epi32(_mm512_castps_si512(v), nan, _mm512_set1_epi32(0x7FC00000));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
                         _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
+  }
+
+  // cols (<= 32) fp32 values rounded once to bf16 (convert.hpp's rule).
+  static void narrow_row(const float* x, int cols, uint16_t* to) {
+    int c = 0;
+    for (; c + W <= cols; c += W) {
+      store_narrow<Arch, MHA_DTYPE_BF16>(to + c, xsimd::batch<float, Arch>::load_unaligned(x + c));
+    }
+    for (; c < cols; ++c) to[c] = mha_types::f32_to_bf16(x[c]);
   }
 
   // Round to nearest, ties to even (the values the module keeps are finite).

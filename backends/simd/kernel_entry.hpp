@@ -32,6 +32,9 @@ size_t mha_simd_bf16_gemm_split_scratch_bytes(int64_t k);
 int mha_simd_bf16_gemm_run_split(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                                  const void* packed, const float* bias, float* c, int64_t ldc,
                                  void* scratch);
+int mha_simd_bf16_gemm_run_to_bf16(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
+                                   const void* packed, const float* bias, uint16_t* c, int64_t ldc,
+                                   void* scratch);
 
 // The tiles this plugin chose for the machine's caches: written once by the
 // table's choose_tiles (plugin_table.hpp) when the runtime loads the plugin,

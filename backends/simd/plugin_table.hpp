@@ -67,7 +67,8 @@ constexpr const mha_gemm_ukernel* packed_gemm_of() {
 inline constexpr mha_bf16_gemm kBf16Gemm{
     mha_simd_bf16_gemm_packed_bytes,        mha_simd_bf16_gemm_pack,
     mha_simd_bf16_gemm_scratch_bytes,       mha_simd_bf16_gemm_run,
-    mha_simd_bf16_gemm_split_scratch_bytes, mha_simd_bf16_gemm_run_split};
+    mha_simd_bf16_gemm_split_scratch_bytes, mha_simd_bf16_gemm_run_split,
+    mha_simd_bf16_gemm_run_to_bf16};
 
 template <bool kBf16Dot>
 constexpr const mha_bf16_gemm* bf16_gemm_of() {

@@ -57,8 +57,10 @@ extern "C" {
  * 18: mha_work_item ends with next: the item the thread most likely runs
  *    after this one.
  * 19: mha_plugin ends with bf16_gemm (mha_bf16_gemm): the module's bf16
- *    matrix products on AMX tiles. */
-#define MHA_PLUGIN_ABI_VERSION 19
+ *    matrix products on AMX tiles.
+ * 20: mha_bf16_gemm ends with run_to_bf16 (C in bf16: the module's
+ *    activations in bf16). */
+#define MHA_PLUGIN_ABI_VERSION 20
 #define MHA_PLUGIN_ENTRY_SYMBOL "mha_plugin_entry"
 
 /* CPU features, as the runtime detects them (OS support included). */
@@ -369,6 +371,11 @@ typedef struct mha_bf16_gemm {
   size_t (*split_scratch_bytes)(int64_t k);
   int (*run_split)(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const void* packed,
                    const float* bias, float* c, int64_t ldc, void* scratch);
+  /* run with C in bf16 (rows ldc elements apart): each fp32 sum rounded once
+   * (to nearest, ties to even; a NaN stays NaN).  run's scratch. */
+  int (*run_to_bf16)(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
+                     const void* packed, const float* bias, uint16_t* c, int64_t ldc,
+                     void* scratch);
 } mha_bf16_gemm;
 
 typedef struct mha_plugin {

@@ -79,6 +79,7 @@ bool run_on_tiles(const mha_module& m, const TileProduct& t, const float* wt, in
   // bf16 rows are read in place: whole steps only.  fp32 rows are split
   // into staged planes, padded.
   if (t.gemms * t.rows < kStep || k < kStep || (t.a_bf16 && k % kStep != 0)) return false;
+  if (t.c16 != nullptr && !t.a_bf16) return false;
   const mha_bf16_gemm* gemm = granted_products();
   if (gemm == nullptr) return false;
   const Bf16WeightCache::Packed* w = packed_for(*m.bf16_cache, gemm, wt, ld, n, k);
@@ -99,13 +100,19 @@ bool run_on_tiles(const mha_module& m, const TileProduct& t, const float* wt, in
         const int64_t g = index / per_gemm, r0 = index % per_gemm * rows_per_call;
         const int64_t count = std::min(rows_per_call, t.rows - r0);
         const int64_t a_at = g * t.a_gemm_stride + r0 * t.lda;
-        float* c = t.c + g * t.c_gemm_stride + r0 * t.ldc;
+        const int64_t c_at = g * t.c_gemm_stride + r0 * t.ldc;
         void* scratch = t_bf16_scratch.get(scratch_bytes);
-        const int code = t.a_bf16
-                             ? gemm->run(count, n, k, static_cast<const uint16_t*>(t.a) + a_at,
-                                         t.lda, w->data, bias_row, c, t.ldc, scratch)
-                             : gemm->run_split(count, n, k, static_cast<const float*>(t.a) + a_at,
-                                               t.lda, w->data, bias_row, c, t.ldc, scratch);
+        const auto* a16 = static_cast<const uint16_t*>(t.a) + a_at;
+        int code = 0;
+        if (t.c16 != nullptr) {
+          code = gemm->run_to_bf16(count, n, k, a16, t.lda, w->data, bias_row, t.c16 + c_at, t.ldc,
+                                   scratch);
+        } else if (t.a_bf16) {
+          code = gemm->run(count, n, k, a16, t.lda, w->data, bias_row, t.c + c_at, t.ldc, scratch);
+        } else {
+          code = gemm->run_split(count, n, k, static_cast<const float*>(t.a) + a_at, t.lda, w->data,
+                                 bias_row, t.c + c_at, t.ldc, scratch);
+        }
         if (code != 0) failed = true;
       });
   if (!ran) throw std::bad_alloc();
@@ -124,6 +131,16 @@ bool project_bf16(const mha_module& m, const mha_tensor& x, const RowOrder& orde
                       dst,
                       width,
                       order.rows * width};
+  return run_on_tiles(m, t, wt, ld, n, x.shape[2], bias, threads);
+}
+
+bool project_bf16_rounded(const mha_module& m, const mha_tensor& x, const RowOrder& order,
+                          const float* wt, int64_t ld, int64_t n, bool bias, uint16_t* dst,
+                          int64_t width, int32_t threads) {
+  if (x.dtype != MHA_DTYPE_BF16 || x.strides[2] != 1) return false;
+  TileProduct t{x.data,  true,  order.gemms,       order.rows, order.row_stride, order.gemm_stride,
+                nullptr, width, order.rows * width};
+  t.c16 = dst;
   return run_on_tiles(m, t, wt, ld, n, x.shape[2], bias, threads);
 }
 

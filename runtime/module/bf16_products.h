@@ -1,5 +1,5 @@
 // The module's products on the selected plugin's AMX tiles (mha_bf16_gemm,
-// plugin ABI 19), where they compute what BLIS computes on the same values:
+// plugin ABI 19; C in bf16: 20), where they compute what BLIS computes on the same values:
 // weights that all hold bf16 values (a bf16 checkpoint), products exact and
 // summed in fp32 -- a bf16 input as it is, an fp32 one (or the heads'
 // concatenation, for the output projection) split exactly into three bf16
@@ -41,13 +41,15 @@ struct Bf16WeightCache {
 
 // One product C = A · wt (+ the bias row below wt, k rows down): `gemms`
 // blocks of `rows` rows, A's rows lda elements apart (bf16 or fp32), C's
-// ldc floats apart.
+// ldc elements apart: fp32, or bf16 (c16; bf16 A only), each sum rounded
+// once.
 struct TileProduct {
   const void* a;
   bool a_bf16;  // else fp32, split into three bf16 parts (exactly)
   int64_t gemms, rows, lda, a_gemm_stride;
   float* c;
   int64_t ldc, c_gemm_stride;
+  uint16_t* c16 = nullptr;  // C in bf16 instead of c
 };
 
 // Runs the product on the AMX tiles when they apply (see above): the
@@ -61,5 +63,10 @@ bool run_on_tiles(const mha_module& m, const TileProduct& t, const float* wt, in
 // for a bf16 or fp32 input with unit column stride.
 bool project_bf16(const mha_module& m, const mha_tensor& x, const RowOrder& order, const float* wt,
                   int64_t ld, int64_t n, bool bias, float* dst, int64_t width, int32_t threads);
+// The same into bf16 rows (the module's activations in bf16): a bf16 input
+// only.
+bool project_bf16_rounded(const mha_module& m, const mha_tensor& x, const RowOrder& order,
+                          const float* wt, int64_t ld, int64_t n, bool bias, uint16_t* dst,
+                          int64_t width, int32_t threads);
 
 }  // namespace mha::rt

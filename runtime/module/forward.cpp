@@ -12,7 +12,12 @@
 //
 // Half precision: bf16 and f16 inputs are widened as the projections copy
 // their rows (projections.cpp); everything after is fp32, as PyTorch's CPU
-// module computes its bf16 products with fp32 accumulation.
+// module computes its bf16 products with fp32 accumulation -- unless the
+// module keeps its activations in the input's dtype (MHA_ACTIVATIONS_INPUT):
+// then the projections are rounded to it (by the AMX tiles as they store
+// them, where they run the product), the attention runs on half-precision
+// Q, K, V and writes half-precision heads, which the output product reads
+// (bf16: on the tiles as they are).
 //
 // Step 2 is mha_attention (fused, nothing of size Lq x Lk), except when the
 // attention weights are wanted: then S = scale·Q·Kᵀ is computed by BLIS per
@@ -54,7 +59,7 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // The forward pass's per-thread buffers, reused: they grow to the largest
 // call.
-thread_local AlignedBuffer t_projections, t_concat, t_mask, t_rows, t_out;
+thread_local AlignedBuffer t_projections, t_concat, t_mask, t_rows, t_out, t_half_concat;
 
 // ---------------------------------------------------------------- the weights path
 
@@ -197,8 +202,22 @@ mha_status run_module_forward(const ModuleCall& call) {
   const bool verbose = verbose_level() >= 2;
   const auto t0 = std::chrono::steady_clock::now();
 
+  // MHA_ACTIVATIONS_INPUT on a half-precision query: the projections and the
+  // heads' outputs rounded to its dtype (mha.h).  The fused path keeps them
+  // in that dtype (the attention's half-precision kernels, the output
+  // product's bf16 rows on the tiles); the weights path rounds them in place.
+  const int32_t half = m.half_activations && call.query->dtype != MHA_DTYPE_F32
+                           ? call.query->dtype
+                           : static_cast<int32_t>(MHA_DTYPE_F32);
+  const bool weights_path = call.attn_weights != nullptr;
+  const bool half_fused = half != MHA_DTYPE_F32 && !weights_path;
+
   // ---- 1. projections
-  const Projections proj = project_inputs(call, t_projections, threads);
+  const Projections proj =
+      project_inputs(call, t_projections, threads, half_fused ? half : MHA_DTYPE_F32);
+  if (half != MHA_DTYPE_F32 && !half_fused) {
+    round_values(proj.data, proj.floats, half, nullptr, threads);  // kept as fp32 values
+  }
   const mha_tensor &qv = proj.q, &kv = proj.k, &vv = proj.v;
   const double proj_ms = verbose ? ms_since(t0) : 0.0;
 
@@ -213,8 +232,17 @@ mha_status run_module_forward(const ModuleCall& call) {
   if (bias) {
     for (int64_t r = 0; r < q_rows; ++r) concat[r * concat_width + e] = 1.0f;
   }
+  // The heads' outputs: into the fp32 concatenation, or (half_fused) into
+  // rows of the half dtype, E wide.
+  uint16_t* half_concat =
+      half_fused ? static_cast<uint16_t*>(take(t_half_concat, static_cast<size_t>(q_rows * e) * 2))
+                 : nullptr;
   mha_tensor cv;
-  head_view(concat, batch, heads, lq, d, concat_width, out_order.seq_major, 0, &cv);
+  if (half_fused) {
+    head_view(half_concat, batch, heads, lq, d, e, out_order.seq_major, 0, &cv, half);
+  } else {
+    head_view(concat, batch, heads, lq, d, concat_width, out_order.seq_major, 0, &cv);
+  }
   mha_tensor kernel_mask;
   const bool has_mask = build_kernel_mask(call, heads, t_mask, &kernel_mask);
   // The core's attention on the module's own views, which are valid by
@@ -224,9 +252,11 @@ mha_status run_module_forward(const ModuleCall& call) {
   KernelCall kernel_call;
   describe_attention(qv, kv, vv, cv, ap, &kernel_call);
   const auto t1 = std::chrono::steady_clock::now();
-  if (call.attn_weights != nullptr) {
+  if (weights_path) {
     const WeightsPath path{&call, &kernel_call.problem, qv, kv, vv, cv};
     run_weights_path(path, threads);
+    // The heads' outputs rounded (their column of ones is 1 in any dtype).
+    if (half != MHA_DTYPE_F32) round_values(concat, q_rows * concat_width, half, nullptr, threads);
   } else {
     if (mha_status s = attend(kernel_call); s != MHA_OK) return s;
   }
@@ -237,14 +267,46 @@ mha_status run_module_forward(const ModuleCall& call) {
   const int64_t k = bias ? e + 1 : e;
   const int32_t t = sgemm_threads(out_order.rows, e, k, threads);
   int bf16_products = proj.bf16_products;
+  // On the tiles: the bf16 heads' outputs as they are, or the fp32 ones split.
+  const bool bf16_rows = half_fused && half == MHA_DTYPE_BF16;
+  const auto on_tiles = [&](int64_t gemms, int64_t rows, float* c, int64_t ldc,
+                            int64_t c_gemm_stride, uint16_t* c16 = nullptr) {
+    TileProduct product =
+        bf16_rows
+            ? TileProduct{half_concat, true, gemms, rows, e, rows * e, c, ldc, c_gemm_stride}
+            : TileProduct{concat, false, gemms,        rows, concat_width, rows * concat_width,
+                          c,      ldc,   c_gemm_stride};
+    product.c16 = c16;
+    return run_on_tiles(m, product, m.w_out.data(), e, e, e, bias, threads);
+  };
+  // The half-precision heads' outputs widened beside their column of ones:
+  // for the tiles' split or BLIS at once, for BLIS where the tiles refused
+  // bf16 rows (widened()).
+  const auto widen_concat = [&] {
+    auto no_preparation = [](int32_t /*thread*/) { return true; };
+    constexpr int64_t kBlockRows = 256;
+    run_team((q_rows + kBlockRows - 1) / kBlockRows, t, no_preparation,
+             [&](int64_t block, int32_t /*thread*/) {
+               const int64_t end = std::min(q_rows, (block + 1) * kBlockRows);
+               for (int64_t r = block * kBlockRows; r < end; ++r) {
+                 mha_types::widen_row(half_concat, half, r * e, 1, e, concat + r * concat_width);
+               }
+             });
+  };
+  if (half_fused && !bf16_rows) widen_concat();
+  const auto widened = [&] {
+    if (bf16_rows) widen_concat();
+  };
   if (out.dtype == MHA_DTYPE_F32 && out.strides[2] == 1 &&
-      run_on_tiles(m,
-                   {concat, false, out_order.gemms, out_order.rows, concat_width,
-                    out_order.rows * concat_width, static_cast<float*>(out.data),
-                    out_order.row_stride, out_order.gemm_stride},
-                   m.w_out.data(), e, e, e, bias, threads)) {
+      on_tiles(out_order.gemms, out_order.rows, static_cast<float*>(out.data), out_order.row_stride,
+               out_order.gemm_stride)) {
     ++bf16_products;
+  } else if (out.dtype == MHA_DTYPE_BF16 && out.strides[2] == 1 && bf16_rows &&
+             on_tiles(out_order.gemms, out_order.rows, nullptr, out_order.row_stride,
+                      out_order.gemm_stride, static_cast<uint16_t*>(out.data))) {
+    ++bf16_products;  // each sum rounded once into out by the tiles
   } else if (out.dtype == MHA_DTYPE_F32) {
+    widened();
     auto* out_data = static_cast<float*>(out.data);
     for (int64_t g = 0; g < out_order.gemms; ++g) {
       sgemm(out_order.rows, e, k, 1.0f, concat + g * out_order.rows * concat_width, concat_width, 1,
@@ -255,10 +317,10 @@ mha_status run_module_forward(const ModuleCall& call) {
     // A bf16 or f16 out: the product in fp32 rows (the concatenation's
     // order), each value rounded once into out.
     float* rows = static_cast<float*>(take(t_out, float_bytes(q_rows * e)));
-    if (run_on_tiles(m, {concat, false, 1, q_rows, concat_width, 0, rows, e, 0}, m.w_out.data(), e,
-                     e, e, bias, threads)) {
+    if (on_tiles(1, q_rows, rows, e, 0)) {
       ++bf16_products;
     } else {
+      widened();
       sgemm(q_rows, e, k, 1.0f, concat, concat_width, 1, m.w_out.data(), e, 1, 0.0f, rows, e, 1, t);
     }
     auto no_preparation = [](int32_t /*thread*/) { return true; };
@@ -278,7 +340,7 @@ mha_status run_module_forward(const ModuleCall& call) {
     std::fprintf(stderr,
                  "mha_verbose,exec,module,B=%lld,Lq=%lld,Lk=%lld,E=%lld,H=%lld,Eq=%lld,Ek=%lld,"
                  "Ev=%lld,bias=%d,packed=%s,path=%s,dropout=%g,variants=%s,blis=%s,gemm_ukernel=%s,"
-                 "bf16_products=%d,threads=%d,"
+                 "bf16_products=%d,activations=%s,threads=%d,"
                  "proj_ms=%.4f,attention_ms=%.4f,out_proj_ms=%.4f\n",
                  static_cast<long long>(batch), static_cast<long long>(lq),
                  static_cast<long long>(lk), static_cast<long long>(e),
@@ -287,8 +349,8 @@ mha_status run_module_forward(const ModuleCall& call) {
                  m.bias ? 1 : 0, proj.qkv_packed ? "qkv" : (proj.kv_packed ? "kv" : "no"),
                  call.attn_weights != nullptr ? "weights" : "fused",
                  static_cast<double>(call.dropout_p), variants_of(kernel_call).c_str(),
-                 blis_kernel_set(), gemm_ukernel_in_use(), bf16_products, threads, proj_ms, attn_ms,
-                 ms_since(t2));
+                 blis_kernel_set(), gemm_ukernel_in_use(), bf16_products,
+                 mha_types::dtype_name(half), threads, proj_ms, attn_ms, ms_since(t2));
   }
   return MHA_OK;
 }

@@ -66,6 +66,12 @@ mha_status check_config(const mha_module_config* c) {
                   ll(d.value));
     }
   }
+  if (c->activations != MHA_ACTIVATIONS_F32 && c->activations != MHA_ACTIVATIONS_INPUT) {
+    return fail(MHA_ERR_INVALID_VALUE,
+                "config->activations = %d; it must be MHA_ACTIVATIONS_F32 (0) or "
+                "MHA_ACTIVATIONS_INPUT (1)",
+                static_cast<int>(c->activations));
+  }
   if (!(c->dropout >= 0.0f && c->dropout < 1.0f)) {
     return fail(MHA_ERR_INVALID_VALUE, "config->dropout = %g; it must be in [0, 1)",
                 static_cast<double>(c->dropout));
@@ -536,6 +542,7 @@ mha_status mha_module_create(const mha_module_config* config, mha_module** modul
     m->value_dim = given.value_dim != 0 ? given.value_dim : e;
     m->bias = given.bias != 0;
     m->dropout = given.dropout;
+    m->half_activations = given.activations == MHA_ACTIVATIONS_INPUT;
     try {
       // Each matrix has one row more, for its biases (module.h).
       const int64_t eq = m->query_dim + 1, ek = m->key_dim + 1, ev = m->value_dim + 1;

@@ -22,6 +22,7 @@ struct mha_module {
   int64_t query_dim = 0, key_dim = 0, value_dim = 0;  // Eq, Ek, Ev (resolved: never 0)
   bool bias = false;
   float dropout = 0.0f;
+  bool half_activations = false;  // config.activations == MHA_ACTIVATIONS_INPUT
 
   // The weights are kept transposed, Wᵀ [in, E] row-major, because BLIS packs
   // a row-major B operand of x·Wᵀ faster (measured: 8 instead of 12 µs for

@@ -15,6 +15,10 @@
 namespace mha::rt {
 namespace {
 
+// fp32 projections before their rounding (project_inputs into a half dtype
+// where the tiles do not write it), per calling thread.
+thread_local AlignedBuffer t_unrounded;
+
 // dst rows (in `order`, `width` wide, columns [0, n)) = x · wt (+ the biases),
 // with wt the transposed weights [K, n] (row stride ld) and x [B, L, K].
 // With biases (in the row below wt: module.h), x's rows are copied beside a
@@ -90,11 +94,12 @@ RowOrder row_order(const mha_tensor& t) {
   return {false, batch, len, s1, s0};
 }
 
-void head_view(float* base, int64_t batch, int64_t heads, int64_t len, int64_t d, int64_t width,
-               bool seq_major, int64_t offset, mha_tensor* view) {
+void head_view(void* base, int64_t batch, int64_t heads, int64_t len, int64_t d, int64_t width,
+               bool seq_major, int64_t offset, mha_tensor* view, int32_t dtype) {
   std::memset(view, 0, sizeof *view);
-  view->data = base + offset;
-  view->dtype = MHA_DTYPE_F32;
+  const int64_t bytes = dtype == MHA_DTYPE_F32 ? 4 : 2;
+  view->data = static_cast<char*>(base) + offset * bytes;
+  view->dtype = dtype;
   view->ndim = 4;
   view->shape[0] = batch;
   view->shape[1] = heads;
@@ -114,7 +119,8 @@ bool same_tensor(const mha_tensor& a, const mha_tensor& b) {
   return true;
 }
 
-Projections project_inputs(const ModuleCall& call, AlignedBuffer& scratch, int32_t threads) {
+Projections project_inputs(const ModuleCall& call, AlignedBuffer& scratch, int32_t threads,
+                           int32_t dtype) {
   const mha_module& m = *call.module;
   const int64_t batch = call.batch, lq = call.lq, lk = call.lk;
   const int64_t e = m.embed_dim, heads = m.num_heads, d = m.head_dim;
@@ -145,37 +151,79 @@ Projections project_inputs(const ModuleCall& call, AlignedBuffer& scratch, int32
       staging_floats = std::max(staging_floats, kv_rows * ones_row_width(m.value_dim));
     }
   }
-  float* proj = static_cast<float*>(take(scratch, float_bytes(floats + staging_floats)));
-  float* staging = proj + floats;
-  float* q_buf = proj;
-  float* k_buf = p.qkv_packed ? proj : q_buf + q_rows * q_width;
-  float* v_buf = p.qkv_packed || p.kv_packed ? k_buf : k_buf + kv_rows * e;
+  // The projections (fp32, or `dtype`'s 2-byte values), then the staging rows.
+  const size_t bytes = static_cast<size_t>(floats) * (dtype == MHA_DTYPE_F32 ? 4 : 2);
+  char* base = static_cast<char*>(take(scratch, bytes + float_bytes(staging_floats)));
+  float* staging = reinterpret_cast<float*>(base + bytes);
+  const int64_t k_start = p.qkv_packed ? 0 : q_rows * q_width;
+  const int64_t v_start = p.qkv_packed || p.kv_packed ? k_start : k_start + kv_rows * e;
   const int64_t k_width = p.qkv_packed ? q_width : kv_width;
   const int64_t k_offset = p.qkv_packed ? e : 0;
   const int64_t v_offset = p.qkv_packed ? 2 * e : (p.kv_packed ? e : 0);
 
   const bool bias = m.bias;
+  // x · wt into the buffer's rows from element `start` (their width is n).
+  const auto product = [&](const mha_tensor& x, const RowOrder& order, const float* wt, int64_t ld,
+                           int64_t n, int64_t start) {
+    if (dtype == MHA_DTYPE_F32) {
+      p.bf16_products += project(m, x, order, wt, ld, n, bias, staging,
+                                 reinterpret_cast<float*>(base) + start, n, threads);
+      return;
+    }
+    auto* dst = reinterpret_cast<uint16_t*>(base) + start;
+    if (dtype == MHA_DTYPE_BF16 &&
+        project_bf16_rounded(m, x, order, wt, ld, n, bias, dst, n, threads)) {
+      ++p.bf16_products;
+      return;
+    }
+    // fp32 rows first, then each value rounded once.
+    const int64_t count = order.gemms * order.rows * n;
+    auto* rows = static_cast<float*>(take(t_unrounded, float_bytes(count)));
+    p.bf16_products += project(m, x, order, wt, ld, n, bias, staging, rows, n, threads);
+    round_values(rows, count, dtype, dst, threads);
+  };
   if (p.qkv_packed) {
-    p.bf16_products += project(m, query, p.q_order, m.w_q(), m.wq_t.ld, 3 * e, bias, staging, q_buf,
-                               q_width, threads);
+    product(query, p.q_order, m.w_q(), m.wq_t.ld, 3 * e, 0);
   } else {
-    p.bf16_products +=
-        project(m, query, p.q_order, m.w_q(), m.wq_t.ld, e, bias, staging, q_buf, q_width, threads);
+    product(query, p.q_order, m.w_q(), m.wq_t.ld, e, 0);
     if (p.kv_packed) {
-      p.bf16_products += project(m, key, p.k_order, m.w_k(), m.wk_t.ld, 2 * e, bias, staging, k_buf,
-                                 kv_width, threads);
+      product(key, p.k_order, m.w_k(), m.wk_t.ld, 2 * e, k_start);
     } else {
-      p.bf16_products +=
-          project(m, key, p.k_order, m.w_k(), m.wk_t.ld, e, bias, staging, k_buf, e, threads);
-      p.bf16_products +=
-          project(m, value, p.v_order, m.w_v(), m.wv_t.ld, e, bias, staging, v_buf, e, threads);
+      product(key, p.k_order, m.w_k(), m.wk_t.ld, e, k_start);
+      product(value, p.v_order, m.w_v(), m.wv_t.ld, e, v_start);
     }
   }
-  head_view(q_buf, batch, heads, lq, d, q_width, p.q_order.seq_major, 0, &p.q);
-  head_view(k_buf, batch, heads, lk, d, k_width, p.k_order.seq_major, k_offset, &p.k);
-  head_view(v_buf, batch, heads, lk, d, p.qkv_packed || p.kv_packed ? k_width : e,
-            p.v_order.seq_major, v_offset, &p.v);
+  p.data = dtype == MHA_DTYPE_F32 ? reinterpret_cast<float*>(base) : nullptr;
+  p.floats = q_rows * q_width;
+  if (!p.qkv_packed) p.floats += p.kv_packed ? kv_rows * kv_width : 2 * kv_rows * e;
+  head_view(base, batch, heads, lq, d, q_width, p.q_order.seq_major, 0, &p.q, dtype);
+  head_view(base, batch, heads, lk, d, k_width, p.k_order.seq_major, k_start + k_offset, &p.k,
+            dtype);
+  head_view(base, batch, heads, lk, d, p.qkv_packed || p.kv_packed ? k_width : e,
+            p.v_order.seq_major, v_start + v_offset, &p.v, dtype);
   return p;
+}
+
+void round_values(float* src, int64_t n, int32_t dtype, void* dst, int32_t threads) {
+  constexpr int64_t kBlock = 16384;  // values a work item: 64 KiB read
+  constexpr int64_t kChunk = 256;    // values rounded through the stack at a time, in place
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  const auto team = static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(threads, blocks)));
+  auto no_preparation = [](int32_t /*thread*/) { return true; };
+  run_team(blocks, team, no_preparation, [&](int64_t block, int32_t /*thread*/) {
+    const int64_t end = std::min(n, (block + 1) * kBlock);
+    int64_t at = block * kBlock;
+    if (dst != nullptr) {
+      mha_types::narrow_row(src + at, end - at, dst, dtype, at, 1);
+      return;
+    }
+    uint16_t halves[kChunk];
+    for (; at < end; at += kChunk) {
+      const int64_t count = std::min(kChunk, end - at);
+      mha_types::narrow_row(src + at, count, halves, dtype, 0, 1);
+      mha_types::widen_row(halves, dtype, 0, 1, count, src + at);
+    }
+  });
 }
 
 mha_attention_params module_attention_params(const ModuleCall& call, const mha_tensor* mask) {

@@ -41,9 +41,9 @@ struct RowOrder {
 RowOrder row_order(const mha_tensor& t);
 
 // The [B, H, L, D] view of head columns `offset` + h·D of a buffer of rows
-// `width` wide in the given order.
-void head_view(float* base, int64_t batch, int64_t heads, int64_t len, int64_t d, int64_t width,
-               bool seq_major, int64_t offset, mha_tensor* view);
+// `width` wide in the given order (of fp32 values, or of `dtype`'s).
+void head_view(void* base, int64_t batch, int64_t heads, int64_t len, int64_t d, int64_t width,
+               bool seq_major, int64_t offset, mha_tensor* view, int32_t dtype = MHA_DTYPE_F32);
 
 // Same data, dtype, shape and strides.
 bool same_tensor(const mha_tensor& a, const mha_tensor& b);
@@ -56,8 +56,18 @@ struct Projections {
   RowOrder q_order, k_order, v_order;  // of the inputs, and so of the buffers
   mha_tensor q, k, v;                  // [B, H, L, D] views
   int bf16_products = 0;               // products run on AMX tiles (bf16_products.h)
+  float* data = nullptr;               // fp32 projections: the buffer the views read,
+  int64_t floats = 0;                  // of `floats` values
 };
-Projections project_inputs(const ModuleCall& call, AlignedBuffer& scratch, int32_t threads);
+// `dtype` BF16 or F16 (MHA_ACTIVATIONS_INPUT, mha.h): the projections
+// rounded once to it (on the tiles where they apply, else after BLIS).
+Projections project_inputs(const ModuleCall& call, AlignedBuffer& scratch, int32_t threads,
+                           int32_t dtype = MHA_DTYPE_F32);
+
+// n fp32 values rounded once to `dtype` (BF16 or F16): into dst's elements
+// (of that dtype), or, with dst == nullptr, in place (the rounded values
+// kept as fp32), over the threads.
+void round_values(float* src, int64_t n, int32_t dtype, void* dst, int32_t threads);
 
 // The attention call of the module on its heads: scale 1/sqrt(D), the
 // masks in mha_attention's form (`mask`, or nullptr), and the call's

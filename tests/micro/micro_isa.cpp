@@ -118,6 +118,7 @@ constexpr auto kBf16ScratchBytes = AmxGemm::scratch_bytes;
 constexpr auto kBf16Gemm = AmxGemm::run;
 constexpr auto kBf16SplitScratchBytes = AmxGemm::split_scratch_bytes;
 constexpr auto kBf16GemmSplit = AmxGemm::run_split;
+constexpr auto kBf16GemmToBf16 = AmxGemm::run_to_bf16;
 #else
 constexpr size_t (*kBf16PackedBytes)(int64_t, int64_t) = nullptr;
 constexpr void (*kBf16Pack)(int64_t, int64_t, const float*, int64_t, void*) = nullptr;
@@ -127,6 +128,8 @@ constexpr void (*kBf16Gemm)(int64_t, int64_t, int64_t, const uint16_t*, int64_t,
 constexpr size_t (*kBf16SplitScratchBytes)(int64_t, int64_t) = nullptr;
 constexpr void (*kBf16GemmSplit)(int64_t, int64_t, int64_t, const float*, int64_t, const void*,
                                  const float*, float*, int64_t, void*, int64_t) = nullptr;
+constexpr void (*kBf16GemmToBf16)(int64_t, int64_t, int64_t, const uint16_t*, int64_t, const void*,
+                                  const float*, uint16_t*, int64_t, void*, int64_t) = nullptr;
 #endif
 
 }  // namespace
@@ -158,6 +161,7 @@ extern "C" const mha_micro::MicroKernels* MHA_MICRO_NAME() {
       kBf16Gemm,
       kBf16SplitScratchBytes,
       kBf16GemmSplit,
+      kBf16GemmToBf16,
   };
   return &kernels;
 }

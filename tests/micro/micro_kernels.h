@@ -46,7 +46,7 @@ struct MicroKernels {
   void (*gemm)(int64_t m, int64_t n, int64_t k, float alpha, const float* a, const float* b,
                float beta, float* c, int64_t rs_c, int64_t cs_c, const float* next_a,
                const float* next_b);
-  // The module's bf16 products on AMX tiles (amx_gemm.hpp, plugin ABI 19),
+  // The module's bf16 products on AMX tiles (amx_gemm.hpp, plugin ABI 19 and 20),
   // or bf16_gemm == nullptr where the ISA builds none.  Only to be run where
   // the process may use AMX (mha_cpu_features() names amx-bf16).
   size_t (*bf16_packed_bytes)(int64_t n, int64_t k);
@@ -60,6 +60,10 @@ struct MicroKernels {
   void (*bf16_gemm_split)(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                           const void* packed, const float* bias, float* c, int64_t ldc,
                           void* scratch, int64_t l2_bytes);
+  // bf16_gemm with C in bf16 (each sum rounded once).
+  void (*bf16_gemm_to_bf16)(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
+                            const void* packed, const float* bias, uint16_t* c, int64_t ldc,
+                            void* scratch, int64_t l2_bytes);
 };
 
 }  // namespace mha_micro

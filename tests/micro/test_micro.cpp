@@ -607,6 +607,18 @@ TEST_P(Micro, Bf16AmxGemmMatchesFloat64) {
       } else {
         k_->bf16_gemm(s.m, s.n, s.k, a16.data(), lda, packed.get(), b, c.data(), ldc, scratch.get(),
                       s.l2);
+        // C in bf16: the same sums, each rounded once; nothing else written.
+        std::vector<uint16_t> c16(c.size(), 0xFFFFu);
+        k_->bf16_gemm_to_bf16(s.m, s.n, s.k, a16.data(), lda, packed.get(), b, c16.data(), ldc,
+                              scratch.get(), s.l2);
+        for (int64_t i = 0; i < s.m + 2; ++i) {
+          for (int64_t j = 0; j < ldc; ++j) {
+            const auto at = static_cast<size_t>(i * ldc + j);
+            const uint16_t want = i >= s.m || j >= s.n ? 0xFFFFu : mha_types::f32_to_bf16(c[at]);
+            ASSERT_EQ(c16[at], want) << k_->name << ": bf16 C (" << i << ", " << j << ") of " << s.m
+                                     << " x " << s.n << " x " << s.k << ", l2 " << s.l2;
+          }
+        }
       }
       for (int64_t i = 0; i < s.m + 2; ++i) {
         for (int64_t j = 0; j < ldc; ++j) {
