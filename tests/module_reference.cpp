@@ -38,18 +38,18 @@ double f32_at(const mha_tensor& t, int64_t offset) {
 }
 
 // x rounded to `dtype` as mha rounds an fp32 sum: to fp32, then to nearest
-// even in BF16 or F16 (written here from the formats' definitions).
+// even in BF16 (8 significant bits, exponents from -126) or F16 (11 bits,
+// from -14, at most 65504), written here from the formats' definitions.
 double round_to(double x, int32_t dtype) {
-  const auto f = static_cast<float>(x);
-  if (dtype == MHA_DTYPE_F16) return static_cast<double>(static_cast<_Float16>(f));
-  uint32_t bits = 0;
-  std::memcpy(&bits, &f, 4);
-  const uint32_t kept = bits >> 16, dropped = bits & 0xFFFFu;
-  const uint32_t up = dropped > 0x8000u || (dropped == 0x8000u && (kept & 1u) != 0) ? 1u : 0u;
-  bits = (kept + up) << 16;
-  float r = 0.0f;
-  std::memcpy(&r, &bits, 4);
-  return static_cast<double>(r);
+  x = static_cast<double>(static_cast<float>(x));
+  if (x == 0.0 || !std::isfinite(x)) return x;
+  const bool f16 = dtype == MHA_DTYPE_F16;
+  const int bits = f16 ? 11 : 8, min_exponent = f16 ? -14 : -126;
+  int e = 0;
+  std::frexp(x, &e);  // |x| in [2^(e-1), 2^e)
+  const double quantum = std::ldexp(1.0, std::max(e - 1, min_exponent) - (bits - 1));
+  const double r = std::nearbyint(x / quantum) * quantum;  // to nearest even
+  return f16 && std::fabs(r) > 65504.0 ? std::copysign(kInf, x) : r;
 }
 
 // y (within `bound` of what mha computes) rounded to dtype, and the bound of

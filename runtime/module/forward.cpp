@@ -297,14 +297,17 @@ mha_status run_module_forward(const ModuleCall& call) {
   const auto widened = [&] {
     if (bf16_rows) widen_concat();
   };
-  if (out.dtype == MHA_DTYPE_F32 && out.strides[2] == 1 &&
-      on_tiles(out_order.gemms, out_order.rows, static_cast<float*>(out.data), out_order.row_stride,
-               out_order.gemm_stride)) {
+  // Straight into out on the tiles: fp32, or bf16 from bf16 rows (each sum
+  // rounded once as the tiles store it).
+  const bool into_out = out.strides[2] == 1 &&
+                        ((out.dtype == MHA_DTYPE_F32 &&
+                          on_tiles(out_order.gemms, out_order.rows, static_cast<float*>(out.data),
+                                   out_order.row_stride, out_order.gemm_stride)) ||
+                         (out.dtype == MHA_DTYPE_BF16 && bf16_rows &&
+                          on_tiles(out_order.gemms, out_order.rows, nullptr, out_order.row_stride,
+                                   out_order.gemm_stride, static_cast<uint16_t*>(out.data))));
+  if (into_out) {
     ++bf16_products;
-  } else if (out.dtype == MHA_DTYPE_BF16 && out.strides[2] == 1 && bf16_rows &&
-             on_tiles(out_order.gemms, out_order.rows, nullptr, out_order.row_stride,
-                      out_order.gemm_stride, static_cast<uint16_t*>(out.data))) {
-    ++bf16_products;  // each sum rounded once into out by the tiles
   } else if (out.dtype == MHA_DTYPE_F32) {
     widened();
     auto* out_data = static_cast<float*>(out.data);
