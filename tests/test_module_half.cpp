@@ -617,6 +617,21 @@ void round_to_bf16(WeightSet& w) {
   return ::testing::AssertionSuccess();
 }
 
+// The outputs of 1, 2 and 3 threads: the same bits.
+void expect_same_bits(const std::vector<std::vector<float>>& outs) {
+  EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * 4), 0) << "2 threads";
+  EXPECT_EQ(std::memcmp(outs[0].data(), outs[2].data(), outs[0].size() * 4), 0) << "3 threads";
+}
+
+// The reference's inputs: the stored values.
+ModuleInputs inputs_of(const HalfTensor& query, const HalfTensor& key, const HalfTensor& value) {
+  ModuleInputs in;
+  in.query = &query.f32;
+  in.key = &key.f32;
+  in.value = &value.f32;
+  return in;
+}
+
 // A bf16 checkpoint's weights, E 64 (whole steps of 32) and 80 or 48 rows
 // (a partial block of 32): where the selected backend has the AMX tiles,
 // the products run on them (runtime/module/bf16_products.h) -- a bf16 input
@@ -660,12 +675,8 @@ void run_bf16_checkpoint_case(mha_dtype dtype, bool self_attention, bool bias, m
     outs.push_back(out.values());
   }
   ASSERT_EQ(mha_set_num_threads(threads_before), MHA_OK);
-  EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * 4), 0) << "2 threads";
-  EXPECT_EQ(std::memcmp(outs[0].data(), outs[2].data(), outs[0].size() * 4), 0) << "3 threads";
-  ModuleInputs in;
-  in.query = &query.f32;
-  in.key = &k_in.f32;
-  in.value = &v_in.f32;
+  expect_same_bits(outs);
+  const ModuleInputs in = inputs_of(query, k_in, v_in);
   const ModuleReference ref = reference_module(weights.ref, in);
   EXPECT_EQ(outside(outs[0], ref.out, ref.out_bound, out_dt), 0) << "out off the reference";
 }
@@ -746,12 +757,8 @@ void run_activations_case(const ActivationsCase& ac) {
     if (threads == 1) attn = aw.values();
   }
   ASSERT_EQ(mha_set_num_threads(threads_before), MHA_OK);
-  EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * 4), 0) << "2 threads";
-  EXPECT_EQ(std::memcmp(outs[0].data(), outs[2].data(), outs[0].size() * 4), 0) << "3 threads";
-  ModuleInputs in;
-  in.query = &query.f32;
-  in.key = &k_in.f32;
-  in.value = &v_in.f32;
+  expect_same_bits(outs);
+  ModuleInputs in = inputs_of(query, k_in, v_in);
   in.causal = ac.causal ? MHA_CAUSAL_TOP_LEFT : MHA_CAUSAL_NONE;
   in.activations = dt;
   const ModuleReference ref = reference_module(weights.ref, in);

@@ -187,6 +187,18 @@ void run_weights_path(const WeightsPath& w, int32_t threads) {
   });
 }
 
+// row(r) for rows [0, rows), in blocks of 256 rows over `team` threads.
+template <class Row>
+void for_each_row(int64_t rows, int32_t team, Row&& row) {
+  auto no_preparation = [](int32_t /*thread*/) { return true; };
+  constexpr int64_t kBlockRows = 256;
+  run_team((rows + kBlockRows - 1) / kBlockRows, team, no_preparation,
+           [&](int64_t block, int32_t /*thread*/) {
+             const int64_t end = std::min(rows, (block + 1) * kBlockRows);
+             for (int64_t r = block * kBlockRows; r < end; ++r) row(r);
+           });
+}
+
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -283,15 +295,9 @@ mha_status run_module_forward(const ModuleCall& call) {
   // for the tiles' split or BLIS at once, for BLIS where the tiles refused
   // bf16 rows (widened()).
   const auto widen_concat = [&] {
-    auto no_preparation = [](int32_t /*thread*/) { return true; };
-    constexpr int64_t kBlockRows = 256;
-    run_team((q_rows + kBlockRows - 1) / kBlockRows, t, no_preparation,
-             [&](int64_t block, int32_t /*thread*/) {
-               const int64_t end = std::min(q_rows, (block + 1) * kBlockRows);
-               for (int64_t r = block * kBlockRows; r < end; ++r) {
-                 mha_types::widen_row(half_concat, half, r * e, 1, e, concat + r * concat_width);
-               }
-             });
+    for_each_row(q_rows, t, [&](int64_t r) {
+      mha_types::widen_row(half_concat, half, r * e, 1, e, concat + r * concat_width);
+    });
   };
   if (half_fused && !bf16_rows) widen_concat();
   const auto widened = [&] {
@@ -326,18 +332,11 @@ mha_status run_module_forward(const ModuleCall& call) {
       widened();
       sgemm(q_rows, e, k, 1.0f, concat, concat_width, 1, m.w_out.data(), e, 1, 0.0f, rows, e, 1, t);
     }
-    auto no_preparation = [](int32_t /*thread*/) { return true; };
-    constexpr int64_t kBlockRows = 256;
-    run_team((q_rows + kBlockRows - 1) / kBlockRows, t, no_preparation,
-             [&](int64_t block, int32_t /*thread*/) {
-               const int64_t end = std::min(q_rows, (block + 1) * kBlockRows);
-               for (int64_t r = block * kBlockRows; r < end; ++r) {
-                 const int64_t g = r / out_order.rows, i = r % out_order.rows;
-                 mha_types::narrow_row(rows + r * e, e, out.data, out.dtype,
-                                       g * out_order.gemm_stride + i * out_order.row_stride,
-                                       out.strides[2]);
-               }
-             });
+    for_each_row(q_rows, t, [&](int64_t r) {
+      const int64_t g = r / out_order.rows, i = r % out_order.rows;
+      mha_types::narrow_row(rows + r * e, e, out.data, out.dtype,
+                            g * out_order.gemm_stride + i * out_order.row_stride, out.strides[2]);
+    });
   }
   if (verbose) {
     std::fprintf(stderr,
