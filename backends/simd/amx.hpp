@@ -417,7 +417,7 @@ struct AmxTiles {
                                        const uint32_t* b, int64_t b_step, int64_t b_bytes,
                                        int64_t steps, float* c, int64_t c_stride,
                                        const float* c0 = nullptr, int64_t c0_stride = 0,
-                                       int64_t plane = 0) {
+                                       int64_t plane = 0, int64_t a_step = kStep) {
     if (c0 == nullptr) {
       _tile_zero(0);
       _tile_zero(1);
@@ -435,9 +435,9 @@ struct AmxTiles {
         if (x + kAheadA < steps) {
           for (int part = 0; part < kPlanes; ++part) {
             const auto* r0 =
-                reinterpret_cast<const char*>(a0 + part * plane + (x + kAheadA) * kStep);
+                reinterpret_cast<const char*>(a0 + part * plane + (x + kAheadA) * a_step);
             const auto* r1 =
-                reinterpret_cast<const char*>(a1 + part * plane + (x + kAheadA) * kStep);
+                reinterpret_cast<const char*>(a1 + part * plane + (x + kAheadA) * a_step);
             for (int r = 0; r < W; ++r) {
               __builtin_prefetch(r0 + r * a_bytes, 0, 3);
               __builtin_prefetch(r1 + r * a_bytes, 0, 3);
@@ -446,8 +446,8 @@ struct AmxTiles {
         }
       }
       if constexpr (kPlanes == 1) {
-        _tile_loadd(4, a0 + x * kStep, a_bytes);
-        _tile_loadd(5, a1 + x * kStep, a_bytes);
+        _tile_loadd(4, a0 + x * a_step, a_bytes);
+        _tile_loadd(5, a1 + x * a_step, a_bytes);
         _tile_loadd(6, b + x * b_step, b_bytes);
         _tile_loadd(7, b + x * b_step + W, b_bytes);
         _tile_dpbf16ps(0, 4, 6);
@@ -459,7 +459,7 @@ struct AmxTiles {
         _tile_loadd(7, b + x * b_step + W, b_bytes);
         // The smallest parts first.
         for (int part = kPlanes - 1; part >= 0; --part) {
-          const int64_t at = part * plane + x * kStep;
+          const int64_t at = part * plane + x * a_step;
           _tile_loadd(4, a0 + at, a_bytes);
           _tile_loadd(5, a1 + at, a_bytes);
           _tile_dpbf16ps(0, 4, 6);

@@ -76,9 +76,8 @@ const Bf16WeightCache::Packed* packed_for(Bf16WeightCache& cache, const mha_bf16
 bool run_on_tiles(const mha_module& m, const TileProduct& t, const float* wt, int64_t ld, int64_t n,
                   int64_t k, bool bias, int32_t threads) {
   constexpr int64_t kStep = 32;  // the tiles' step along k
-  // bf16 rows are read in place: whole steps only.  fp32 rows are split
-  // into staged planes, padded.
-  if (t.gemms * t.rows < kStep || k < kStep || (t.a_bf16 && k % kStep != 0)) return false;
+  // (The plugin pads rows and k to whole blocks and steps as it packs them.)
+  if (t.gemms * t.rows < kStep || k < kStep) return false;
   if (t.c16 != nullptr && !t.a_bf16) return false;
   const mha_bf16_gemm* gemm = granted_products();
   if (gemm == nullptr) return false;

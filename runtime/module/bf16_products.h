@@ -54,8 +54,8 @@ struct TileProduct {
 
 // Runs the product on the AMX tiles when they apply (see above): the
 // selected backend has them, every weight of wt [k, n] (ld apart) is a bf16
-// value, bf16 A has whole steps of 32 along k.  Returns false, writing
-// nothing, when they do not.
+// value, at least 32 rows and k >= 32 (smaller products are not worth the
+// tiles).  Returns false, writing nothing, when they do not.
 bool run_on_tiles(const mha_module& m, const TileProduct& t, const float* wt, int64_t ld, int64_t n,
                   int64_t k, bool bias, int32_t threads);
 

@@ -122,7 +122,7 @@ constexpr auto kBf16GemmToBf16 = AmxGemm::run_to_bf16;
 #else
 constexpr size_t (*kBf16PackedBytes)(int64_t, int64_t) = nullptr;
 constexpr void (*kBf16Pack)(int64_t, int64_t, const float*, int64_t, void*) = nullptr;
-constexpr size_t (*kBf16ScratchBytes)(int64_t) = nullptr;
+constexpr size_t (*kBf16ScratchBytes)(int64_t, int64_t) = nullptr;
 constexpr void (*kBf16Gemm)(int64_t, int64_t, int64_t, const uint16_t*, int64_t, const void*,
                             const float*, float*, int64_t, void*, int64_t) = nullptr;
 constexpr size_t (*kBf16SplitScratchBytes)(int64_t, int64_t) = nullptr;

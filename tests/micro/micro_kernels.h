@@ -51,7 +51,7 @@ struct MicroKernels {
   // the process may use AMX (mha_cpu_features() names amx-bf16).
   size_t (*bf16_packed_bytes)(int64_t n, int64_t k);
   void (*bf16_pack)(int64_t n, int64_t k, const float* wt, int64_t ld, void* packed);
-  size_t (*bf16_scratch_bytes)(int64_t k);
+  size_t (*bf16_scratch_bytes)(int64_t k, int64_t l2_bytes);
   void (*bf16_gemm)(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
                     const void* packed, const float* bias, float* c, int64_t ldc, void* scratch,
                     int64_t l2_bytes);

@@ -596,7 +596,8 @@ TEST_P(Micro, Bf16AmxGemmMatchesFloat64) {
       for (float& x : bias) x = rng.uniform(-1.0f, 1.0f);
       Aligned packed((k_->bf16_packed_bytes(s.n, s.k) + 3) / 4);
       Aligned scratch(
-          ((split ? k_->bf16_split_scratch_bytes(s.k, s.l2) : k_->bf16_scratch_bytes(s.k)) + 3) /
+          ((split ? k_->bf16_split_scratch_bytes(s.k, s.l2) : k_->bf16_scratch_bytes(s.k, s.l2)) +
+           3) /
           4);
       k_->bf16_pack(s.n, s.k, wt.data(), ldw, packed.get());
       std::vector<float> c(static_cast<size_t>((s.m + 2) * ldc), NAN);
