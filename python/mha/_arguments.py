@@ -41,3 +41,15 @@ def call_settings(backend, threads):
     if backend is not None and type(backend) is not str:
         raise TypeError(f"backend must be a str, not {type(backend).__name__}")
     return backend, None if threads is None else integer(threads, "threads", 1, 4096)
+
+
+def activations_argument(x):
+    """activations= of the module's calls as a flag: "float32" (the default: everything
+    between the products in float32) or "input" (True: a bfloat16 or float16 query's
+    projections and heads rounded to its dtype, as PyTorch's module in that dtype keeps
+    them)."""
+    if not isinstance(x, str):
+        raise TypeError(f"activations must be 'float32' or 'input', not {type(x).__name__}")
+    if x not in ("float32", "input"):
+        raise ValueError(f"activations must be 'float32' or 'input', not {x!r}")
+    return x == "input"

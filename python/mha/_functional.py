@@ -13,7 +13,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from . import _mha
-from ._arguments import flag, integer, real
+from ._arguments import activations_argument, flag, integer, real
 from ._attention import _NO_WINDOW, _dropout_seed, _grad_wanted, _window_argument
 from ._arrays import (Array, array_argument, empty_like_framework, half_dtype, is_torch_tensor,
                       optional_array_argument, output_dtype, shape_of, torch_module, widened)
@@ -38,7 +38,8 @@ def multi_head_attention_forward(
         average_attn_weights: bool = True, is_causal: bool = False, *,
         dropout_seed: Optional[int] = None, window_size: Tuple[int, int] = _NO_WINDOW,
         sinks: Optional[Array] = None, softcap: float = 0.0,
-        alibi_slopes: Optional[Array] = None) -> Tuple[Array, Optional[Array]]:
+        alibi_slopes: Optional[Array] = None,
+        activations: str = "float32") -> Tuple[Array, Optional[Array]]:
     """(output, attention weights or None), as torch.nn.functional.multi_head_attention_forward.
 
     PyTorch's arguments, names, positions and shapes (sequence-first, as
@@ -77,7 +78,13 @@ def multi_head_attention_forward(
 
     mha's own, keyword-only: dropout_seed (above), and the attention variants
     of MultiheadAttention.forward: window_size=(left, right), sinks [H]
-    (their gradient too), softcap, alibi_slopes [H] or [B, H].
+    (their gradient too), softcap, alibi_slopes [H] or [B, H]; and
+    activations: "float32" (the default: a half-precision call computes in
+    float32 on its values, rounding only its results) or "input" (its
+    projections Q, K, V and the heads' outputs rounded to query's dtype, the
+    attention run on them in that dtype: what PyTorch's module computes in
+    bfloat16, and on AMX CPUs about twice as fast; float32 queries ignore
+    it).  The gradients are the float32 activations' either way.
 
     Gradients: on torch tensors, while autograd is on, a query, key, value,
     weight, bias or sinks that requires grad makes the call go through a
@@ -106,9 +113,11 @@ def multi_head_attention_forward(
                  in_proj_bias, bias_k, bias_v, add_zero_attn, dropout_p, out_proj_weight,
                  out_proj_bias, training, key_padding_mask, attn_mask,
                  use_separate_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight,
-                 static_k, static_v, is_causal, window_size, sinks, softcap, alibi_slopes)
+                 static_k, static_v, is_causal, window_size, sinks, softcap, alibi_slopes,
+                 activations)
     call.forward_options(need_weights, average_attn_weights, dropout_seed)
     return forward(call, None)
+
 
 
 def multi_head_attention_backward(
@@ -209,7 +218,8 @@ class _Call:
                  in_proj_bias, bias_k, bias_v, add_zero_attn, dropout_p, out_proj_weight,
                  out_proj_bias, training, key_padding_mask, attn_mask,
                  use_separate_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight,
-                 static_k, static_v, is_causal, window_size, sinks, softcap, alibi_slopes):
+                 static_k, static_v, is_causal, window_size, sinks, softcap, alibi_slopes,
+                 activations="float32"):
         query = array_argument(query, "query")
         key = array_argument(key, "key")
         value = array_argument(value, "value")
@@ -274,7 +284,7 @@ class _Call:
         self.num_heads = h
         # The library's module: one bias flag for both projections (a missing one is zeros).
         bias = in_proj_bias is not None or out_proj_bias is not None
-        self.config = (e, h, kdim, vdim, bias, dropout_p)
+        self.config = (e, h, kdim, vdim, bias, dropout_p, activations_argument(activations))
 
         self.key_padding_mask = optional_array_argument(key_padding_mask, "key_padding_mask")
         self.attn_mask = optional_array_argument(attn_mask, "attn_mask")

@@ -4,7 +4,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import numpy as np
 
 from . import _mha
-from ._arguments import flag, integer, real
+from ._arguments import activations_argument, flag, integer, real
 from ._attention import _window_argument
 from ._arrays import (Array, array_argument, empty_like_framework, optional_array_argument,
                       output_dtype, shape_of, torch_module)
@@ -30,6 +30,10 @@ class MultiheadAttention:
         PyTorch's default).
     device: None or the CPU; dtype: None or float32 (the only ones mha's
         module computes in).
+    activations (keyword-only, mha's): "float32" (the default) or "input": a
+        bfloat16 or float16 query's projections and heads rounded to its
+        dtype, as PyTorch's module in that dtype computes
+        (mha.multi_head_attention_forward).
 
     The weights start as zeros: load them with load_state_dict(), or make the
     module with MultiheadAttention.from_torch(torch_module).  The module keeps
@@ -41,7 +45,8 @@ class MultiheadAttention:
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  add_bias_kv: bool = False, add_zero_attn: bool = False,
                  kdim: Optional[int] = None, vdim: Optional[int] = None,
-                 batch_first: bool = False, device: Any = None, dtype: Any = None) -> None:
+                 batch_first: bool = False, device: Any = None, dtype: Any = None, *,
+                 activations: str = "float32") -> None:
         embed_dim = integer(embed_dim, "embed_dim", 1)
         num_heads = integer(num_heads, "num_heads", 1)
         if embed_dim % num_heads != 0:
@@ -67,7 +72,7 @@ class MultiheadAttention:
         self.batch_first = flag(batch_first, "batch_first")
         self._shapes = weight_shapes(embed_dim, self._kdim, self._vdim, self._bias)
         self._module = _mha.Module(embed_dim, num_heads, self._kdim, self._vdim, self._bias,
-                                   dropout)
+                                   dropout, activations_argument(activations))
         self._weights = {key: np.zeros(shape, dtype=np.float32)
                          for key, shape in self._shapes.items()}
 
@@ -102,9 +107,10 @@ class MultiheadAttention:
         return self._dropout
 
     @classmethod
-    def from_torch(cls, module: Any) -> "MultiheadAttention":
+    def from_torch(cls, module: Any, *, activations: str = "float32") -> "MultiheadAttention":
         """The mha module computing what `module`, a torch.nn.MultiheadAttention, computes
-        in eval mode: its constructor's arguments and a float32 copy of its weights."""
+        in eval mode: its constructor's arguments and a float32 copy of its weights;
+        activations as in the constructor."""
         torch = torch_module()
         if torch is None or not isinstance(module, torch.nn.MultiheadAttention):
             raise TypeError(f"module must be a torch.nn.MultiheadAttention, not "
@@ -113,7 +119,8 @@ class MultiheadAttention:
                      bias=module.in_proj_bias is not None,
                      add_bias_kv=module.bias_k is not None,
                      add_zero_attn=bool(module.add_zero_attn), kdim=module.kdim,
-                     vdim=module.vdim, batch_first=bool(module.batch_first))
+                     vdim=module.vdim, batch_first=bool(module.batch_first),
+                     activations=activations)
         result.load_state_dict(module.state_dict())
         return result
 

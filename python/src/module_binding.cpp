@@ -113,7 +113,7 @@ class CallViews {
 class Module {
  public:
   Module(int64_t embed_dim, int64_t num_heads, int64_t kdim, int64_t vdim, bool bias,
-         double dropout) {
+         double dropout, bool activations_input) {
     mha_module_config config;
     mha_module_config_init(&config);
     config.embed_dim = embed_dim;
@@ -122,6 +122,7 @@ class Module {
     config.value_dim = vdim;
     config.bias = bias ? 1 : 0;
     config.dropout = static_cast<float>(dropout);
+    config.activations = activations_input ? MHA_ACTIVATIONS_INPUT : MHA_ACTIVATIONS_F32;
     mha_module* created = nullptr;
     const mha_status status = mha_module_create(&config, &created);
     if (status != MHA_OK) throw library_error(status);
@@ -250,9 +251,11 @@ void register_module(nb::module_& module) {
   nb::class_<Module>(module, "Module",
                      "One mha_module: PyTorch's nn.MultiheadAttention computed by the library.  "
                      "Internal: use mha.MultiheadAttention.")
-      .def(nb::init<int64_t, int64_t, int64_t, int64_t, bool, double>(), nb::arg("embed_dim"),
+      .def(nb::init<int64_t, int64_t, int64_t, int64_t, bool, double, bool>(), nb::arg("embed_dim"),
            nb::arg("num_heads"), nb::arg("kdim"), nb::arg("vdim"), nb::arg("bias"),
-           nb::arg("dropout"))
+           nb::arg("dropout"), nb::arg("activations_input") = false,
+           "activations_input: a half-precision call keeps its activations in the query's dtype "
+           "(mha_module_config.activations = MHA_ACTIVATIONS_INPUT).")
       .def("set_weights", &Module::set_weights, nb::arg("weights"),
            "Copies the arrays of a dict {state_dict name: array} (float32, bfloat16 or float16, "
            "widened exactly) into the module's float32 weights.")

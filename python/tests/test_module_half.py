@@ -471,3 +471,59 @@ def test_autograd_makes_no_float32_tensor(rng, dtype, shared):
     assert all(x.grad.dtype == dtype for x in (*inputs, *module.parameters()))
     nodes = [node for node, _ in out.grad_fn.next_functions if node is not None]
     assert nodes and all(type(node).__name__ == "AccumulateGrad" for node in nodes)
+
+
+def test_activations_input_rounds_as_torch_bf16(backend):
+    """activations="input": the projections and heads rounded to bfloat16, as torch's module
+    in bfloat16 keeps them -- farther from the float64 module on the same parameters than the
+    float32 activations (the roundings are there), and no farther than torch's own bfloat16
+    module is (the same roundings, no more)."""
+    import mha.torch
+    torch.manual_seed(3)
+    ref = torch.nn.MultiheadAttention(64, 4, batch_first=True).eval()
+    exact = copy.deepcopy(ref).to(torch.bfloat16).double()
+    x = torch.randn(2, 40, 64).to(torch.bfloat16)
+    with torch.no_grad():
+        want = exact(x.double(), x.double(), x.double(), need_weights=False)[0]
+        torch_bf16 = copy.deepcopy(ref).to(torch.bfloat16)(x, x, x, need_weights=False)[0]
+        error = {"torch": float((torch_bf16.double() - want).abs().mean())}
+        for activations in ("float32", "input"):
+            module = mha.torch.MultiheadAttention.from_torch(ref, activations=activations)
+            got = module.to(torch.bfloat16).eval()(x, x, x, need_weights=False)[0]
+            assert got.dtype == torch.bfloat16
+            error[activations] = float((got.double() - want).abs().mean())
+    assert error["input"] > 1.3 * error["float32"], error
+    assert error["input"] < 1.5 * error["torch"], error
+
+
+def test_activations_input_gradients_are_the_float32_activations():
+    """The backward of activations="input" is the float32 activations' (the roundings'
+    derivative taken as 1): the same gradients, bit for bit."""
+    import mha.torch
+    torch.manual_seed(4)
+    ref = torch.nn.MultiheadAttention(64, 4, batch_first=True)
+    x = torch.randn(2, 36, 64).to(torch.bfloat16)
+    grads = {}
+    for activations in ("float32", "input"):
+        module = mha.torch.MultiheadAttention.from_torch(ref, activations=activations)
+        module = module.to(torch.bfloat16)
+        leaf = x.clone().requires_grad_(True)
+        module(leaf, leaf, leaf, need_weights=False)[0].float().sum().backward()
+        grads[activations] = [leaf.grad] + [p.grad for p in module.parameters()]
+    for a, b in zip(grads["float32"], grads["input"]):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("bad, error", [("bf16", ValueError), (1, TypeError)])
+def test_activations_argument_is_checked(bad, error):
+    import mha.torch
+    with pytest.raises(error, match="activations"):
+        mha.torch.MultiheadAttention(16, 2, activations=bad)
+    with pytest.raises(error, match="activations"):
+        mha.MultiheadAttention(16, 2, activations=bad)
+    w = np.zeros((48, 16), np.float32)
+    x = np.zeros((3, 1, 16), np.float32)
+    with pytest.raises(error, match="activations"):
+        mha.multi_head_attention_forward(x, x, x, 16, 2, w, None, None, None, False, 0.0,
+                                         np.zeros((16, 16), np.float32), None,
+                                         activations=bad)
