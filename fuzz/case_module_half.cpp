@@ -16,6 +16,10 @@
 // (biases', sinks') gradients each in f32, bf16 or f16 -- the f32 backward's
 // bits on the same values, rounded once, nothing written outside them; or
 // dout in the other half dtype, refused with every gradient untouched.
+//
+// Then, when the bytes ask for it, the same forward call on a module with
+// config.activations = MHA_ACTIVATIONS_INPUT, against the reference that
+// rounds the projections and heads to the query's dtype.
 #include <fuzzer/FuzzedDataProvider.h>
 #include <mha/mha.h>
 
@@ -276,6 +280,68 @@ void check_half_backward(FuzzedDataProvider& fdp, ModuleSetup& m, const mha_tens
   }
 }
 
+// The same call on a module made alike with config.activations =
+// MHA_ACTIVATIONS_INPUT (its weights the values m's hold, set as f32): its
+// projections and heads rounded to the query's dtype, out and the attention
+// weights in f32 -- against the float64 reference that rounds them too,
+// nothing written outside them.
+void check_half_activations(const ModuleSetup& m, const mha_tensor& query, const mha_tensor& key,
+                            const mha_tensor& value, mha_module_forward_params params,
+                            mha_dtype qdt, int weights_kind, bool out_seq_first) {
+  note(" | activations in %s", name_of(qdt));
+  mha_module_config config = m.config;
+  config.activations = MHA_ACTIVATIONS_INPUT;
+  mha_module* rounding = nullptr;
+  if (mha_module_create(&config, &rounding) != MHA_OK) {
+    finding(std::string("module half activations: create failed: ") + mha_last_error());
+    return;
+  }
+  const auto set = [&](const char* name, const std::vector<double>& kept,
+                       std::vector<int64_t> shape) {
+    std::vector<float> values(kept.begin(), kept.end());
+    const mha_tensor t = mha_test::describe(values.data(), MHA_DTYPE_F32, shape);
+    if (mha_module_set_weight(rounding, name, &t) != MHA_OK) {
+      finding(std::string("module half activations: set_weight failed: ") + mha_last_error());
+    }
+  };
+  set("q_proj_weight", m.w.w_q, {m.E, m.Eq});
+  set("k_proj_weight", m.w.w_k, {m.E, m.Ek});
+  set("v_proj_weight", m.w.w_v, {m.E, m.Ev});
+  set("out_proj.weight", m.w.w_o, {m.E, m.E});
+  if (m.bias) {
+    std::vector<double> in_bias(m.w.b_q);
+    in_bias.insert(in_bias.end(), m.w.b_k.begin(), m.w.b_k.end());
+    in_bias.insert(in_bias.end(), m.w.b_v.begin(), m.w.b_v.end());
+    set("in_proj_bias", in_bias, {3 * m.E});
+    set("out_proj.bias", m.w.b_o, {m.E});
+  }
+  Guarded out_buf(m.B * m.Lq * m.E);
+  mha_tensor out = rows3(out_buf, m.B, m.Lq, m.E, out_seq_first);
+  const int64_t aw_rows = weights_kind == 0 ? 0 : weights_kind == 1 ? m.B * m.H : m.B;
+  Guarded aw_buf(aw_rows * m.Lq * m.Lk);
+  mha_tensor aw{};
+  params.attn_weights = nullptr;
+  if (weights_kind != 0) {
+    aw = mha_test::describe(aw_buf.base(), MHA_DTYPE_F32,
+                            weights_kind == 1 ? std::vector<int64_t>{m.B, m.H, m.Lq, m.Lk}
+                                              : std::vector<int64_t>{m.B, m.Lq, m.Lk});
+    params.attn_weights = &aw;
+  }
+  const std::vector<float> out_before = out_buf.all, aw_before = aw_buf.all;
+  if (mha_module_forward(rounding, &query, &key, &value, &out, &params) != MHA_OK) {
+    finding(std::string("module half activations: a valid call failed: ") + mha_last_error());
+  } else {
+    if (changed_outside(out_buf, out, out_before) != 0) {
+      finding("module half activations: written outside out");
+    }
+    if (weights_kind != 0 && changed_outside(aw_buf, aw, aw_before) != 0) {
+      finding("module half activations: written outside attn_weights");
+    }
+    check_against_reference("module half activations: ", m, out, weights_kind, aw, qdt);
+  }
+  mha_module_destroy(rounding);
+}
+
 }  // namespace
 
 int run_module_half_case(FuzzedDataProvider& fdp) {
@@ -427,6 +493,9 @@ int run_module_half_case(FuzzedDataProvider& fdp) {
   }
   check_against_reference("module half: the f32 call's ", m, out32, weights_kind, aw32);
   if (fdp.ConsumeBool()) check_half_backward(fdp, m, query, key, value, params, qdt, other);
+  if (fdp.ConsumeBool()) {
+    check_half_activations(m, query, key, value, params, qdt, weights_kind, out_seq_first);
+  }
   return 0;
 }
 

@@ -163,8 +163,10 @@ void ModuleSetup::draw_params(FuzzedDataProvider& fdp) {
 }
 
 void check_against_reference(const char* prefix, const ModuleSetup& m, const mha_tensor& out,
-                             int weights_kind, const mha_tensor& weights) {
-  const mha_test::ModuleReference ref = mha_test::reference_module(m.w, m.in);
+                             int weights_kind, const mha_tensor& weights, int32_t activations) {
+  mha_test::ModuleInputs in = m.in;
+  in.activations = activations;
+  const mha_test::ModuleReference ref = mha_test::reference_module(m.w, in);
   const auto check = [prefix](const mha_tensor& got, const std::vector<double>& want,
                               const std::vector<double>& bound, const char* name) {
     const mha_test::BoundCheck c = mha_test::check_within(got, want, bound);

@@ -57,7 +57,10 @@ struct ModuleSetup {
 // A forward call's out and attention weights (weights_kind: 0 none, 1 per
 // head, 2 averaged over the heads) against the module's float64 reference
 // on m's inputs, within its bounds; otherwise a finding named by `prefix`.
+// `activations`: the reference's ModuleInputs::activations (a module with
+// MHA_ACTIVATIONS_INPUT on a half-precision query: the query's dtype).
 void check_against_reference(const char* prefix, const ModuleSetup& m, const mha_tensor& out,
-                             int weights_kind, const mha_tensor& weights);
+                             int weights_kind, const mha_tensor& weights,
+                             int32_t activations = MHA_DTYPE_F32);
 
 }  // namespace mha_fuzz
