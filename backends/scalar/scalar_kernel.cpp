@@ -293,6 +293,7 @@ extern "C" __attribute__((visibility("default"))) const mha_plugin* mha_plugin_e
       nullptr,  // choose_tiles: loops over single keys, no tile to size
       nullptr,  // gemm_ukernel: BLIS's own kernels
       nullptr,  // bf16_gemm: none
+      nullptr,  // narrow_floats: the runtime rounds
   };
   return &table;
 }

@@ -36,6 +36,9 @@ int mha_simd_bf16_gemm_run_to_bf16(int64_t m, int64_t n, int64_t k, const uint16
                                    const void* packed, const float* bias, uint16_t* c, int64_t ldc,
                                    void* scratch);
 
+// n fp32 values rounded to bf16 or f16 (mha_plugin.narrow_floats).
+void mha_simd_narrow_floats(const float* src, int64_t n, void* dst, int32_t dtype);
+
 // The tiles this plugin chose for the machine's caches: written once by the
 // table's choose_tiles (plugin_table.hpp) when the runtime loads the plugin,
 // before any kernel runs; the kernels only read them.  Defined in the table's

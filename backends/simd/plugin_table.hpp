@@ -101,6 +101,7 @@ constexpr mha_plugin plugin_table(const char* name, const char* description, uin
       choose_tiles<Arch, kBf16Dot>,
       packed_gemm_of<Arch>(),
       bf16_gemm_of<kBf16Dot>(),
+      mha_simd_narrow_floats,
   };
 }
 

@@ -59,8 +59,11 @@ extern "C" {
  * 19: mha_plugin ends with bf16_gemm (mha_bf16_gemm): the module's bf16
  *    matrix products on AMX tiles.
  * 20: mha_bf16_gemm ends with run_to_bf16 (C in bf16: the module's
- *    activations in bf16). */
-#define MHA_PLUGIN_ABI_VERSION 20
+ *    activations in bf16).
+ * 21: mha_plugin ends with narrow_floats (fp32 values rounded to bf16 or
+ *    f16 in the plugin's vectors: the module's activations in half
+ *    precision). */
+#define MHA_PLUGIN_ABI_VERSION 21
 #define MHA_PLUGIN_ENTRY_SYMBOL "mha_plugin_entry"
 
 /* CPU features, as the runtime detects them (OS support included). */
@@ -433,6 +436,11 @@ typedef struct mha_plugin {
   /* ABI 19: the module's bf16 matrix products (mha_bf16_gemm).  NULL: none
    * (the runtime widens to fp32 for BLIS). */
   const mha_bf16_gemm* bf16_gemm;
+
+  /* ABI 21: n fp32 values rounded once to dtype (MHA_DTYPE_BF16 or
+   * MHA_DTYPE_F16: to nearest, ties to even, a NaN stays NaN) into dst's n
+   * elements.  Reentrant.  NULL: the runtime rounds them itself. */
+  void (*narrow_floats)(const float* src, int64_t n, void* dst, int32_t dtype);
 } mha_plugin;
 
 typedef const mha_plugin* (*mha_plugin_entry_fn)(void);

@@ -332,10 +332,11 @@ mha_status run_module_forward(const ModuleCall& call) {
       widened();
       sgemm(q_rows, e, k, 1.0f, concat, concat_width, 1, m.w_out.data(), e, 1, 0.0f, rows, e, 1, t);
     }
+    const Narrower narrower;
     for_each_row(q_rows, t, [&](int64_t r) {
       const int64_t g = r / out_order.rows, i = r % out_order.rows;
-      mha_types::narrow_row(rows + r * e, e, out.data, out.dtype,
-                            g * out_order.gemm_stride + i * out_order.row_stride, out.strides[2]);
+      narrower.row(rows + r * e, e, out.data, out.dtype,
+                   g * out_order.gemm_stride + i * out_order.row_stride, out.strides[2]);
     });
   }
   if (verbose) {

@@ -64,6 +64,18 @@ struct Projections {
 Projections project_inputs(const ModuleCall& call, AlignedBuffer& scratch, int32_t threads,
                            int32_t dtype = MHA_DTYPE_F32);
 
+// mha_types::narrow_row in the selected plugin's vectors where it offers
+// them (mha_plugin.narrow_floats, for a unit stride): the same roundings.
+class Narrower {
+ public:
+  Narrower();
+  void row(const float* src, int64_t n, void* data, int32_t dtype, int64_t at,
+           int64_t stride) const;
+
+ private:
+  void (*narrow_)(const float*, int64_t, void*, int32_t) = nullptr;
+};
+
 // n fp32 values rounded once to `dtype` (BF16 or F16): into dst's elements
 // (of that dtype), or, with dst == nullptr, in place (the rounded values
 // kept as fp32), over the threads.

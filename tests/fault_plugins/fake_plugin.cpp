@@ -82,6 +82,7 @@ const mha_plugin kTable = {
     nullptr,  // choose_tiles: the table's
     nullptr,  // gemm_ukernel: BLIS's own
     nullptr,  // bf16_gemm: none
+    nullptr,  // narrow_floats: the runtime rounds
 };
 
 }  // namespace
