@@ -78,6 +78,21 @@ struct HalfTensor {
   }
 };
 
+// A case's query, key and value in `dtype` (values in [-2, 2], [-2, 2] and
+// [-1, 1], drawn in that order); for self-attention, key and value are the
+// query.
+struct HalfInputs {
+  HalfTensor query, key, value;
+  bool self_attention;
+  HalfInputs(Rng& rng, const ModuleCase& c, mha_dtype dtype, bool self)
+      : query(rng, {c.B, c.Lq, c.eq()}, dtype, -2.0f, 2.0f),
+        key(rng, {c.B, c.Lk, c.ek()}, dtype, -2.0f, 2.0f),
+        value(rng, {c.B, c.Lk, c.ev()}, dtype, -1.0f, 1.0f),
+        self_attention(self) {}
+  HalfTensor& k() { return self_attention ? query : key; }
+  HalfTensor& v() { return self_attention ? query : value; }
+};
+
 // An output of the call: f32, or the dtype's bits, read back as f32.
 struct Output {
   std::vector<float> f32;
@@ -158,11 +173,10 @@ void run_half_case(const HalfCase& hc) {
   ASSERT_TRUE(load_weights(h.m, c, weights)) << mha_last_error();
 
   const mha_dtype dt = hc.dtype;
-  HalfTensor query(rng, {c.B, c.Lq, c.eq()}, dt, -2.0f, 2.0f);
-  HalfTensor key(rng, {c.B, c.Lk, c.ek()}, dt, -2.0f, 2.0f);
-  HalfTensor value(rng, {c.B, c.Lk, c.ev()}, dt, -1.0f, 1.0f);
-  HalfTensor& k_in = hc.self_attention ? query : key;
-  HalfTensor& v_in = hc.self_attention ? query : value;
+  HalfInputs inputs(rng, c, dt, hc.self_attention);
+  HalfTensor& query = inputs.query;
+  HalfTensor& k_in = inputs.k();
+  HalfTensor& v_in = inputs.v();
   // An additive key_padding_mask: 0, a penalty, or -inf (key 0 of batch 1).
   HalfTensor kpm(rng, {c.B, c.Lk}, dt, -3.0f, 0.5f);
   mha_types::store_float(kpm.bits.data(), dt, c.Lk, -INFINITY);
@@ -617,6 +631,16 @@ void round_to_bf16(WeightSet& w) {
   return ::testing::AssertionSuccess();
 }
 
+// A self-attention case: B sequences of L tokens, E features, H heads.
+ModuleCase self_attention_case(int64_t batch, int64_t len, int64_t e, int64_t heads) {
+  ModuleCase c;
+  c.B = batch;
+  c.Lq = c.Lk = len;
+  c.E = e;
+  c.H = heads;
+  return c;
+}
+
 // The outputs of 1, 2 and 3 threads: the same bits.
 void expect_same_bits(const std::vector<std::vector<float>>& outs) {
   EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * 4), 0) << "2 threads";
@@ -735,11 +759,10 @@ void run_activations_case(const ActivationsCase& ac) {
   ModuleHandle h;
   ASSERT_TRUE(bf16_checkpoint_module(c, rng, h, &weights));
   const mha_dtype dt = ac.dtype;
-  HalfTensor query(rng, {c.B, c.Lq, c.eq()}, dt, -2.0f, 2.0f);
-  HalfTensor key(rng, {c.B, c.Lk, c.ek()}, dt, -2.0f, 2.0f);
-  HalfTensor value(rng, {c.B, c.Lk, c.ev()}, dt, -1.0f, 1.0f);
-  HalfTensor& k_in = ac.self_attention ? query : key;
-  HalfTensor& v_in = ac.self_attention ? query : value;
+  HalfInputs inputs(rng, c, dt, ac.self_attention);
+  HalfTensor& query = inputs.query;
+  HalfTensor& k_in = inputs.k();
+  HalfTensor& v_in = inputs.v();
   const std::vector<int64_t> weights_shape = {c.B, c.H, c.Lq, c.Lk};
   std::vector<std::vector<float>> outs;
   std::vector<float> attn;
@@ -791,11 +814,7 @@ TEST_P(Module, HalfActivations) {
 // An F32 query: config.activations changes nothing (the same bits as a
 // module without it).
 TEST_P(Module, HalfActivationsIgnoredOnF32) {
-  ModuleCase c;
-  c.B = 2;
-  c.Lq = c.Lk = 40;
-  c.E = 64;
-  c.H = 4;
+  ModuleCase c = self_attention_case(2, 40, 64, 4);
   Rng rng(71);
   WeightSet weights;
   ModuleHandle plain, rounding;
@@ -827,11 +846,7 @@ TEST(ModuleBf16Verbose, LinesCountTheBf16Products) {
       ASSERT_EQ(mha_backend_get_bf16_dot(i, &bf16_dot), MHA_OK);
     }
   }
-  ModuleCase c;
-  c.B = 1;
-  c.Lq = c.Lk = 33;
-  c.E = 64;
-  c.H = 2;
+  const ModuleCase c = self_attention_case(1, 33, 64, 2);
   Rng rng(61);
   WeightSet weights;
   ModuleHandle h;
