@@ -267,8 +267,13 @@ mha_status run_module_forward(const ModuleCall& call) {
   if (weights_path) {
     const WeightsPath path{&call, &kernel_call.problem, qv, kv, vv, cv};
     run_weights_path(path, threads);
-    // The heads' outputs rounded (their column of ones is 1 in any dtype).
-    if (half != MHA_DTYPE_F32) round_values(concat, q_rows * concat_width, half, nullptr, threads);
+    // The heads' outputs rounded (only their E columns: the rest is the
+    // column of ones and padding never written).
+    if (half != MHA_DTYPE_F32) {
+      const Narrower narrower;
+      for_each_row(q_rows, threads,
+                   [&](int64_t r) { narrower.in_place(concat + r * concat_width, e, half); });
+    }
   } else {
     if (mha_status s = attend(kernel_call); s != MHA_OK) return s;
   }

@@ -223,28 +223,28 @@ void Narrower::row(const float* src, int64_t n, void* data, int32_t dtype, int64
   }
 }
 
+void Narrower::in_place(float* x, int64_t n, int32_t dtype) const {
+  constexpr int64_t kChunk = 256;  // values rounded through the stack at a time
+  uint16_t halves[kChunk];
+  for (int64_t at = 0; at < n; at += kChunk) {
+    const int64_t count = std::min(kChunk, n - at);
+    row(x + at, count, halves, dtype, 0, 1);
+    mha_types::widen_row(halves, dtype, 0, 1, count, x + at);
+  }
+}
+
 void round_values(float* src, int64_t n, int32_t dtype, void* dst, int32_t threads) {
   constexpr int64_t kBlock = 16384;  // values a work item: 64 KiB read
-  constexpr int64_t kChunk = 256;    // values rounded through the stack at a time, in place
   const Narrower narrower;
-  const auto rounded = [&](const float* from, int64_t count, void* to, int64_t to_at) {
-    narrower.row(from, count, to, dtype, to_at, 1);
-  };
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   const auto team = static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(threads, blocks)));
   auto no_preparation = [](int32_t /*thread*/) { return true; };
   run_team(blocks, team, no_preparation, [&](int64_t block, int32_t /*thread*/) {
-    const int64_t end = std::min(n, (block + 1) * kBlock);
-    int64_t at = block * kBlock;
+    const int64_t at = block * kBlock, count = std::min(n, at + kBlock) - at;
     if (dst != nullptr) {
-      rounded(src + at, end - at, dst, at);
-      return;
-    }
-    uint16_t halves[kChunk];
-    for (; at < end; at += kChunk) {
-      const int64_t count = std::min(kChunk, end - at);
-      rounded(src + at, count, halves, 0);
-      mha_types::widen_row(halves, dtype, 0, 1, count, src + at);
+      narrower.row(src + at, count, dst, dtype, at, 1);
+    } else {
+      narrower.in_place(src + at, count, dtype);
     }
   });
 }

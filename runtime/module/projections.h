@@ -71,6 +71,8 @@ class Narrower {
   Narrower();
   void row(const float* src, int64_t n, void* data, int32_t dtype, int64_t at,
            int64_t stride) const;
+  // x's n values rounded in place (kept as fp32).
+  void in_place(float* x, int64_t n, int32_t dtype) const;
 
  private:
   void (*narrow_)(const float*, int64_t, void*, int32_t) = nullptr;
