@@ -25,8 +25,11 @@
 //                                      LK; --hkv: KV heads, H by default;
 //                                      --kv: K and V in bf16, or int8 with
 //                                      one fp32 scale a row, [B, H, L, D] only)
-//        | module B L E H  (mha_module_forward, self-attention with biases:
-//                           module S1 is `module 8 512 768 12`)
+//        | module B L E H [bf16|bf16act]  (mha_module_forward, self-attention
+//                           with biases: module S1 is `module 8 512 768 12`;
+//                           bf16: a bf16 checkpoint, input and output, as
+//                           mha_bench's S1:bf16; bf16act: the same with
+//                           MHA_ACTIVATIONS_INPUT, S1:bf16act)
 //
 // MHA_BACKEND applies to both builds.  Example (S4):
 //   MHA_BACKEND=avx512 mha_ab_builds /tmp/old/lib build/release/lib 32 8 64 64 32 0
@@ -115,6 +118,8 @@ struct Shape {
   bool head_major_pages = false;       // s8hm: [num_blocks, Hkv, block, D] pages
   bool module = false;                 // mha_module_forward on [B, L, E] (self-attention)
   int64_t e = 0;                       // the module's embedding
+  bool module_bf16 = false;            // a bf16 checkpoint, input and output
+  std::vector<uint16_t> x16{}, out16{};
 
   // bench-shapes' count: 4 · H · D per (query, key) pair that takes part.
   double flops() const {
@@ -165,8 +170,13 @@ bool call(const Build& build, Shape& s, std::vector<float>& q, std::vector<float
   mha_status status = MHA_OK;
   if (s.module) {
     const int64_t rows[3] = {s.b, s.lq, s.e};
-    build.tensor_init(&tq, q.data(), MHA_DTYPE_F32, 3, rows, nullptr);
-    build.tensor_init(&to, out.data(), MHA_DTYPE_F32, 3, rows, nullptr);
+    if (s.module_bf16) {
+      build.tensor_init(&tq, s.x16.data(), MHA_DTYPE_BF16, 3, rows, nullptr);
+      build.tensor_init(&to, s.out16.data(), MHA_DTYPE_BF16, 3, rows, nullptr);
+    } else {
+      build.tensor_init(&tq, q.data(), MHA_DTYPE_F32, 3, rows, nullptr);
+      build.tensor_init(&to, out.data(), MHA_DTYPE_F32, 3, rows, nullptr);
+    }
     mha_module_forward_params forward;
     build.module_params_init(&forward);
     status = build.module_forward(build.module, &tq, &tq, &tq, &to, &forward);
@@ -261,19 +271,27 @@ bool call(const Build& build, Shape& s, std::vector<float>& q, std::vector<float
   return status == MHA_OK;
 }
 
-// The module shape's module on `build`, with module_bench's weights.
-void make_module(const Build& build, int64_t e, int64_t h) {
+// The module shape's module on `build`, with module_bench's weights (in
+// bf16: a bf16 checkpoint; activations: config.activations).
+void make_module(const Build& build, int64_t e, int64_t h, bool bf16, int32_t activations) {
   mha_module_config config;
   build.module_config_init(&config);
   config.embed_dim = e;
   config.num_heads = h;
+  config.activations = activations;
   if (build.module_create(&config, &build.module) != MHA_OK) {
     std::fprintf(stderr, "%s\n", build.last_error());
     std::exit(1);
   }
   for (mha_bench::ModuleWeight& w : mha_bench::module_weights(e)) {
     mha_tensor t;
-    build.tensor_init(&t, w.data.data(), MHA_DTYPE_F32, w.ndim, w.shape, nullptr);
+    std::vector<uint16_t> w16(w.data.size());
+    for (size_t i = 0; i < w16.size(); ++i) w16[i] = mha_types::f32_to_bf16(w.data[i]);
+    if (bf16) {
+      build.tensor_init(&t, w16.data(), MHA_DTYPE_BF16, w.ndim, w.shape, nullptr);
+    } else {
+      build.tensor_init(&t, w.data.data(), MHA_DTYPE_F32, w.ndim, w.shape, nullptr);
+    }
     if (build.module_set_weight(build.module, w.name, &t) != MHA_OK) {
       std::fprintf(stderr, "%s\n", build.last_error());
       std::exit(1);
@@ -291,7 +309,7 @@ double quantile(std::vector<double> x, double at) {
                "mha_ab_builds BASE_LIB_DIR NEW_LIB_DIR [--rounds N] [--threads N] "
                "[--seconds S] [--hkv N] [--kv bf16|i8] (s9 | s8 | s8bf16 | s8f16 | s8i8 | "
                "s8hm | s5 | "
-               "B H LQ LK D CAUSAL [blhd|qkv] | module B L E H)\n");
+               "B H LQ LK D CAUSAL [blhd|qkv] | module B L E H [bf16|bf16act])\n");
   std::exit(2);
 }
 
@@ -363,8 +381,11 @@ int main(int argc, char** argv) {
     // The d2l.ai example: packed, blhd, qkv, valid_lens, B, H, Hkv, Lq, Lk, D, causal.
     const Shape s5{false, false, false, true, 2, 5, 0, 4, 6, 20, false, {}, {}};
     s = s5;
-  } else if (shape_args.size() == 5 && shape_args[0] == "module") {
+  } else if ((shape_args.size() == 5 || shape_args.size() == 6) && shape_args[0] == "module") {
+    const std::string half = shape_args.size() == 6 ? shape_args[5] : "";
+    if (!half.empty() && half != "bf16" && half != "bf16act") usage();
     s.module = true;
+    s.module_bf16 = !half.empty();
     s.causal = false;
     s.b = whole(shape_args[1]);
     s.lq = s.lk = whole(shape_args[2]);
@@ -372,7 +393,10 @@ int main(int argc, char** argv) {
     s.h = whole(shape_args[4]);
     if (s.b < 1 || s.lq < 1 || s.h < 1 || s.e < 1 || s.e % s.h != 0) usage();
     s.d = s.e / s.h;
-    for (const Build& b : builds) make_module(b, s.e, s.h);
+    for (const Build& b : builds) {
+      make_module(b, s.e, s.h, s.module_bf16,
+                  half == "bf16act" ? MHA_ACTIVATIONS_INPUT : MHA_ACTIVATIONS_F32);
+    }
   } else if (shape_args.size() == 6 || shape_args.size() == 7) {
     s.b = whole(shape_args[0]);
     s.h = whole(shape_args[1]);
@@ -399,6 +423,11 @@ int main(int argc, char** argv) {
   mha_bench::fill_uniform(q, 1);
   mha_bench::fill_uniform(k, 2);
   mha_bench::fill_uniform(v, 3);
+  if (s.module_bf16) {
+    s.x16.resize(q.size());
+    s.out16.resize(q.size());
+    for (size_t i = 0; i < q.size(); ++i) s.x16[i] = mha_types::f32_to_bf16(q[i]);
+  }
   if (s.bf16_cache || s.f16_cache) {
     const auto half = s.bf16_cache ? mha_types::f32_to_bf16 : mha_types::f32_to_f16;
     s.k16.resize(k.size());

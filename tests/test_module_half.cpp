@@ -78,19 +78,45 @@ struct HalfTensor {
   }
 };
 
+// Where an input [B, L, F]'s rows lie: batch-first or sequence-first ([L,
+// B, F] in memory), `pad` unused values after each row and (batch-first)
+// `gap` after each batch -- rows no single stride walks, so the module runs
+// one product a batch (projections.h's RowOrder).
+struct Layout {
+  bool seq_first = false;
+  int64_t pad = 0, gap = 0;
+};
+
+// An input [B, L, F] in `layout`, its values drawn in memory order.
+HalfTensor laid_out(Rng& rng, int64_t b, int64_t l, int64_t f, mha_dtype dtype, float lo, float hi,
+                    const Layout& layout) {
+  const int64_t row = f + layout.pad;
+  const int64_t batch_stride = layout.seq_first ? row : l * row + layout.gap;
+  const int64_t row_stride = layout.seq_first ? b * row : row;
+  HalfTensor t(rng, {layout.seq_first ? l * b * row : b * batch_stride}, dtype, lo, hi);
+  for (mha_tensor* d : {&t.f32, &t.half}) {
+    d->ndim = 3;
+    d->shape[0] = b, d->shape[1] = l, d->shape[2] = f;
+    d->strides[0] = batch_stride, d->strides[1] = row_stride, d->strides[2] = 1;
+  }
+  return t;
+}
+
 // A case's query, key and value in `dtype` (values in [-2, 2], [-2, 2] and
 // [-1, 1], drawn in that order); for self-attention, key and value are the
-// query.
+// query; with shared_kv, the value is the key.
 struct HalfInputs {
   HalfTensor query, key, value;
-  bool self_attention;
-  HalfInputs(Rng& rng, const ModuleCase& c, mha_dtype dtype, bool self)
-      : query(rng, {c.B, c.Lq, c.eq()}, dtype, -2.0f, 2.0f),
-        key(rng, {c.B, c.Lk, c.ek()}, dtype, -2.0f, 2.0f),
-        value(rng, {c.B, c.Lk, c.ev()}, dtype, -1.0f, 1.0f),
-        self_attention(self) {}
+  bool self_attention, shared_kv;
+  HalfInputs(Rng& rng, const ModuleCase& c, mha_dtype dtype, bool self, const Layout& layout = {},
+             bool shared = false)
+      : query(laid_out(rng, c.B, c.Lq, c.eq(), dtype, -2.0f, 2.0f, layout)),
+        key(laid_out(rng, c.B, c.Lk, c.ek(), dtype, -2.0f, 2.0f, layout)),
+        value(laid_out(rng, c.B, c.Lk, c.ev(), dtype, -1.0f, 1.0f, layout)),
+        self_attention(self),
+        shared_kv(shared) {}
   HalfTensor& k() { return self_attention ? query : key; }
-  HalfTensor& v() { return self_attention ? query : value; }
+  HalfTensor& v() { return self_attention ? query : (shared_kv ? key : value); }
 };
 
 // An output of the call: f32, or the dtype's bits, read back as f32.
@@ -731,12 +757,17 @@ struct ActivationsCase {
   bool large = true;  // E 64, Lq 40 (the tiles' whole steps); else E 16 with Ek 12, Ev 20
   bool need_weights = false;
   bool causal = false;
+  bool shared_kv = false;  // cross-attention with key = value
+  Layout layout{};
   uint64_t seed = 1;
   std::string describe() const {
     return std::string(mha_types::dtype_name(dtype)) + " inputs, " + mha_types::dtype_name(out_dt) +
-           " out, " + (self_attention ? "self-attention" : "cross") +
+           " out, " +
+           (self_attention ? "self-attention" : (shared_kv ? "cross, key = value" : "cross")) +
            (bias ? ", bias" : ", no bias") + (large ? ", E 64" : ", E 16") +
-           (need_weights ? ", weights" : "") + (causal ? ", causal" : "");
+           (need_weights ? ", weights" : "") + (causal ? ", causal" : "") +
+           (layout.seq_first ? ", sequence-first" : "") +
+           (layout.gap > 0 ? ", a product a batch" : "");
   }
 };
 
@@ -750,7 +781,7 @@ void run_activations_case(const ActivationsCase& ac) {
   c.H = 4;
   if (!ac.self_attention && !ac.large) {
     c.Ek = 12;
-    c.Ev = 20;
+    c.Ev = ac.shared_kv ? 12 : 20;
   }
   c.bias = ac.bias;
   c.activations = MHA_ACTIVATIONS_INPUT;
@@ -759,7 +790,7 @@ void run_activations_case(const ActivationsCase& ac) {
   ModuleHandle h;
   ASSERT_TRUE(bf16_checkpoint_module(c, rng, h, &weights));
   const mha_dtype dt = ac.dtype;
-  HalfInputs inputs(rng, c, dt, ac.self_attention);
+  HalfInputs inputs(rng, c, dt, ac.self_attention, ac.layout, ac.shared_kv);
   HalfTensor& query = inputs.query;
   HalfTensor& k_in = inputs.k();
   HalfTensor& v_in = inputs.v();
@@ -809,6 +840,21 @@ TEST_P(Module, HalfActivations) {
   run_activations_case(
       {.dtype = MHA_DTYPE_F16, .out_dt = MHA_DTYPE_F16, .large = false, .causal = true, .seed = 6});
   run_activations_case({.dtype = MHA_DTYPE_F16, .need_weights = true, .seed = 7});
+  // The projections' rows in other orders (the heads' slabs follow them).
+  run_activations_case({.layout = {.seq_first = true, .pad = 3}, .seed = 8});
+  run_activations_case({.out_dt = MHA_DTYPE_BF16,
+                        .self_attention = false,
+                        .causal = true,
+                        .shared_kv = true,
+                        .layout = {.gap = 5},
+                        .seed = 9});
+  run_activations_case({.dtype = MHA_DTYPE_F16,
+                        .self_attention = false,
+                        .large = false,
+                        .shared_kv = true,
+                        .layout = {.seq_first = true},
+                        .seed = 10});
+  run_activations_case({.self_attention = false, .layout = {.seq_first = true}, .seed = 11});
 }
 
 // An F32 query: config.activations changes nothing (the same bits as a

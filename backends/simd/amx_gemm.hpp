@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "simd/amx.hpp"
 #include "simd/convert.hpp"
@@ -103,25 +104,36 @@ struct AmxGemm {
                                  void* scratch, int64_t l2_bytes) {
     run_into(m, n, k, a, lda, packed, bias, c, nullptr, ldc, scratch, l2_bytes);
   }
-  // The same with C in bf16 (rows ldc values apart): each sum rounded once,
-  // to nearest even (the module's activations in bf16).
+  // The same with C in bf16: each sum rounded once, to nearest even (the
+  // module's activations in bf16).  C's columns lie in slabs of c_slab
+  // (rows ldc values apart within one), slab_stride values apart: the
+  // module's projections written head-major, [heads][rows][D].
   MHA_AMX_TARGET static void run_to_bf16(int64_t m, int64_t n, int64_t k, const uint16_t* a,
                                          int64_t lda, const void* packed, const float* bias,
-                                         uint16_t* c, int64_t ldc, void* scratch,
-                                         int64_t l2_bytes) {
-    run_into(m, n, k, a, lda, packed, bias, nullptr, c, ldc, scratch, l2_bytes);
+                                         uint16_t* c, int64_t ldc, int64_t c_slab,
+                                         int64_t slab_stride, void* scratch, int64_t l2_bytes) {
+    run_into(m, n, k, a, lda, packed, bias, nullptr, c, ldc, scratch, l2_bytes,
+             Slabs{c_slab, slab_stride});
   }
 
  private:
-  // run and run_to_bf16: C is c (fp32) or c16 (bf16).
+  // C's columns in slabs (run_to_bf16); one slab by default.
+  struct Slabs {
+    int64_t cols = std::numeric_limits<int64_t>::max();
+    int64_t stride = 0;
+  };
+
+  // run and run_to_bf16: C is c (fp32) or c16 (bf16, in slabs).
   MHA_AMX_TARGET static void run_into(int64_t m, int64_t n, int64_t k, const uint16_t* a,
                                       int64_t lda, const void* packed, const float* bias, float* c,
-                                      uint16_t* c16, int64_t ldc, void* scratch, int64_t l2_bytes) {
+                                      uint16_t* c16, int64_t ldc, void* scratch, int64_t l2_bytes,
+                                      Slabs slabs = {}) {
     const int64_t kp = padded_k(k);
     const int64_t group = group_rows(k, 1, l2_bytes);
     auto* a_pack = static_cast<uint16_t*>(scratch);
-    Out out{n, k,   static_cast<const uint32_t*>(packed),          bias,
-            c, ldc, reinterpret_cast<float*>(a_pack + group * kp), c16};
+    Out out{n,    k,   static_cast<const uint32_t*>(packed),          bias,
+            c,    ldc, reinterpret_cast<float*>(a_pack + group * kp), c16,
+            slabs};
     Tiles::configure();
     const int64_t steps = kp / kStep;
     for (int64_t g0 = 0; g0 < m; g0 += group) {
@@ -190,7 +202,8 @@ struct AmxGemm {
     float* c;
     int64_t ldc;
     float* stage;             // 32 x 32 floats, then 32 biases
-    uint16_t* c16 = nullptr;  // C in bf16 instead (run)
+    uint16_t* c16 = nullptr;  // C in bf16 instead (run_to_bf16), in slabs
+    Slabs slabs{};
   };
 
   // For each panel, each block of 32 rows from g0 (before g1): block(r0,
@@ -215,8 +228,15 @@ struct AmxGemm {
         block(r0, rows, panel, to, whole ? out.ldc : int64_t{kBlock}, biases);
         if (out.c16 != nullptr) {
           Tiles::memory_barrier();  // the tile stores, before the rounding reads them
-          for (int r = 0; r < rows; ++r) {
-            narrow_row(out.stage + r * kBlock, cols, out.c16 + (r0 + r) * out.ldc + n0);
+          // The block's columns slab by slab (a head of 64: two blocks a slab).
+          for (int x0 = 0; x0 < cols;) {
+            const int64_t slab = (n0 + x0) / out.slabs.cols, at = (n0 + x0) % out.slabs.cols;
+            const int run = static_cast<int>(std::min<int64_t>(cols - x0, out.slabs.cols - at));
+            uint16_t* slab_at = out.c16 + slab * out.slabs.stride + at;
+            for (int r = 0; r < rows; ++r) {
+              narrow_row(out.stage + r * kBlock + x0, run, slab_at + (r0 + r) * out.ldc);
+            }
+            x0 += run;
           }
         } else if (!whole) {
           Tiles::memory_barrier();  // the tile stores, before the copy reads them

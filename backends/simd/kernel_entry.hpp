@@ -34,7 +34,7 @@ int mha_simd_bf16_gemm_run_split(int64_t m, int64_t n, int64_t k, const float* a
                                  void* scratch);
 int mha_simd_bf16_gemm_run_to_bf16(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
                                    const void* packed, const float* bias, uint16_t* c, int64_t ldc,
-                                   void* scratch);
+                                   int64_t c_slab, int64_t c_slab_stride, void* scratch);
 
 // n fp32 values rounded to bf16 or f16 (mha_plugin.narrow_floats).
 void mha_simd_narrow_floats(const float* src, int64_t n, void* dst, int32_t dtype);

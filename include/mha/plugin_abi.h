@@ -62,8 +62,10 @@ extern "C" {
  *    activations in bf16).
  * 21: mha_plugin ends with narrow_floats (fp32 values rounded to bf16 or
  *    f16 in the plugin's vectors: the module's activations in half
- *    precision). */
-#define MHA_PLUGIN_ABI_VERSION 21
+ *    precision).
+ * 22: run_to_bf16 takes c_slab and c_slab_stride (C's columns in slabs: the
+ *    module's half-precision projections written head-major). */
+#define MHA_PLUGIN_ABI_VERSION 22
 #define MHA_PLUGIN_ENTRY_SYMBOL "mha_plugin_entry"
 
 /* CPU features, as the runtime detects them (OS support included). */
@@ -374,11 +376,15 @@ typedef struct mha_bf16_gemm {
   size_t (*split_scratch_bytes)(int64_t k);
   int (*run_split)(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const void* packed,
                    const float* bias, float* c, int64_t ldc, void* scratch);
-  /* run with C in bf16 (rows ldc elements apart): each fp32 sum rounded once
-   * (to nearest, ties to even; a NaN stays NaN).  run's scratch. */
+  /* run with C in bf16: each fp32 sum rounded once (to nearest, ties to
+   * even; a NaN stays NaN).  C's columns lie in slabs of c_slab columns
+   * (c_slab >= 1; n or more: one slab, the plain layout), c_slab_stride
+   * elements apart: element (i, j) at c[(j / c_slab) * c_slab_stride +
+   * i * ldc + j % c_slab] -- the module's projections as [heads][rows][D].
+   * run's scratch. */
   int (*run_to_bf16)(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
                      const void* packed, const float* bias, uint16_t* c, int64_t ldc,
-                     void* scratch);
+                     int64_t c_slab, int64_t c_slab_stride, void* scratch);
 } mha_bf16_gemm;
 
 typedef struct mha_plugin {

@@ -105,7 +105,7 @@ bool run_on_tiles(const mha_module& m, const TileProduct& t, const float* wt, in
         int code = 0;
         if (t.c16 != nullptr) {
           code = gemm->run_to_bf16(count, n, k, a16, t.lda, w->data, bias_row, t.c16 + c_at, t.ldc,
-                                   scratch);
+                                   t.c16_slab > 0 ? t.c16_slab : n, t.c16_slab_stride, scratch);
         } else if (t.a_bf16) {
           code = gemm->run(count, n, k, a16, t.lda, w->data, bias_row, t.c + c_at, t.ldc, scratch);
         } else {
@@ -135,11 +135,14 @@ bool project_bf16(const mha_module& m, const mha_tensor& x, const RowOrder& orde
 
 bool project_bf16_rounded(const mha_module& m, const mha_tensor& x, const RowOrder& order,
                           const float* wt, int64_t ld, int64_t n, bool bias, uint16_t* dst,
-                          int64_t width, int32_t threads) {
+                          int64_t d, int32_t threads) {
   if (x.dtype != MHA_DTYPE_BF16 || x.strides[2] != 1) return false;
-  TileProduct t{x.data,  true,  order.gemms,       order.rows, order.row_stride, order.gemm_stride,
-                nullptr, width, order.rows * width};
+  // Row r of the product (r = g · rows + i) at r · d within its head's slab.
+  TileProduct t{x.data,  true, order.gemms,   order.rows, order.row_stride, order.gemm_stride,
+                nullptr, d,    order.rows * d};
   t.c16 = dst;
+  t.c16_slab = d;
+  t.c16_slab_stride = order.gemms * order.rows * d;
   return run_on_tiles(m, t, wt, ld, n, x.shape[2], bias, threads);
 }
 

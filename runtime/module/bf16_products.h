@@ -42,7 +42,8 @@ struct Bf16WeightCache {
 // One product C = A · wt (+ the bias row below wt, k rows down): `gemms`
 // blocks of `rows` rows, A's rows lda elements apart (bf16 or fp32), C's
 // ldc elements apart: fp32, or bf16 (c16; bf16 A only), each sum rounded
-// once.
+// once, its columns in slabs of c16_slab (0: one slab), c16_slab_stride
+// elements apart (mha_bf16_gemm.run_to_bf16).
 struct TileProduct {
   const void* a;
   bool a_bf16;  // else fp32, split into three bf16 parts (exactly)
@@ -50,6 +51,7 @@ struct TileProduct {
   float* c;
   int64_t ldc, c_gemm_stride;
   uint16_t* c16 = nullptr;  // C in bf16 instead of c
+  int64_t c16_slab = 0, c16_slab_stride = 0;
 };
 
 // Runs the product on the AMX tiles when they apply (see above): the
@@ -63,10 +65,12 @@ bool run_on_tiles(const mha_module& m, const TileProduct& t, const float* wt, in
 // for a bf16 or fp32 input with unit column stride.
 bool project_bf16(const mha_module& m, const mha_tensor& x, const RowOrder& order, const float* wt,
                   int64_t ld, int64_t n, bool bias, float* dst, int64_t width, int32_t threads);
-// The same into bf16 rows (the module's activations in bf16): a bf16 input
-// only.
+// The same into bf16 heads (the module's activations in bf16), a bf16
+// input only: dst holds n / d slabs of [rows][d] values (rows: all of the
+// product's, in `order`), each a head's projection -- the attention's
+// [B, H, L, D] operands with whole rows back to back (head_major_view).
 bool project_bf16_rounded(const mha_module& m, const mha_tensor& x, const RowOrder& order,
                           const float* wt, int64_t ld, int64_t n, bool bias, uint16_t* dst,
-                          int64_t width, int32_t threads);
+                          int64_t d, int32_t threads);
 
 }  // namespace mha::rt

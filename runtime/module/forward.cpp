@@ -4,9 +4,10 @@
 //      tensor passed as query, key and value -- self-attention -- is projected
 //      once against the stacked weights W_qkvᵀ [E, 3E]; key = value against W_kvᵀ [Ek, 2E]);
 //   2. attention per head on strided views of the projections: the projected
-//      Q [B, Lq, E] is the [B, H, Lq, D] tensor with strides {Lq·E, D, E, 1},
-//      and the heads' outputs land in the same way in one [B, Lq, E] buffer,
-//      which is their concatenation;
+//      Q [B, Lq, E] is the [B, H, Lq, D] tensor with strides {Lq·E, D, E, 1}
+//      (half-precision activations: each head's rows a block of their own,
+//      strides {Lq·D, B·Lq·D, D, 1}), and the heads' outputs land in one
+//      [B, Lq, E] buffer, which is their concatenation;
 //   3. out = concat · W_oᵀ + b_o, one sgemm written into the caller's out
 //      (a bf16 or f16 out: into fp32 rows, then rounded once).
 //

@@ -112,6 +112,12 @@ void head_view(void* base, int64_t batch, int64_t heads, int64_t len, int64_t d,
   view->strides[3] = 1;
 }
 
+void head_major_view(void* base, int64_t batch, int64_t heads, int64_t len, int64_t d,
+                     bool seq_major, int64_t offset, mha_tensor* view, int32_t dtype) {
+  head_view(base, batch, heads, len, d, d, seq_major, offset, view, dtype);
+  view->strides[1] = batch * len * d;
+}
+
 bool same_tensor(const mha_tensor& a, const mha_tensor& b) {
   if (a.data != b.data || a.dtype != b.dtype || a.ndim != b.ndim) return false;
   for (int32_t d = 0; d < a.ndim; ++d) {
@@ -173,15 +179,15 @@ Projections project_inputs(const ModuleCall& call, AlignedBuffer& scratch, int32
     }
     auto* dst = reinterpret_cast<uint16_t*>(base) + start;
     if (dtype == MHA_DTYPE_BF16 &&
-        project_bf16_rounded(m, x, order, wt, ld, n, bias, dst, n, threads)) {
+        project_bf16_rounded(m, x, order, wt, ld, n, bias, dst, d, threads)) {
       ++p.bf16_products;
       return;
     }
-    // fp32 rows first, then each value rounded once.
-    const int64_t count = order.gemms * order.rows * n;
-    auto* rows = static_cast<float*>(take(t_unrounded, float_bytes(count)));
-    p.bf16_products += project(m, x, order, wt, ld, n, bias, staging, rows, n, threads);
-    round_values(rows, count, dtype, dst, threads);
+    // fp32 rows first, then each value rounded once into its head's slab.
+    const int64_t rows = order.gemms * order.rows;
+    auto* fp32 = static_cast<float*>(take(t_unrounded, float_bytes(rows * n)));
+    p.bf16_products += project(m, x, order, wt, ld, n, bias, staging, fp32, n, threads);
+    round_into_heads(fp32, rows, n, d, dtype, dst, threads);
   };
   if (p.qkv_packed) {
     product(query, p.q_order, m.w_q(), m.wq_t.ld, 3 * e, 0);
@@ -197,6 +203,14 @@ Projections project_inputs(const ModuleCall& call, AlignedBuffer& scratch, int32
   p.data = dtype == MHA_DTYPE_F32 ? reinterpret_cast<float*>(base) : nullptr;
   p.floats = q_rows * q_width;
   if (!p.qkv_packed) p.floats += p.kv_packed ? kv_rows * kv_width : 2 * kv_rows * e;
+  if (dtype != MHA_DTYPE_F32) {  // heads apart: a product's n columns are n / d slabs
+    head_major_view(base, batch, heads, lq, d, p.q_order.seq_major, 0, &p.q, dtype);
+    const int64_t k_at = p.qkv_packed ? q_rows * e : k_start;
+    head_major_view(base, batch, heads, lk, d, p.k_order.seq_major, k_at, &p.k, dtype);
+    head_major_view(base, batch, heads, lk, d, p.v_order.seq_major,
+                    p.qkv_packed || p.kv_packed ? k_at + kv_rows * e : v_start, &p.v, dtype);
+    return p;
+  }
   head_view(base, batch, heads, lq, d, q_width, p.q_order.seq_major, 0, &p.q, dtype);
   head_view(base, batch, heads, lk, d, k_width, p.k_order.seq_major, k_start + k_offset, &p.k,
             dtype);
@@ -231,6 +245,22 @@ void Narrower::in_place(float* x, int64_t n, int32_t dtype) const {
     row(x + at, count, halves, dtype, 0, 1);
     mha_types::widen_row(halves, dtype, 0, 1, count, x + at);
   }
+}
+
+void round_into_heads(const float* src, int64_t rows, int64_t n, int64_t d, int32_t dtype,
+                      uint16_t* dst, int32_t threads) {
+  constexpr int64_t kBlockRows = 64;  // rows a work item (64 KiB read at n 256)
+  const Narrower narrower;
+  const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
+  const auto team = static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(threads, blocks)));
+  auto no_preparation = [](int32_t /*thread*/) { return true; };
+  run_team(blocks, team, no_preparation, [&](int64_t block, int32_t /*thread*/) {
+    for (int64_t r = block * kBlockRows; r < std::min(rows, (block + 1) * kBlockRows); ++r) {
+      for (int64_t head = 0; head < n / d; ++head) {
+        narrower.row(src + r * n + head * d, d, dst, dtype, head * rows * d + r * d, 1);
+      }
+    }
+  });
 }
 
 void round_values(float* src, int64_t n, int32_t dtype, void* dst, int32_t threads) {

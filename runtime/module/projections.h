@@ -45,6 +45,12 @@ RowOrder row_order(const mha_tensor& t);
 void head_view(void* base, int64_t batch, int64_t heads, int64_t len, int64_t d, int64_t width,
                bool seq_major, int64_t offset, mha_tensor* view, int32_t dtype = MHA_DTYPE_F32);
 
+// The [B, H, L, D] view of heads stored apart, each a slab of `rows` x d
+// values (rows: B·L, in the given order), the first at `offset` elements:
+// the module's half-precision projections (project_bf16_rounded).
+void head_major_view(void* base, int64_t batch, int64_t heads, int64_t len, int64_t d,
+                     bool seq_major, int64_t offset, mha_tensor* view, int32_t dtype);
+
 // Same data, dtype, shape and strides.
 bool same_tensor(const mha_tensor& a, const mha_tensor& b);
 
@@ -60,7 +66,10 @@ struct Projections {
   int64_t floats = 0;                  // of `floats` values
 };
 // `dtype` BF16 or F16 (MHA_ACTIVATIONS_INPUT, mha.h): the projections
-// rounded once to it (on the tiles where they apply, else after BLIS).
+// rounded once to it (on the tiles where they apply, else after BLIS) and
+// stored head-major (head_major_view): the attention then reads each head's
+// rows back to back (S1 in bf16 on AMX: [B, L, 3E] views took 1.09x the
+// time of whole rows; Intel family 6 model 167).
 Projections project_inputs(const ModuleCall& call, AlignedBuffer& scratch, int32_t threads,
                            int32_t dtype = MHA_DTYPE_F32);
 
@@ -77,6 +86,12 @@ class Narrower {
  private:
   void (*narrow_)(const float*, int64_t, void*, int32_t) = nullptr;
 };
+
+// src's rows (n values, n / d heads of d) rounded once to `dtype` (BF16 or
+// F16) into dst's heads, slabs of rows x d values (head_major_view), over
+// the threads.
+void round_into_heads(const float* src, int64_t rows, int64_t n, int64_t d, int32_t dtype,
+                      uint16_t* dst, int32_t threads);
 
 // n fp32 values rounded once to `dtype` (BF16 or F16): into dst's elements
 // (of that dtype), or, with dst == nullptr, in place (the rounded values

@@ -129,7 +129,8 @@ constexpr size_t (*kBf16SplitScratchBytes)(int64_t, int64_t) = nullptr;
 constexpr void (*kBf16GemmSplit)(int64_t, int64_t, int64_t, const float*, int64_t, const void*,
                                  const float*, float*, int64_t, void*, int64_t) = nullptr;
 constexpr void (*kBf16GemmToBf16)(int64_t, int64_t, int64_t, const uint16_t*, int64_t, const void*,
-                                  const float*, uint16_t*, int64_t, void*, int64_t) = nullptr;
+                                  const float*, uint16_t*, int64_t, int64_t, int64_t, void*,
+                                  int64_t) = nullptr;
 #endif
 
 }  // namespace

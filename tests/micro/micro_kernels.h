@@ -60,10 +60,11 @@ struct MicroKernels {
   void (*bf16_gemm_split)(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                           const void* packed, const float* bias, float* c, int64_t ldc,
                           void* scratch, int64_t l2_bytes);
-  // bf16_gemm with C in bf16 (each sum rounded once).
+  // bf16_gemm with C in bf16 (each sum rounded once), its columns in slabs
+  // of c_slab, c_slab_stride apart.
   void (*bf16_gemm_to_bf16)(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
                             const void* packed, const float* bias, uint16_t* c, int64_t ldc,
-                            void* scratch, int64_t l2_bytes);
+                            int64_t c_slab, int64_t c_slab_stride, void* scratch, int64_t l2_bytes);
 };
 
 }  // namespace mha_micro

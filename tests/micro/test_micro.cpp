@@ -609,15 +609,26 @@ TEST_P(Micro, Bf16AmxGemmMatchesFloat64) {
         k_->bf16_gemm(s.m, s.n, s.k, a16.data(), lda, packed.get(), b, c.data(), ldc, scratch.get(),
                       s.l2);
         // C in bf16: the same sums, each rounded once; nothing else written.
-        std::vector<uint16_t> c16(c.size(), 0xFFFFu);
-        k_->bf16_gemm_to_bf16(s.m, s.n, s.k, a16.data(), lda, packed.get(), b, c16.data(), ldc,
-                              scratch.get(), s.l2);
-        for (int64_t i = 0; i < s.m + 2; ++i) {
-          for (int64_t j = 0; j < ldc; ++j) {
-            const auto at = static_cast<size_t>(i * ldc + j);
-            const uint16_t want = i >= s.m || j >= s.n ? 0xFFFFu : mha_types::f32_to_bf16(c[at]);
-            ASSERT_EQ(c16[at], want) << k_->name << ": bf16 C (" << i << ", " << j << ") of " << s.m
-                                     << " x " << s.n << " x " << s.k << ", l2 " << s.l2;
+        // One slab (rows ldc apart), then slabs of 20 columns (straddling
+        // the tiles' blocks of 32) and of 64 (a head), rows ld16 apart.
+        for (const int64_t slab : {s.n, int64_t{20}, int64_t{64}}) {
+          const int64_t ld16 = slab == s.n ? ldc : slab + 3;
+          const int64_t stride = (s.m + 2) * ld16, slabs = (s.n + slab - 1) / slab;
+          std::vector<uint16_t> c16(static_cast<size_t>(slabs * stride), 0xFFFFu);
+          k_->bf16_gemm_to_bf16(s.m, s.n, s.k, a16.data(), lda, packed.get(), b, c16.data(), ld16,
+                                slab, stride, scratch.get(), s.l2);
+          for (int64_t sl = 0; sl < slabs; ++sl) {
+            for (int64_t i = 0; i < s.m + 2; ++i) {
+              for (int64_t x = 0; x < ld16; ++x) {
+                const int64_t j = sl * slab + x;
+                const bool in_c = i < s.m && x < slab && j < s.n;
+                const uint16_t want =
+                    in_c ? mha_types::f32_to_bf16(c[static_cast<size_t>(i * ldc + j)]) : 0xFFFFu;
+                ASSERT_EQ(c16[static_cast<size_t>(sl * stride + i * ld16 + x)], want)
+                    << k_->name << ": bf16 C (" << i << ", " << j << ") of " << s.m << " x " << s.n
+                    << " x " << s.k << ", l2 " << s.l2 << ", slabs of " << slab;
+              }
+            }
           }
         }
       }
