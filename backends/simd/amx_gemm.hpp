@@ -228,16 +228,8 @@ struct AmxGemm {
         block(r0, rows, panel, to, whole ? out.ldc : int64_t{kBlock}, biases);
         if (out.c16 != nullptr) {
           Tiles::memory_barrier();  // the tile stores, before the rounding reads them
-          // The block's columns slab by slab (a head of 64: two blocks a slab).
-          for (int x0 = 0; x0 < cols;) {
-            const int64_t slab = (n0 + x0) / out.slabs.cols, at = (n0 + x0) % out.slabs.cols;
-            const int run = static_cast<int>(std::min<int64_t>(cols - x0, out.slabs.cols - at));
-            uint16_t* slab_at = out.c16 + slab * out.slabs.stride + at;
-            for (int r = 0; r < rows; ++r) {
-              narrow_row(out.stage + r * kBlock + x0, run, slab_at + (r0 + r) * out.ldc);
-            }
-            x0 += run;
-          }
+          write_rounded(out.stage, kBlock, rows, cols, r0, n0, out.c16, out.ldc, out.slabs.cols,
+                        out.slabs.stride);
         } else if (!whole) {
           Tiles::memory_barrier();  // the tile stores, before the copy reads them
           for (int r = 0; r < rows; ++r) {
@@ -325,7 +317,26 @@ struct AmxGemm {
     }
   }
 
-  // cols (<= 32) fp32 values rounded once to bf16 (convert.hpp's rule).
+ public:
+  // A staged block (rows stage_stride floats apart) into a bf16 C, each value
+  // rounded once, C's columns in slabs of slab_cols, slab_stride apart
+  // (run_to_bf16's layout): slab by slab, a block may straddle two.
+  static void write_rounded(const float* stage, int64_t stage_stride, int rows, int cols,
+                            int64_t r0, int64_t n0, uint16_t* c16, int64_t ldc, int64_t slab_cols,
+                            int64_t slab_stride) {
+    for (int x0 = 0; x0 < cols;) {
+      const int64_t slab = (n0 + x0) / slab_cols, at = (n0 + x0) % slab_cols;
+      const int run = static_cast<int>(std::min<int64_t>(cols - x0, slab_cols - at));
+      uint16_t* slab_at = c16 + slab * slab_stride + at;
+      for (int r = 0; r < rows; ++r) {
+        narrow_row(stage + r * stage_stride + x0, run, slab_at + (r0 + r) * ldc);
+      }
+      x0 += run;
+    }
+  }
+
+ private:
+  // cols fp32 values rounded once to bf16 (convert.hpp's rule).
   static void narrow_row(const float* x, int cols, uint16_t* to) {
     int c = 0;
     for (; c + W <= cols; c += W) {

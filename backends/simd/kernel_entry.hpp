@@ -51,5 +51,6 @@ struct mha_simd_tiles {
   int32_t decode_key_streams;  // 1, or Blocking's kDecodeKeyStreams (row_kernels.hpp)
   int32_t bf16_dot;            // bf16 x bf16 products: 0 widened, 1 the bf16 dot-product
                                // path, 2 the same on AMX tiles (paths.hpp)
+  int64_t l1d_bytes;           // the L1d (0: unknown): the module's dot-product blocks
 };
 const mha_simd_tiles& mha_simd_chosen_tiles();

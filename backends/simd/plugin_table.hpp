@@ -20,7 +20,7 @@ namespace mha_simd {
 // until the runtime calls choose_tiles.
 template <class Arch>
 mha_simd_tiles& tiles_of_this_plugin() {
-  static mha_simd_tiles tiles{Blocking<Arch>::kKeyTile, amx_key_tile<Arch>(0), 0, 0, 1, 0};
+  static mha_simd_tiles tiles{Blocking<Arch>::kKeyTile, amx_key_tile<Arch>(0), 0, 0, 1, 0, 0};
   return tiles;
 }
 
@@ -30,6 +30,7 @@ void choose_tiles(const mha_cache_sizes* caches, mha_tile_sizes* tiles) {
   chosen.key_tile = prefill_key_tile<Arch>(caches->l1d);
   chosen.amx_key_tile = amx_key_tile<Arch>(caches->l1d);
   chosen.l2_bytes = caches->l2;
+  chosen.l1d_bytes = caches->l1d;
   chosen.pv_run_bytes = prefill_pv_run_bytes(caches->l1d);
   tiles->query_tile = Blocking<Arch>::kQueryTile;
   tiles->key_tile = chosen.key_tile;
@@ -62,8 +63,9 @@ constexpr const mha_gemm_ukernel* packed_gemm_of() {
 }
 
 // The module's bf16 matrix products: the plugins with the bf16 path on
-// x86-64 build them on AMX tiles (amx_gemm.hpp); the runtime calls them only
-// where it granted the tiles.
+// x86-64 build them on AMX tiles (amx_gemm.hpp) and with dot products
+// (dot_gemm.hpp); the runtime calls them only where it chose one of the two
+// (bf16_dot 2 or 1).
 inline constexpr mha_bf16_gemm kBf16Gemm{
     mha_simd_bf16_gemm_packed_bytes,        mha_simd_bf16_gemm_pack,
     mha_simd_bf16_gemm_scratch_bytes,       mha_simd_bf16_gemm_run,

@@ -21,14 +21,18 @@ thread_local AlignedBuffer t_bf16_scratch;
 // its L2 and reads every packed panel once per group, so calls are long.
 constexpr int64_t kRowsPerCall = 1024;
 
-// The selected backend's bf16 products, where the runtime granted it the
-// AMX tiles (bf16_dot 2: CPU, OS and the process's permission).
-const mha_bf16_gemm* granted_products() {
+// The selected backend's bf16 products: on AMX tiles where the runtime
+// granted them (bf16_dot 2: CPU, OS and the process's permission), with bf16
+// dot products where it chose those over widening (bf16_dot 1: Zen 4 and 5,
+// which run vdpbf16ps at twice their FMA rate; runtime/bf16_dot.cpp).
+// *tiles says which.
+const mha_bf16_gemm* chosen_products(bool* tiles) {
   const char* why = nullptr;
   const Backend* backend = Registry::instance().selected(&why);
-  if (backend == nullptr || backend->plugin == nullptr || backend->tiles.bf16_dot != 2) {
+  if (backend == nullptr || backend->plugin == nullptr || backend->tiles.bf16_dot < 1) {
     return nullptr;
   }
+  *tiles = backend->tiles.bf16_dot == 2;
   return backend->plugin->bf16_gemm;
 }
 
@@ -79,8 +83,11 @@ bool run_on_tiles(const mha_module& m, const TileProduct& t, const float* wt, in
   // (The plugin pads rows and k to whole blocks and steps as it packs them.)
   if (t.gemms * t.rows < kStep || k < kStep) return false;
   if (t.c16 != nullptr && !t.a_bf16) return false;
-  const mha_bf16_gemm* gemm = granted_products();
-  if (gemm == nullptr) return false;
+  bool tiles = false;
+  const mha_bf16_gemm* gemm = chosen_products(&tiles);
+  // An fp32 A split into three bf16 parts takes three times the products:
+  // only the tiles' rate (14x the FMAs') repays that.
+  if (gemm == nullptr || (!t.a_bf16 && !tiles)) return false;
   const Bf16WeightCache::Packed* w = packed_for(*m.bf16_cache, gemm, wt, ld, n, k);
   if (w == nullptr) return false;
   const float* bias_row = bias ? wt + k * ld : nullptr;

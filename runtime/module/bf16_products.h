@@ -1,10 +1,13 @@
-// The module's products on the selected plugin's AMX tiles (mha_bf16_gemm,
-// plugin ABI 19; C in bf16: 20), where they compute what BLIS computes on the same values:
-// weights that all hold bf16 values (a bf16 checkpoint), products exact and
-// summed in fp32 -- a bf16 input as it is, an fp32 one (or the heads'
-// concatenation, for the output projection) split exactly into three bf16
-// parts, each part's products taken.  Only the order of the sums differs
-// (and subnormal inputs count as 0).
+// The module's products on the selected plugin's AMX tiles or with its bf16
+// dot products (mha_bf16_gemm, plugin ABI 19; C in bf16: 20), where they
+// compute what BLIS computes on the same values: weights that all hold bf16
+// values (a bf16 checkpoint), products exact and summed in fp32 -- a bf16
+// input as it is, and on the tiles an fp32 one (or the heads' concatenation,
+// for the output projection) split exactly into three bf16 parts, each
+// part's products taken.  Only the order of the sums differs (and subnormal
+// inputs count as 0).  The tiles where the runtime granted them, the dot
+// products where it chose them over widening (the plugin's bf16_dot 2 and
+// 1: runtime/bf16_dot.cpp).
 #pragma once
 
 #include <mha/mha.h>

@@ -8,6 +8,7 @@
 #include "simd/amx_gemm.hpp"
 #include "simd/blocking.hpp"
 #include "simd/convert.hpp"
+#include "simd/dot_gemm.hpp"
 #include "simd/microkernels.hpp"
 #include "simd/packed_gemm.hpp"
 #include "simd/row_kernels.hpp"
@@ -119,6 +120,8 @@ constexpr auto kBf16Gemm = AmxGemm::run;
 constexpr auto kBf16SplitScratchBytes = AmxGemm::split_scratch_bytes;
 constexpr auto kBf16GemmSplit = AmxGemm::run_split;
 constexpr auto kBf16GemmToBf16 = AmxGemm::run_to_bf16;
+constexpr auto kBf16DotScratchBytes = mha_simd::DotGemm<Arch>::scratch_bytes;
+constexpr auto kBf16DotGemm = mha_simd::DotGemm<Arch>::run;
 #else
 constexpr size_t (*kBf16PackedBytes)(int64_t, int64_t) = nullptr;
 constexpr void (*kBf16Pack)(int64_t, int64_t, const float*, int64_t, void*) = nullptr;
@@ -131,6 +134,10 @@ constexpr void (*kBf16GemmSplit)(int64_t, int64_t, int64_t, const float*, int64_
 constexpr void (*kBf16GemmToBf16)(int64_t, int64_t, int64_t, const uint16_t*, int64_t, const void*,
                                   const float*, uint16_t*, int64_t, int64_t, int64_t, void*,
                                   int64_t) = nullptr;
+constexpr size_t (*kBf16DotScratchBytes)(int64_t, int64_t) = nullptr;
+constexpr void (*kBf16DotGemm)(int64_t, int64_t, int64_t, const uint16_t*, int64_t, const void*,
+                               const float*, float*, uint16_t*, int64_t, int64_t, int64_t, void*,
+                               int64_t, int64_t) = nullptr;
 #endif
 
 }  // namespace
@@ -163,6 +170,8 @@ extern "C" const mha_micro::MicroKernels* MHA_MICRO_NAME() {
       kBf16SplitScratchBytes,
       kBf16GemmSplit,
       kBf16GemmToBf16,
+      kBf16DotScratchBytes,
+      kBf16DotGemm,
   };
   return &kernels;
 }

@@ -65,6 +65,14 @@ struct MicroKernels {
   void (*bf16_gemm_to_bf16)(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
                             const void* packed, const float* bias, uint16_t* c, int64_t ldc,
                             int64_t c_slab, int64_t c_slab_stride, void* scratch, int64_t l2_bytes);
+  // The same products with AVX512_BF16 dot products (dot_gemm.hpp: where the
+  // runtime chose them over the tiles, on the same packed weights), C fp32
+  // (c) or bf16 (c16, in slabs); any CPU with AVX512_BF16 may run them.
+  size_t (*bf16_dot_scratch_bytes)(int64_t k, int64_t l2_bytes);
+  void (*bf16_dot_gemm)(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
+                        const void* packed, const float* bias, float* c, uint16_t* c16, int64_t ldc,
+                        int64_t c_slab, int64_t c_slab_stride, void* scratch, int64_t l1d_bytes,
+                        int64_t l2_bytes);
 };
 
 }  // namespace mha_micro

@@ -665,6 +665,96 @@ TEST_P(Micro, Bf16AmxGemmMatchesFloat64) {
               static_cast<long long>(checked));
 }
 
+// The module's bf16 products with AVX512_BF16 dot products (dot_gemm.hpp) on
+// the tiles' packed weights: every element of C within k + 2 roundings of
+// the float64 products (odd k, partial blocks of rows and of columns, k in
+// several blocks: an L1d of 4 KiB takes 16 pairs a block), nothing outside C
+// written, and a bf16 C (in slabs of 20 and 64 columns) each fp32 sum
+// rounded once.
+TEST_P(Micro, Bf16DotGemmMatchesFloat64) {
+  if (k_->bf16_dot_gemm == nullptr) {
+    std::printf("%s builds no bf16 dot-product gemm\n", k_->name);
+    return;
+  }
+  if (std::string(mha_cpu_features()).find("avx512bf16") == std::string::npos) {
+    GTEST_SKIP() << "this CPU has no AVX512_BF16: " << mha_cpu_features();
+  }
+  struct Shape {
+    int64_t m, n, k;
+    bool bias;
+  };
+  const std::vector<Shape> shapes = {{1, 1, 1, true},    {7, 33, 3, false},    {6, 64, 64, true},
+                                     {13, 96, 33, true}, {31, 17, 200, false}, {40, 130, 768, true},
+                                     {5, 2304, 64, true}};
+  Rng rng(23);
+  int64_t checked = 0;
+  for (const Shape& s : shapes) {
+    const int64_t lda = s.k + 3, ldw = s.n + 3, ldc = s.n + 5;
+    std::vector<uint16_t> a16(static_cast<size_t>(s.m * lda));
+    for (uint16_t& x : a16) x = mha_types::f32_to_bf16(rng.uniform(-1.0f, 1.0f));
+    std::vector<float> wt(static_cast<size_t>(s.k * ldw));
+    for (float& x : wt)
+      x = mha_types::bf16_to_f32(mha_types::f32_to_bf16(rng.uniform(-1.0f, 1.0f)));
+    std::vector<float> bias(static_cast<size_t>(s.n));
+    for (float& x : bias) x = rng.uniform(-1.0f, 1.0f);
+    const float* b = s.bias ? bias.data() : nullptr;
+    Aligned packed((k_->bf16_packed_bytes(s.n, s.k) + 3) / 4);
+    k_->bf16_pack(s.n, s.k, wt.data(), ldw, packed.get());
+    for (const int64_t l1d : {int64_t{0}, int64_t{4096}, int64_t{48} << 10}) {
+      for (const int64_t l2 : {int64_t{0}, int64_t{8192}}) {
+        Aligned scratch((k_->bf16_dot_scratch_bytes(s.k, l2) + 3) / 4);
+        std::vector<float> c(static_cast<size_t>((s.m + 2) * ldc), NAN);
+        k_->bf16_dot_gemm(s.m, s.n, s.k, a16.data(), lda, packed.get(), b, c.data(), nullptr, ldc,
+                          s.n, 0, scratch.get(), l1d, l2);
+        for (int64_t i = 0; i < s.m + 2; ++i) {
+          for (int64_t j = 0; j < ldc; ++j) {
+            const float got = c[static_cast<size_t>(i * ldc + j)];
+            if (i >= s.m || j >= s.n) {
+              ASSERT_TRUE(std::isnan(got)) << k_->name << ": (" << i << ", " << j << ") outside "
+                                           << s.m << " x " << s.n << " was written";
+              continue;
+            }
+            double exact = s.bias ? D(bias[static_cast<size_t>(j)]) : 0.0;
+            double terms = std::fabs(exact);
+            for (int64_t p = 0; p < s.k; ++p) {
+              const double t = D(mha_types::bf16_to_f32(a16[static_cast<size_t>(i * lda + p)])) *
+                               D(wt[static_cast<size_t>(p * ldw + j)]);
+              exact += t;
+              terms += std::fabs(t);
+            }
+            ASSERT_LE(std::fabs(D(got) - exact), dot_tolerance(terms, s.k + 2))
+                << k_->name << ": (" << i << ", " << j << ") of " << s.m << " x " << s.n << " x "
+                << s.k << ", l1d " << l1d << ", l2 " << l2 << ": " << got << " against " << exact;
+            ++checked;
+          }
+        }
+        for (const int64_t slab : {s.n, int64_t{20}, int64_t{64}}) {
+          const int64_t ld16 = slab + 3, stride = (s.m + 2) * ld16;
+          const int64_t slabs = (s.n + slab - 1) / slab;
+          std::vector<uint16_t> c16(static_cast<size_t>(slabs * stride), 0xFFFFu);
+          k_->bf16_dot_gemm(s.m, s.n, s.k, a16.data(), lda, packed.get(), b, nullptr, c16.data(),
+                            ld16, slab, stride, scratch.get(), l1d, l2);
+          for (int64_t sl = 0; sl < slabs; ++sl) {
+            for (int64_t i = 0; i < s.m + 2; ++i) {
+              for (int64_t x = 0; x < ld16; ++x) {
+                const int64_t j = sl * slab + x;
+                const bool in_c = i < s.m && x < slab && j < s.n;
+                const uint16_t want =
+                    in_c ? mha_types::f32_to_bf16(c[static_cast<size_t>(i * ldc + j)]) : 0xFFFFu;
+                ASSERT_EQ(c16[static_cast<size_t>(sl * stride + i * ld16 + x)], want)
+                    << k_->name << ": bf16 C (" << i << ", " << j << ") of " << s.m << " x " << s.n
+                    << " x " << s.k << ", slabs of " << slab << ", l1d " << l1d;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  std::printf("bf16 dot-product products on %s: %lld elements within their roundings\n", k_->name,
+              static_cast<long long>(checked));
+}
+
 std::string isa_name(const ::testing::TestParamInfo<mha_micro::MicroIsa>& info) {
   return info.param.name;
 }
