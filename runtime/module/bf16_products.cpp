@@ -77,6 +77,12 @@ const Bf16WeightCache::Packed* packed_for(Bf16WeightCache& cache, const mha_bf16
 
 }  // namespace
 
+const char* bf16_products_kind() {
+  bool tiles = false;
+  if (chosen_products(&tiles) == nullptr) return "none";
+  return tiles ? "amx" : "dot";
+}
+
 bool run_on_tiles(const mha_module& m, const TileProduct& t, const float* wt, int64_t ld, int64_t n,
                   int64_t k, bool bias, int32_t threads) {
   constexpr int64_t kStep = 32;  // the tiles' step along k

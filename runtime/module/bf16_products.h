@@ -57,6 +57,10 @@ struct TileProduct {
   int64_t c16_slab = 0, c16_slab_stride = 0;
 };
 
+// Which bf16 products the selected backend runs: "amx" (its tiles), "dot"
+// (vdpbf16ps) or "none" (MHA_VERBOSE=2's bf16_gemm=).
+const char* bf16_products_kind();
+
 // Runs the product on the AMX tiles when they apply (see above): the
 // selected backend has them, every weight of wt [k, n] (ld apart) is a bf16
 // value, at least 32 rows and k >= 32 (smaller products are not worth the

@@ -349,7 +349,7 @@ mha_status run_module_forward(const ModuleCall& call) {
     std::fprintf(stderr,
                  "mha_verbose,exec,module,B=%lld,Lq=%lld,Lk=%lld,E=%lld,H=%lld,Eq=%lld,Ek=%lld,"
                  "Ev=%lld,bias=%d,packed=%s,path=%s,dropout=%g,variants=%s,blis=%s,gemm_ukernel=%s,"
-                 "bf16_products=%d,activations=%s,threads=%d,"
+                 "bf16_products=%d,bf16_gemm=%s,activations=%s,threads=%d,"
                  "proj_ms=%.4f,attention_ms=%.4f,out_proj_ms=%.4f\n",
                  static_cast<long long>(batch), static_cast<long long>(lq),
                  static_cast<long long>(lk), static_cast<long long>(e),
@@ -358,7 +358,7 @@ mha_status run_module_forward(const ModuleCall& call) {
                  m.bias ? 1 : 0, proj.qkv_packed ? "qkv" : (proj.kv_packed ? "kv" : "no"),
                  call.attn_weights != nullptr ? "weights" : "fused",
                  static_cast<double>(call.dropout_p), variants_of(kernel_call).c_str(),
-                 blis_kernel_set(), gemm_ukernel_in_use(), bf16_products,
+                 blis_kernel_set(), gemm_ukernel_in_use(), bf16_products, bf16_products_kind(),
                  mha_types::dtype_name(half), threads, proj_ms, attn_ms, ms_since(t2));
   }
   return MHA_OK;
