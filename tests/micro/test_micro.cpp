@@ -538,6 +538,76 @@ TEST_P(Micro, PackedGemmMatchesPlainLoops) {
 // m) x columns [0, n) written.  fp32 A holds values of every magnitude the
 // split must keep whole, and one row of infinities and NaNs, whose results
 // are BLIS's: inf·w, NaN.
+// C's element (i, j) = bias[j] + Σ_p a[i · lda + p] · wt[p · ldw + j] in
+// float64, and in *terms the sum of its terms' magnitudes (dot_tolerance).
+double product_f64(const std::vector<float>& a, int64_t lda, const std::vector<float>& wt,
+                   int64_t ldw, const float* bias, int64_t i, int64_t j, int64_t k, double* terms) {
+  const double b = bias != nullptr ? D(bias[j]) : 0.0;
+  double mag = 0.0;
+  const double dot = dot_f64(wt.data() + j, ldw, a.data() + i * lda, k, &mag);
+  *terms = mag + std::fabs(b);
+  return b + dot;
+}
+
+// The m x n fp32 C (rows ldc apart, two rows more below it) against
+// product_f64: each element within `roundings` fp32 roundings of its terms,
+// NaN in row nan_row (-1: none; A's row there holds inf, -inf and NaN), and
+// NaN (not written) outside C.  *checked counts the elements compared.
+::testing::AssertionResult products_within(const std::vector<float>& c, int64_t ldc,
+                                           const std::vector<float>& a, int64_t lda,
+                                           const std::vector<float>& wt, int64_t ldw,
+                                           const float* bias, int64_t m, int64_t n, int64_t k,
+                                           int64_t roundings, int64_t nan_row, int64_t* checked) {
+  for (int64_t i = 0; i < m + 2; ++i) {
+    for (int64_t j = 0; j < ldc; ++j) {
+      const float got = c[static_cast<size_t>(i * ldc + j)];
+      if (i >= m || j >= n || i == nan_row) {
+        if (!std::isnan(got)) {
+          return ::testing::AssertionFailure()
+                 << "(" << i << ", " << j << ") of " << m << " x " << n << " x " << k << ": " << got
+                 << (i == nan_row ? " where inf - inf and NaN must give NaN"
+                                  : " written outside C");
+        }
+        continue;
+      }
+      double terms = 0.0;
+      const double exact = product_f64(a, lda, wt, ldw, bias, i, j, k, &terms);
+      if (std::fabs(D(got) - exact) > dot_tolerance(terms, roundings)) {
+        return ::testing::AssertionFailure() << "(" << i << ", " << j << ") of " << m << " x " << n
+                                             << " x " << k << ": " << got << " against " << exact;
+      }
+      ++*checked;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// A bf16 C in slabs of `slab` columns (rows ld16 apart, the slabs `stride`
+// apart, m + 2 rows each): the m x n fp32 C (rows ldc apart) rounded once,
+// and 0xFFFF (not written) everywhere else.
+::testing::AssertionResult rounded_in_slabs(const std::vector<uint16_t>& c16,
+                                            const std::vector<float>& c, int64_t m, int64_t n,
+                                            int64_t ldc, int64_t slab, int64_t ld16,
+                                            int64_t stride) {
+  for (int64_t sl = 0; sl < (n + slab - 1) / slab; ++sl) {
+    for (int64_t i = 0; i < m + 2; ++i) {
+      for (int64_t x = 0; x < ld16; ++x) {
+        const int64_t j = sl * slab + x;
+        const bool in_c = i < m && x < slab && j < n;
+        const uint16_t want =
+            in_c ? mha_types::f32_to_bf16(c[static_cast<size_t>(i * ldc + j)]) : 0xFFFFu;
+        const uint16_t got = c16[static_cast<size_t>(sl * stride + i * ld16 + x)];
+        if (got != want) {
+          return ::testing::AssertionFailure()
+                 << "bf16 C (" << i << ", " << j << ") of " << m << " x " << n << ", slabs of "
+                 << slab << ": " << got << " against " << want;
+        }
+      }
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
 TEST_P(Micro, Bf16AmxGemmMatchesFloat64) {
   if (k_->bf16_gemm == nullptr) {
     std::printf("%s builds no bf16 products on AMX tiles\n", k_->name);
@@ -617,48 +687,13 @@ TEST_P(Micro, Bf16AmxGemmMatchesFloat64) {
           std::vector<uint16_t> c16(static_cast<size_t>(slabs * stride), 0xFFFFu);
           k_->bf16_gemm_to_bf16(s.m, s.n, s.k, a16.data(), lda, packed.get(), b, c16.data(), ld16,
                                 slab, stride, scratch.get(), s.l2);
-          for (int64_t sl = 0; sl < slabs; ++sl) {
-            for (int64_t i = 0; i < s.m + 2; ++i) {
-              for (int64_t x = 0; x < ld16; ++x) {
-                const int64_t j = sl * slab + x;
-                const bool in_c = i < s.m && x < slab && j < s.n;
-                const uint16_t want =
-                    in_c ? mha_types::f32_to_bf16(c[static_cast<size_t>(i * ldc + j)]) : 0xFFFFu;
-                ASSERT_EQ(c16[static_cast<size_t>(sl * stride + i * ld16 + x)], want)
-                    << k_->name << ": bf16 C (" << i << ", " << j << ") of " << s.m << " x " << s.n
-                    << " x " << s.k << ", l2 " << s.l2 << ", slabs of " << slab;
-              }
-            }
-          }
+          ASSERT_TRUE(rounded_in_slabs(c16, c, s.m, s.n, ldc, slab, ld16, stride))
+              << k_->name << ": k " << s.k << ", l2 " << s.l2;
         }
       }
-      for (int64_t i = 0; i < s.m + 2; ++i) {
-        for (int64_t j = 0; j < ldc; ++j) {
-          const float got = c[static_cast<size_t>(i * ldc + j)];
-          if (i >= s.m || j >= s.n) {
-            ASSERT_TRUE(std::isnan(got)) << k_->name << ": (" << i << ", " << j << ") outside "
-                                         << s.m << " x " << s.n << " was written";
-            continue;
-          }
-          double exact = s.bias ? D(bias[static_cast<size_t>(j)]) : 0.0;
-          double terms = std::fabs(exact);
-          for (int64_t p = 0; p < s.k; ++p) {
-            const double t =
-                D(a[static_cast<size_t>(i * lda + p)]) * D(wt[static_cast<size_t>(p * ldw + j)]);
-            exact += t;
-            terms += std::fabs(t);
-          }
-          if (specials && i == 1) {
-            ASSERT_TRUE(std::isnan(got)) << k_->name << ": inf - inf and NaN must give NaN";
-            continue;
-          }
-          ASSERT_LE(std::fabs(D(got) - exact), dot_tolerance(terms, (split ? 3 : 1) * s.k + 2))
-              << k_->name << (split ? " split" : "") << ": (" << i << ", " << j << ") of " << s.m
-              << " x " << s.n << " x " << s.k << ", l2 " << s.l2 << ", bias " << s.bias << ": "
-              << got << " against " << exact;
-          ++checked;
-        }
-      }
+      ASSERT_TRUE(products_within(c, ldc, a, lda, wt, ldw, b, s.m, s.n, s.k,
+                                  (split ? 3 : 1) * s.k + 2, specials ? 1 : -1, &checked))
+          << k_->name << (split ? " split" : "") << ", l2 " << s.l2 << ", bias " << s.bias;
     }
   }
   std::printf("products on AMX tiles on %s: %lld elements within their roundings\n", k_->name,
@@ -691,7 +726,11 @@ TEST_P(Micro, Bf16DotGemmMatchesFloat64) {
   for (const Shape& s : shapes) {
     const int64_t lda = s.k + 3, ldw = s.n + 3, ldc = s.n + 5;
     std::vector<uint16_t> a16(static_cast<size_t>(s.m * lda));
-    for (uint16_t& x : a16) x = mha_types::f32_to_bf16(rng.uniform(-1.0f, 1.0f));
+    std::vector<float> a(a16.size());
+    for (size_t x = 0; x < a16.size(); ++x) {
+      a16[x] = mha_types::f32_to_bf16(rng.uniform(-1.0f, 1.0f));
+      a[x] = mha_types::bf16_to_f32(a16[x]);
+    }
     std::vector<float> wt(static_cast<size_t>(s.k * ldw));
     for (float& x : wt)
       x = mha_types::bf16_to_f32(mha_types::f32_to_bf16(rng.uniform(-1.0f, 1.0f)));
@@ -706,47 +745,17 @@ TEST_P(Micro, Bf16DotGemmMatchesFloat64) {
         std::vector<float> c(static_cast<size_t>((s.m + 2) * ldc), NAN);
         k_->bf16_dot_gemm(s.m, s.n, s.k, a16.data(), lda, packed.get(), b, c.data(), nullptr, ldc,
                           s.n, 0, scratch.get(), l1d, l2);
-        for (int64_t i = 0; i < s.m + 2; ++i) {
-          for (int64_t j = 0; j < ldc; ++j) {
-            const float got = c[static_cast<size_t>(i * ldc + j)];
-            if (i >= s.m || j >= s.n) {
-              ASSERT_TRUE(std::isnan(got)) << k_->name << ": (" << i << ", " << j << ") outside "
-                                           << s.m << " x " << s.n << " was written";
-              continue;
-            }
-            double exact = s.bias ? D(bias[static_cast<size_t>(j)]) : 0.0;
-            double terms = std::fabs(exact);
-            for (int64_t p = 0; p < s.k; ++p) {
-              const double t = D(mha_types::bf16_to_f32(a16[static_cast<size_t>(i * lda + p)])) *
-                               D(wt[static_cast<size_t>(p * ldw + j)]);
-              exact += t;
-              terms += std::fabs(t);
-            }
-            ASSERT_LE(std::fabs(D(got) - exact), dot_tolerance(terms, s.k + 2))
-                << k_->name << ": (" << i << ", " << j << ") of " << s.m << " x " << s.n << " x "
-                << s.k << ", l1d " << l1d << ", l2 " << l2 << ": " << got << " against " << exact;
-            ++checked;
-          }
-        }
+        ASSERT_TRUE(
+            products_within(c, ldc, a, lda, wt, ldw, b, s.m, s.n, s.k, s.k + 2, -1, &checked))
+            << k_->name << ": l1d " << l1d << ", l2 " << l2;
         for (const int64_t slab : {s.n, int64_t{20}, int64_t{64}}) {
           const int64_t ld16 = slab + 3, stride = (s.m + 2) * ld16;
           const int64_t slabs = (s.n + slab - 1) / slab;
           std::vector<uint16_t> c16(static_cast<size_t>(slabs * stride), 0xFFFFu);
           k_->bf16_dot_gemm(s.m, s.n, s.k, a16.data(), lda, packed.get(), b, nullptr, c16.data(),
                             ld16, slab, stride, scratch.get(), l1d, l2);
-          for (int64_t sl = 0; sl < slabs; ++sl) {
-            for (int64_t i = 0; i < s.m + 2; ++i) {
-              for (int64_t x = 0; x < ld16; ++x) {
-                const int64_t j = sl * slab + x;
-                const bool in_c = i < s.m && x < slab && j < s.n;
-                const uint16_t want =
-                    in_c ? mha_types::f32_to_bf16(c[static_cast<size_t>(i * ldc + j)]) : 0xFFFFu;
-                ASSERT_EQ(c16[static_cast<size_t>(sl * stride + i * ld16 + x)], want)
-                    << k_->name << ": bf16 C (" << i << ", " << j << ") of " << s.m << " x " << s.n
-                    << " x " << s.k << ", slabs of " << slab << ", l1d " << l1d;
-              }
-            }
-          }
+          ASSERT_TRUE(rounded_in_slabs(c16, c, s.m, s.n, ldc, slab, ld16, stride))
+              << k_->name << ": k " << s.k << ", l1d " << l1d << ", l2 " << l2;
         }
       }
     }
