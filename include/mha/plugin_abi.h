@@ -64,7 +64,9 @@ extern "C" {
  *    f16 in the plugin's vectors: the module's activations in half
  *    precision).
  * 22: run_to_bf16 takes c_slab and c_slab_stride (C's columns in slabs: the
- *    module's half-precision projections written head-major). */
+ *    module's half-precision projections written head-major); run and
+ *    run_to_bf16 also serve a plugin that answered bf16_dot 1 (with its bf16
+ *    dot products). */
 #define MHA_PLUGIN_ABI_VERSION 22
 #define MHA_PLUGIN_ENTRY_SYMBOL "mha_plugin_entry"
 
@@ -357,8 +359,10 @@ typedef struct mha_gemm_ukernel {
  * and A bf16 (run) or fp32 split exactly into three bf16 parts (run_split)
  * -- exact products summed in fp32 (subnormal inputs count as 0).  The
  * runtime calls these only where the plugin answered bf16_dot 2 in
- * choose_tiles (AMX granted); run and run_split fail (return non-zero,
- * write nothing) otherwise. */
+ * choose_tiles (AMX granted), or (ABI 22) run and run_to_bf16 where it
+ * answered 1: the same products with the plugin's bf16 dot products, on
+ * the same packed weights.  They fail (return non-zero, write nothing)
+ * otherwise. */
 typedef struct mha_bf16_gemm {
   /* Bytes of B packed for the products (pack's output). */
   size_t (*packed_bytes)(int64_t n, int64_t k);
