@@ -188,18 +188,6 @@ void run_weights_path(const WeightsPath& w, int32_t threads) {
   });
 }
 
-// row(r) for rows [0, rows), in blocks of 256 rows over `team` threads.
-template <class Row>
-void for_each_row(int64_t rows, int32_t team, Row&& row) {
-  auto no_preparation = [](int32_t /*thread*/) { return true; };
-  constexpr int64_t kBlockRows = 256;
-  run_team((rows + kBlockRows - 1) / kBlockRows, team, no_preparation,
-           [&](int64_t block, int32_t /*thread*/) {
-             const int64_t end = std::min(rows, (block + 1) * kBlockRows);
-             for (int64_t r = block * kBlockRows; r < end; ++r) row(r);
-           });
-}
-
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }

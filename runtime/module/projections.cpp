@@ -249,16 +249,10 @@ void Narrower::in_place(float* x, int64_t n, int32_t dtype) const {
 
 void round_into_heads(const float* src, int64_t rows, int64_t n, int64_t d, int32_t dtype,
                       uint16_t* dst, int32_t threads) {
-  constexpr int64_t kBlockRows = 64;  // rows a work item (64 KiB read at n 256)
   const Narrower narrower;
-  const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
-  const auto team = static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(threads, blocks)));
-  auto no_preparation = [](int32_t /*thread*/) { return true; };
-  run_team(blocks, team, no_preparation, [&](int64_t block, int32_t /*thread*/) {
-    for (int64_t r = block * kBlockRows; r < std::min(rows, (block + 1) * kBlockRows); ++r) {
-      for (int64_t head = 0; head < n / d; ++head) {
-        narrower.row(src + r * n + head * d, d, dst, dtype, head * rows * d + r * d, 1);
-      }
+  for_each_row(rows, threads, [&](int64_t r) {
+    for (int64_t head = 0; head < n / d; ++head) {
+      narrower.row(src + r * n + head * d, d, dst, dtype, head * rows * d + r * d, 1);
     }
   });
 }

@@ -9,11 +9,13 @@
 
 #include <mha/mha.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
 #include "module.h"
 #include "scratch.h"
+#include "threads.h"
 
 namespace mha::rt {
 
@@ -86,6 +88,18 @@ class Narrower {
  private:
   void (*narrow_)(const float*, int64_t, void*, int32_t) = nullptr;
 };
+
+// row(r) for rows [0, rows), in blocks of 256 rows over `team` threads.
+template <class Row>
+void for_each_row(int64_t rows, int32_t team, Row&& row) {
+  auto no_preparation = [](int32_t /*thread*/) { return true; };
+  constexpr int64_t kBlockRows = 256;
+  run_team((rows + kBlockRows - 1) / kBlockRows, team, no_preparation,
+           [&](int64_t block, int32_t /*thread*/) {
+             const int64_t end = std::min(rows, (block + 1) * kBlockRows);
+             for (int64_t r = block * kBlockRows; r < end; ++r) row(r);
+           });
+}
 
 // src's rows (n values, n / d heads of d) rounded once to `dtype` (BF16 or
 // F16) into dst's heads, slabs of rows x d values (head_major_view), over
