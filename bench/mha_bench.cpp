@@ -56,7 +56,8 @@
 #include "usable_backends.h"
 
 // bench/module_bench.cpp
-void register_module_benchmarks(double (*fma_peak)(const std::string& isa, int threads));
+void register_module_benchmarks(double (*fma_peak)(const std::string& isa, int threads),
+                                double (*bf16_peak)(const std::string& backend, int threads));
 // bench/backward_bench.cpp
 void register_backward_benchmarks(const std::vector<std::string>& backends,
                                   const std::vector<int>& threads,
@@ -551,6 +552,14 @@ std::string bf16_peak_kind(const std::string& backend) {
   }
 }
 
+// The peak of the backend's bf16 products at n threads (its dot products' or
+// its AMX tiles'), 0 where it widens bf16.
+double bf16_products_peak(const std::string& backend, int n) {
+  const std::string kind = bf16_peak_kind(backend);
+  if (kind.empty() || g_loops.count(kind + "/" + backend) == 0) return 0.0;
+  return peak_of(kind + "/" + backend, n);
+}
+
 // The counters every attention-like benchmark reports, from seconds per call.
 // pct_peak: against the bf16 dot-product peak (vdpbf16ps, or tdpbf16ps on
 // AMX tiles) where the backend takes that path on this CPU and the call is
@@ -928,7 +937,7 @@ int main(int argc, char** argv) {
   register_blis_benchmarks(threads);
   register_backward_benchmarks(backends, threads, fma_peak);
   // The whole module (projections + attention), module/<backend>/<shape>/threads:<n>.
-  register_module_benchmarks(fma_peak);
+  register_module_benchmarks(fma_peak, bf16_products_peak);
 
   std::string names;
   for (const std::string& b : backends) names += (names.empty() ? "" : " ") + b;

@@ -21,7 +21,12 @@
 //                 2·B·Lk·(Ek + Ev)) for the projections
 //   pct_peak      GFLOPS over the FMA peak of the widest usable ISA at the same
 //                 thread count (BLIS runs its widest kernels whatever the
-//                 attention backend), when the caller passes the peak
+//                 attention backend), when the caller passes the peak; on the
+//                 bf16 shapes of a backend whose projections run as bf16
+//                 products (vdpbf16ps or AMX tiles: MHA_VERBOSE=2's
+//                 bf16_gemm), over the peak of those products instead, and
+//                 bf16_peak = 1 says so (blis_pct and parts_pct stay against
+//                 the FMA peak: BLIS's products are fp32)
 //   attention_ms  mha_attention alone on the same strided views of a [B, L, 3E]
 //                 buffer, timed in the same benchmark (median of 5 calls)
 //   projection_ms the rest: total - attention_ms (the input and output
@@ -30,15 +35,17 @@
 //   blis_ms       BLIS alone on the module's products, without biases: the
 //                 fused QKV projection [B·L, E] x [E, 3E] and the output
 //                 projection [B·L, E] x [E, E] (median of 5)
-//   blis_pct      their FLOPs over blis_ms, against the same peak as pct_peak
+//   blis_pct      their FLOPs over blis_ms, against the FMA peak
 //   parts_pct     the module's FLOPs over blis_ms + attention_ms: what the
 //                 module reaches if it adds no work of its own to the
 //                 products and the attention, each as fast as alone
 //   us_per_call   (S5)
 //
-// mha_bench registers these by calling register_module_benchmarks(fma_peak)
-// after its own benchmarks; fma_peak(isa, threads) returns the FMA peak in
-// GFLOP/s that mha_bench measured (or 0 when unknown).
+// mha_bench registers these by calling register_module_benchmarks(fma_peak,
+// bf16_peak) after its own benchmarks; fma_peak(isa, threads) returns the FMA
+// peak in GFLOP/s that mha_bench measured (or 0 when unknown), bf16_peak(
+// backend, threads) the peak of the backend's bf16 products (0 where it
+// widens bf16).
 #include <benchmark/benchmark.h>
 #include <blis.h>
 #include <mha/mha.h>
@@ -58,6 +65,13 @@
 #include "usable_backends.h"
 
 using ModulePeakFn = double (*)(const std::string& isa, int threads);
+
+// What mha_bench measured: the FMA peak of an ISA, the bf16 products' of a
+// backend (either may be nullptr: no pct_peak then).
+struct ModulePeaks {
+  ModulePeakFn fma = nullptr;
+  ModulePeakFn bf16 = nullptr;
+};
 
 namespace {
 
@@ -172,7 +186,7 @@ double blis_products_ms(const ModuleShape& s, int threads) {
 }
 
 void bm_module(benchmark::State& st, const std::string& backend, const ModuleShape& s, int n,
-               const std::string& peak_isa, ModulePeakFn peak) {
+               const std::string& peak_isa, ModulePeaks peaks) {
   if (mha_select_backend(backend.c_str()) != MHA_OK || mha_set_num_threads(n) != MHA_OK) {
     st.SkipWithError(mha_last_error());
     return;
@@ -239,8 +253,14 @@ void bm_module(benchmark::State& st, const std::string& backend, const ModuleSha
   if (st.error_occurred()) return;
   const double gflops = module_flops(s) / sec * 1e-9;
   st.counters["GFLOPS"] = gflops;
-  if (peak != nullptr) {
-    if (const double p = peak(peak_isa, n); p > 0.0) st.counters["pct_peak"] = gflops / p * 100;
+  const double fma_peak = peaks.fma != nullptr ? peaks.fma(peak_isa, n) : 0.0;
+  const double bf16_peak =
+      half && peaks.bf16 != nullptr ? peaks.bf16(backend, n) : 0.0;  // 0: widened
+  if (bf16_peak > 0.0) {
+    st.counters["pct_peak"] = gflops / bf16_peak * 100;
+    st.counters["bf16_peak"] = 1;
+  } else if (fma_peak > 0.0) {
+    st.counters["pct_peak"] = gflops / fma_peak * 100;
   }
   if (!s.d2l) {
     const double attention_ms = attention_alone_ms(s);
@@ -250,7 +270,7 @@ void bm_module(benchmark::State& st, const std::string& backend, const ModuleSha
     const double blis_ms = blis_products_ms(s, n);
     st.counters["blis_ms"] = blis_ms;
     const double e = static_cast<double>(s.e), rows = static_cast<double>(s.b * s.lq);
-    const double p = peak != nullptr ? peak(peak_isa, n) : 0.0;
+    const double p = fma_peak;
     if (p > 0.0 && blis_ms > 0.0 && attention_ms > 0.0) {
       st.counters["blis_pct"] = 2.0 * rows * e * 4.0 * e / (blis_ms * 1e-3) * 1e-9 / p * 100;
       st.counters["parts_pct"] =
@@ -265,8 +285,8 @@ void bm_module(benchmark::State& st, const std::string& backend, const ModuleSha
 }  // namespace
 
 // Registers module/<backend>/<shape>/threads:<n> for every usable backend, on
-// 1 thread and on every core.  fma_peak may be nullptr (no pct_peak then).
-void register_module_benchmarks(ModulePeakFn fma_peak = nullptr) {
+// 1 thread and on every core.
+void register_module_benchmarks(ModulePeakFn fma_peak, ModulePeakFn bf16_peak) {
   const std::vector<std::string> backends = mha_bench::usable_backends_best_first();
   if (backends.empty()) return;
   const std::string& widest = backends.front();
@@ -278,7 +298,8 @@ void register_module_benchmarks(ModulePeakFn fma_peak = nullptr) {
     for (const ModuleShape& s : kModuleShapes) {
       for (int n : threads) {
         const std::string name = "module/" + b + "/" + s.name + "/threads:" + std::to_string(n);
-        auto* bm = benchmark::RegisterBenchmark(name.c_str(), bm_module, b, s, n, widest, fma_peak)
+        auto* bm = benchmark::RegisterBenchmark(name.c_str(), bm_module, b, s, n, widest,
+                                                ModulePeaks{fma_peak, bf16_peak})
                        ->UseRealTime()
                        ->Unit(s.unit);
         if (b == "scalar" && !s.d2l) bm->Iterations(1);  // seconds per call

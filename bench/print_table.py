@@ -223,9 +223,11 @@ def main():
             else:
                 speed, unit = fmt(median_counter(e, "GFLOPS")), "GFLOP/s"
             cells = []
+            bf16 = " (bf16)" if median_counter(e, "bf16_peak") else ""
             for key in ("pct_peak", "parts_pct", "blis_pct"):
                 v = median_counter(e, key)
-                cells.append((fmt(v) + " %") if v is not None else "-")
+                cells.append((fmt(v) + " %" + (bf16 if key == "pct_peak" else ""))
+                             if v is not None else "-")
             share = median_counter(e, "attention_share")
             cells.append(fmt(share * 100) + " %" if share is not None else "-")
             module_rows.append([backend, shape, n, speed, unit] + cells)
@@ -234,7 +236,10 @@ def main():
         print(table(["module", "shape", "threads", "speed", "unit", "% of peak", "parts alone",
                      "BLIS products", "attention"], module_rows, "lllrlrrrr"))
         print("module: mha_module_forward (projections with biases, attention, output "
-              "projection), % of the widest ISA's FMA peak; parts alone: its FLOPs over the "
+              "projection), % of the widest ISA's FMA peak, or (bf16) of the peak of the "
+              "bf16 products (vdpbf16ps or AMX tiles) where the backend runs the bf16 "
+              "shapes' projections as those (parts alone and BLIS products stay against the "
+              "FMA peak: BLIS's products are fp32); parts alone: its FLOPs over the "
               "time BLIS alone takes for its products (no biases) plus mha_attention alone on "
               "its views -- what the module reaches if it adds nothing of its own; BLIS "
               "products: their speed alone; attention: mha_attention alone as a share of the "
