@@ -14,6 +14,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import sys
 import tempfile
 
@@ -39,6 +40,9 @@ RUN = {
         entry("blis_unfused/S1/threads:1", GFLOPS=45.0, pct_peak=45.0),
         entry("module/avx512/S1/threads:1", GFLOPS=85.0, pct_peak=85.0, parts_pct=86.5,
               blis_pct=88.25, attention_share=0.25),
+        # bf16 products: pct_peak against their own peak (bf16_peak 1).
+        entry("module/avx512/S1:bf16act/threads:1", GFLOPS=170.0, pct_peak=42.5, bf16_peak=1,
+              parts_pct=90.0, blis_pct=88.25, attention_share=0.3),
     ],
 }
 
@@ -72,10 +76,13 @@ def main():
             check("x1.95" in text, "S1's scaling from 1 to 2 threads")
             check("CPU: AMD EPYC (family 26, model 2)" in text, "the CPU the figures come from")
             row = next((line for line in text.splitlines()
-                        if "| avx512 " in line and "| S1 " in line and "GFLOP/s |    85.0 %" in line),
-                       "")
+                        if "| avx512 " in line and "| S1 " in line
+                        and re.search(r"GFLOP/s \|\s+85\.0 %", line)), "")
             check("86.5 %" in row and "88.2 %" in row and "25.0 %" in row,
                   "the module's row: " + repr(row))
+            row = next((line for line in text.splitlines() if "| S1:bf16act " in line), "")
+            check("42.5 % (bf16)" in row and "90.0 %" in row and "(bf16)" not in row.split("42.5")[0],
+                  "the module's bf16 row, against the bf16 products' peak: " + repr(row))
         elif part == "plot":
             try:
                 import matplotlib  # noqa: F401
