@@ -270,11 +270,10 @@ void bm_module(benchmark::State& st, const std::string& backend, const ModuleSha
     const double blis_ms = blis_products_ms(s, n);
     st.counters["blis_ms"] = blis_ms;
     const double e = static_cast<double>(s.e), rows = static_cast<double>(s.b * s.lq);
-    const double p = fma_peak;
-    if (p > 0.0 && blis_ms > 0.0 && attention_ms > 0.0) {
-      st.counters["blis_pct"] = 2.0 * rows * e * 4.0 * e / (blis_ms * 1e-3) * 1e-9 / p * 100;
+    if (fma_peak > 0.0 && blis_ms > 0.0 && attention_ms > 0.0) {
+      st.counters["blis_pct"] = 2.0 * rows * e * 4.0 * e / (blis_ms * 1e-3) * 1e-9 / fma_peak * 100;
       st.counters["parts_pct"] =
-          module_flops(s) / ((blis_ms + attention_ms) * 1e-3) * 1e-9 / p * 100;
+          module_flops(s) / ((blis_ms + attention_ms) * 1e-3) * 1e-9 / fma_peak * 100;
     }
   } else {
     st.counters["us_per_call"] = sec * 1e6;
